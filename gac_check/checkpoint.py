@@ -1,0 +1,236 @@
+"""Open a model directory and index its tensors from headers alone.
+
+Checking a 70B checkpoint must cost what reading its headers costs, so nothing here reads
+tensor data: safetensors headers give name, dtype, shape and byte range; torch zip archives are
+indexed by walking their pickle opcodes (:mod:`gac_check.torchzip`) without unpickling. Every
+path the directory names is resolved and must stay inside it.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gac_check.errors import BadInput
+
+#: safetensors' own reader refuses headers above 100 MB; a larger claim is a corrupt file.
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+#: config.json and sidecar JSON files larger than this are not configs.
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+}
+TORCH_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where a tensor lives and what shape it has; never its data.
+
+    For safetensors ``begin``/``end`` are absolute byte offsets in ``file``. For torch zip
+    archives ``storage`` names the archive member and ``storage_offset``/``stride`` locate the
+    tensor inside it (in elements), so its data can be read later without unpickling.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    file: Path
+    begin: int = 0
+    end: int = 0
+    storage: str | None = None
+    storage_offset: int = 0
+    stride: tuple[int, ...] | None = None
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class Checkpoint:
+    """A model directory: its config, its tensor index, and any JSON sidecars.
+
+    ``sidecars`` holds other small JSON files (SliceGPT's slicing config, rank maps) by file
+    name, so format adapters can recognise them without touching the filesystem again.
+    """
+
+    path: Path
+    config: dict
+    tensors: dict[str, TensorInfo]
+    container: str  # "safetensors" | "torch-zip"
+    files: list[Path] = field(default_factory=list)
+    sidecars: dict[str, dict] = field(default_factory=dict)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.tensors[name].shape
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: t.shape for n, t in self.tensors.items()}
+
+    @property
+    def params(self) -> int:
+        return sum(t.numel for t in self.tensors.values())
+
+    def dtype(self) -> str:
+        """The dtype the model is meant to run in: the config's, else the weights' majority."""
+        declared = self.config.get("dtype") or self.config.get("torch_dtype")
+        if isinstance(declared, str) and declared not in ("auto", ""):
+            return declared.removeprefix("torch.")
+        counts: dict[str, int] = {}
+        for t in self.tensors.values():
+            if t.dtype.startswith(("float", "bfloat")):
+                counts[t.dtype] = counts.get(t.dtype, 0) + t.numel
+        return max(counts, key=counts.__getitem__) if counts else "float32"
+
+
+def inside(root: Path, name: str, what: Path) -> Path:
+    """Resolve ``name`` relative to ``root`` and refuse anything that leaves it."""
+    candidate = (root / name).resolve()
+    if candidate != root and root not in candidate.parents:
+        raise BadInput(f"refers to {name!r}, which is outside the model directory", what)
+    return candidate
+
+
+def read_json(path: Path) -> dict:
+    """Read a small JSON object or raise a one-line BadInput naming the file."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise BadInput(f"cannot read: {exc.strerror}", path) from None
+    if size > MAX_JSON_BYTES:
+        raise BadInput(f"is {size} bytes, too large for a JSON config", path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise BadInput("is not UTF-8 text", path) from None
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"is not valid JSON (line {exc.lineno}: {exc.msg})", path) from None
+    if not isinstance(data, dict):
+        raise BadInput("must hold a JSON object", path)
+    return data
+
+
+def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
+    """Index one safetensors file from its header, validating every byte range."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise BadInput("is truncated: shorter than the 8-byte header length", path)
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or n > size - 8:
+                raise BadInput(f"claims a {n}-byte header in a {size}-byte file", path)
+            raw = fh.read(n)
+    except OSError as exc:
+        raise BadInput(f"cannot read: {exc.strerror}", path) from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise BadInput("header is not valid JSON", path) from None
+    if not isinstance(header, dict):
+        raise BadInput("header is not a JSON object", path)
+    data_start = 8 + n
+    out: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        out[name] = _safetensors_entry(path, name, entry, data_start, size)
+    return out
+
+
+def _safetensors_entry(path: Path, name: str, entry: object, start: int, size: int) -> TensorInfo:
+    try:
+        dtype = SAFETENSORS_DTYPES[entry["dtype"]]  # type: ignore[index]
+        shape = tuple(int(d) for d in entry["shape"])  # type: ignore[index]
+        begin, end = (int(x) for x in entry["data_offsets"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        raise BadInput(f"header entry for {name!r} is malformed", path) from None
+    if any(d < 0 for d in shape) or not 0 <= begin <= end:
+        raise BadInput(f"header entry for {name!r} has negative sizes", path)
+    if start + end > size:
+        raise BadInput(
+            f"is truncated: tensor {name!r} ends at byte {start + end}, file has {size}", path
+        )
+    return TensorInfo(name, shape, dtype, path, start + begin, start + end)
+
+
+def open_checkpoint(path: Path | str) -> Checkpoint:
+    """Index a model directory. Raises BadInput with the file and problem on bad input."""
+    root = Path(path)
+    if not root.exists():
+        raise BadInput("does not exist", root)
+    if not root.is_dir():
+        raise BadInput("is not a directory (gac-check takes a model directory)", root)
+    root = root.resolve()
+    config_path = root / "config.json"
+    config = read_json(config_path) if config_path.exists() else {}
+    sidecars = _sidecars(root)
+    container, files, tensors = _index_tensors(root)
+    return Checkpoint(root, config, tensors, container, files, sidecars)
+
+
+def _sidecars(root: Path) -> dict[str, dict]:
+    """Small JSON files other than config and shard indexes (slicing configs, rank maps)."""
+    out: dict[str, dict] = {}
+    for p in sorted(root.glob("*.json")):
+        if p.name == "config.json" or p.name.endswith(".index.json"):
+            continue
+        if p.stat().st_size <= 1024 * 1024:
+            try:
+                out[p.name] = read_json(p)
+            except BadInput:
+                continue  # tokenizer files and the like are not ours to judge
+    return out
+
+
+def _index_tensors(root: Path) -> tuple[str, list[Path], dict[str, TensorInfo]]:
+    for index_name, container in (
+        ("model.safetensors.index.json", "safetensors"),
+        ("pytorch_model.bin.index.json", "torch-zip"),
+    ):
+        index = root / index_name
+        if index.exists():
+            files = _shards_from_index(root, index)
+            return container, files, _read_all(container, files)
+    safetensors = sorted(root.glob("*.safetensors"))
+    if safetensors:
+        return "safetensors", safetensors, _read_all("safetensors", safetensors)
+    torch_files = sorted(p for p in root.iterdir() if p.suffix in TORCH_SUFFIXES and p.is_file())
+    if torch_files:
+        return "torch-zip", torch_files, _read_all("torch-zip", torch_files)
+    raise BadInput("holds no checkpoint (no *.safetensors, pytorch_model.bin or *.pt)", root)
+
+
+def _shards_from_index(root: Path, index: Path) -> list[Path]:
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise BadInput("has no weight_map", index)
+    files = []
+    for name in sorted(set(map(str, weight_map.values()))):
+        shard = inside(root, name, index)
+        if not shard.is_file():
+            raise BadInput(f"names shard {name!r}, which is missing", index)
+        files.append(shard)
+    return files
+
+
+def _read_all(container: str, files: list[Path]) -> dict[str, TensorInfo]:
+    tensors: dict[str, TensorInfo] = {}
+    for f in files:
+        if container == "safetensors":
+            tensors.update(read_safetensors_header(f))
+        else:
+            from gac_check.torchzip import read_torch_zip
+
+            tensors.update(read_torch_zip(f))
+    return tensors

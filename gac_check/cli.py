@@ -1,0 +1,72 @@
+"""``gac-check``: check a model directory, and repair, realign or benchmark it.
+
+Exit codes are a contract (DESIGN.md): 0 nothing at or above --fail-on, 1 findings at or above
+it, 2 bad input or usage with one line on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gac_check.errors import BadInput
+from gac_check.hardware import CHOICES
+
+EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"gac-check: error: {message}\n")
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="gac-check", description="Find, repair and gate GPU-hostile dimensions "
+                "in a compressed model checkpoint.")
+    p.add_argument("model_dir", type=Path, help="model directory (config.json + weights)")
+    p.add_argument("--gpu", default="auto", metavar="PROFILE", type=str.lower,
+                   help=f"hardware the model will be served on: {', '.join(CHOICES)} "
+                   "(default auto: the GPU present, else the generic published GPU contract)")
+    p.add_argument("--format", choices=("text", "json"), default="text", dest="output")
+    p.add_argument("--fail-on", choices=("error", "warning", "never"), default="error")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except BadInput as exc:
+        sys.stderr.write(f"gac-check: {exc}\n")
+        return EXIT_BAD_INPUT
+
+
+def run(args: argparse.Namespace) -> int:
+    from gac_check.analysis import check
+    from gac_check.report.json_report import to_json
+    from gac_check.report.text import render_text
+
+    if args.gpu not in CHOICES:
+        raise BadInput(f"--gpu must be one of {', '.join(CHOICES)}, not {args.gpu!r}")
+    result = check(args.model_dir, args.gpu)
+    if args.output == "json":
+        print(json.dumps(to_json(result), indent=2))
+    else:
+        print(render_text(result))
+    return exit_code(result.findings, args.fail_on)
+
+
+def exit_code(findings: list, fail_on: str) -> int:
+    if fail_on == "never":
+        return EXIT_OK
+    levels = ("error",) if fail_on == "error" else ("error", "warning")
+    return EXIT_FINDINGS if any(f.severity in levels for f in findings) else EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

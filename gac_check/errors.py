@@ -1,0 +1,31 @@
+"""Every error gac-check raises on purpose, in one place.
+
+The CLI turns a :class:`BadInput` into one line on stderr and exit code 2; anything else is a
+bug and is allowed to show its traceback.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class GacError(Exception):
+    """Base of all deliberate gac-check errors."""
+
+
+class BadInput(GacError):
+    """The user's input (a model directory, a file, a flag) cannot be used.
+
+    ``path`` names the offending file so the one-line message always says where to look.
+    """
+
+    def __init__(self, message: str, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        super().__init__(f"{self.path}: {message}" if self.path is not None else message)
+
+
+class UnsafeCheckpoint(BadInput):
+    """A pickle that would import or call something other than tensor storage."""
+
+
+class RepairRefused(GacError):
+    """A site whose zero padding would not be exact in the stock architecture."""

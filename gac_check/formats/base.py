@@ -1,0 +1,36 @@
+"""The Format interface every checkpoint adapter implements."""
+from __future__ import annotations
+
+from gac_check.checkpoint import Checkpoint
+from gac_check.formats.architectures import family_sites, find_family
+from gac_check.formats.layout import Linear, dense_linear
+from gac_check.sites import DimSite
+
+
+class Format:
+    """A checkpoint layout. Subclasses say how they store linears and which extra sites they have.
+
+    ``sites`` combines the family's shared sites (built over this format's linears) with the
+    format's own (ranks, latents), so a new format overrides only ``matches``, ``linear`` and
+    ``own_sites``.
+    """
+
+    name = "dense"
+    description = "dense Hugging Face model"
+
+    def matches(self, ckpt: Checkpoint) -> bool:
+        raise NotImplementedError
+
+    def linear(self, ckpt: Checkpoint, module: str) -> Linear | None:
+        return dense_linear(ckpt.shapes, module)
+
+    def own_sites(self, ckpt: Checkpoint) -> list[DimSite]:
+        return []
+
+    def sites(self, ckpt: Checkpoint) -> list[DimSite]:
+        found = find_family(ckpt)
+        shared: list[DimSite] = []
+        if found:
+            fam, prefix, layers = found
+            shared = family_sites(ckpt, fam, prefix, layers, lambda m: self.linear(ckpt, m))
+        return self.own_sites(ckpt) + shared

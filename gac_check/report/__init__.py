@@ -1,0 +1,1 @@
+"""Renderings of a check: text for terminals, JSON for machines, HTML for reviewers."""

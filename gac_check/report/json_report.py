@@ -1,0 +1,53 @@
+"""The ``--format json`` object (schema ``gac-check/1``), whose keys DESIGN.md fixes."""
+from __future__ import annotations
+
+from gac_check.analysis import CheckResult
+
+SCHEMA = "gac-check/1"
+
+
+def to_json(result: CheckResult) -> dict:
+    ckpt, contract = result.checkpoint, result.contract
+    findings = result.by_site
+    sites = []
+    for site in result.sites:
+        f = findings.get(site.name)
+        sites.append({
+            "name": site.name,
+            "role": site.role.value,
+            "value": site.value,
+            "layer": site.layer,
+            "aligned": f is None,
+            "severity": f.severity if f else None,
+            "rules": [r.id for r in f.rules] if f else [],
+            "repair_to": f.repair_to if f else None,
+            "optimal_to": f.optimal_to if f else None,
+            "expected_slowdown": f.slowdown if f else None,
+            "padding_params": result.padding_params(f) if f else 0,
+            "exact_repair": site.inexact is None,
+            "refusal": site.inexact,
+            "notes": site.notes,
+            "tensors": site.tensors,
+        })
+    misaligned = len(result.findings)
+    return {
+        "schema": SCHEMA,
+        "model_dir": str(ckpt.path),
+        "format": result.format.name,
+        "container": ckpt.container,
+        "hardware": {"profile": contract.profile, "dtype": contract.dtype,
+                     "contract_source": contract.source},
+        "rules": [{"id": r.id, "severity": r.severity, "why": r.why,
+                   "roles": sorted(x.value for x in r.roles), "source": r.source}
+                  for r in contract.rules],
+        "sites": sites,
+        "summary": {
+            "sites": len(result.sites),
+            "misaligned": misaligned,
+            "errors": sum(f.severity == "error" for f in result.findings),
+            "warnings": sum(f.severity == "warning" for f in result.findings),
+            "misaligned_fraction": misaligned / len(result.sites) if result.sites else 0.0,
+            "params": ckpt.params,
+            "repair_overhead_fraction": result.repair_overhead_fraction,
+        },
+    }
