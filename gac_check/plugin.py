@@ -47,7 +47,7 @@ def register_hypothesis_profiles() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with a reason without one")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with a reason else")
     config.addinivalue_line("markers", "perf: a timing test; serialized per device under xdist")
     register_hypothesis_profiles()
 
