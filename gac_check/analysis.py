@@ -46,9 +46,10 @@ class CheckResult:
         return added / params if params else 0.0
 
 
-def check(model_dir: Path | str, gpu: str = "auto") -> CheckResult:
+def check(model_dir: Path | str, gpu: str = "auto", dtype: str | None = None) -> CheckResult:
+    """Check a directory against ``gpu``'s contract for ``dtype`` (default: the model's own)."""
     ckpt = open_checkpoint(model_dir)
     fmt = detect(ckpt)
     sites = fmt.sites(ckpt)
-    contract = for_hardware(resolve_profile(gpu), ckpt.dtype())
+    contract = for_hardware(resolve_profile(gpu), dtype or ckpt.dtype())
     return CheckResult(ckpt, fmt, contract, sites, contract.check(sites))

@@ -15,6 +15,7 @@ from gac_check.errors import BadInput
 from gac_check.hardware import CHOICES
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn", "int8")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="auto", metavar="PROFILE", type=str.lower,
                    help=f"hardware the model will be served on: {', '.join(CHOICES)} "
                    "(default auto: the GPU present, else the generic published GPU contract)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="dtype the model will be served in (default: config.json's dtype, "
+                   "else the weights')")
     p.add_argument("--format", choices=("text", "json"), default="text", dest="output")
     p.add_argument("--fail-on", choices=("error", "warning", "never"), default="error")
     return p
@@ -53,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.gpu not in CHOICES:
         raise BadInput(f"--gpu must be one of {', '.join(CHOICES)}, not {args.gpu!r}")
-    result = check(args.model_dir, args.gpu)
+    result = check(args.model_dir, args.gpu, args.dtype)
     if args.output == "json":
         print(json.dumps(to_json(result), indent=2))
     else:

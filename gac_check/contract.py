@@ -52,7 +52,13 @@ class Rule:
     allowed: tuple[int, ...] = ()
     max_value: int | None = None
     slowdown: float | None = None  # expected slowdown when violated, where measured
+    #: finer figures by the largest power of two dividing the value (odd sizes are worst)
+    slowdown_by_pow2: tuple[tuple[int, float], ...] = ()
     source: str = "published"
+
+    def expected_slowdown(self, value: int) -> float | None:
+        pow2 = value & -value if value else 0
+        return dict(self.slowdown_by_pow2).get(pow2, self.slowdown)
 
     def violated_by(self, value: int) -> bool:
         if self.max_value is not None and value > self.max_value:
@@ -83,7 +89,7 @@ class Finding:
 
     @property
     def slowdown(self) -> float | None:
-        known = [r.slowdown for r in self.rules if r.slowdown]
+        known = [s for r in self.rules if (s := r.expected_slowdown(self.site.value))]
         return max(known) if known else None
 
 
@@ -126,7 +132,8 @@ class Contract:
 def gpu_rules(dtype: str, profile: str) -> list[Rule]:
     """Published GPU rules; A100 slowdown figures attach where the published sweeps have them."""
     align = elements_per_16_bytes(dtype)
-    a100 = profile == "a100"
+    # The generic GPU contract is built from the published A100 sweeps, so it quotes them too.
+    a100 = profile in ("a100", "gpu")
     hopper = profile in ("h100", "h200")
     buckets = FA3_BUCKETS if hopper else FA2_BUCKETS
     attn_half = dtype in ("float16", "bfloat16")
@@ -134,7 +141,8 @@ def gpu_rules(dtype: str, profile: str) -> list[Rule]:
         Rule("gemm-align-16B", GEMM_ROLES, ERROR,
              f"Tensor Core GEMMs need K/N multiples of 16 bytes ({align} x {dtype}); cuBLAS "
              "silently takes a slower kernel" + ("; Hopper TMA requires it" if hopper else ""),
-             modulus=align, slowdown=A100_GEMM_SLOWDOWN[2] if a100 else None),
+             modulus=align, slowdown=A100_GEMM_SLOWDOWN[2] if a100 else None,
+             slowdown_by_pow2=tuple(A100_GEMM_SLOWDOWN.items()) if a100 else ()),
         Rule("gemm-optimal-32B", GEMM_ROLES, WARNING,
              f"MMA tiles reduce in 32-byte steps: multiples of {2 * align} reach full "
              "throughput "

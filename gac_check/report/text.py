@@ -1,15 +1,32 @@
-"""The terminal summary: what will collapse on which GPU, by how much, and what the fix costs."""
+"""The terminal summary: what will collapse on which GPU, by how much, and what the fix costs.
+
+Findings that differ only by layer are folded into one row ("layers 0-31"), so an 80-layer
+model prints a screenful, not 560 lines; the JSON output keeps every site.
+"""
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
 
 from gac_check.analysis import CheckResult
 from gac_check.contract import Finding
+
+_LAYER = re.compile(r"(?<=\.)\d+(?=\.)")
+
+
+@dataclass
+class _Row:
+    pattern: str
+    first: Finding
+    layers: list[int] = field(default_factory=list)
+    pad: int = 0
 
 
 def render_text(result: CheckResult) -> str:
     ckpt, contract = result.checkpoint, result.contract
     lines = [
         f"gac-check {ckpt.path}",
-        f"  format {result.format.description} ({ckpt.container}), {ckpt.params:,} parameters",
+        f"  format: {result.format.description} ({ckpt.container}), {ckpt.params:,} parameters",
         f"  checked against: {contract.profile} contract ({contract.source} rules), "
         f"dtype {contract.dtype}",
         "",
@@ -26,39 +43,60 @@ def render_text(result: CheckResult) -> str:
     return "\n".join(lines)
 
 
+def _fold(result: CheckResult) -> list[_Row]:
+    rows: dict[tuple, _Row] = {}
+    for f in result.findings:
+        pattern = _LAYER.sub("*", f.site.name, count=1) if f.site.layer is not None else f.site.name
+        key = (pattern, f.site.value, f.repair_to, tuple(r.id for r in f.rules))
+        row = rows.setdefault(key, _Row(pattern, f))
+        if f.site.layer is not None:
+            row.layers.append(f.site.layer)
+        if f.site.inexact is None:
+            row.pad += result.padding_params(f)
+    return list(rows.values())
+
+
 def _findings_table(result: CheckResult) -> list[str]:
-    header = f"  {'site':<52} {'value':>6} {'fix':>6} {'sev':<7} {'slower':>7} {'pad params':>11}"
-    rows = [header, "  " + "-" * (len(header) - 2)]
-    layer = object()
-    for f in sorted(result.findings, key=lambda f: (f.site.layer is None, f.site.layer or 0)):
-        if f.site.layer != layer:
-            layer = f.site.layer
-            rows.append(f"  layer {layer}" if layer is not None else "  model-wide")
-        rows.append(_row(result, f))
-    rows += ["", "  rules:"]
+    header = (f"  {'site':<44} {'layers':<10} {'value':>6} {'fix':>6} {'severity':<8} "
+              f"{'slower':>6} {'+params':>10}  rules")
+    out = [header, "  " + "-" * (len(header) - 2)]
+    for row in _fold(result):
+        f = row.first
+        name = row.pattern if len(row.pattern) <= 44 else "…" + row.pattern[-43:]
+        fix = str(f.repair_to) if f.site.inexact is None else "no*"
+        slower = f"{f.slowdown:.2f}x" if f.slowdown else "-"
+        pad = f"{row.pad:,}" if f.site.inexact is None else "-"
+        out.append(f"  {name:<44} {_ranges(row.layers):<10} {f.site.value:>6} {fix:>6} "
+                   f"{f.severity:<8} {slower:>6} {pad:>10}  {', '.join(r.id for r in f.rules)}")
+    out += ["", "  rules broken:"]
     seen: dict[str, str] = {}
     for f in result.findings:
         for r in f.rules:
             seen.setdefault(r.id, f"{r.severity}: {r.why}")
-    rows += [f"    {rid}: {why}" for rid, why in seen.items()]
-    return rows
+    out += [f"    {rid}: {why}" for rid, why in seen.items()]
+    refused = {f.site.inexact for f in result.findings if f.site.inexact}
+    if refused:
+        out += ["", "  no* = zero padding would not be exact here:"]
+        out += [f"    {why}" for why in sorted(refused)]
+    return out
 
 
-def _row(result: CheckResult, f: Finding) -> str:
-    slower = f"{f.slowdown:.2f}x" if f.slowdown else "?"
-    fix = str(f.repair_to) if f.site.inexact is None else "no*"
-    pad = f"{result.padding_params(f):,}" if f.site.inexact is None else "-"
-    name = f.site.name if len(f.site.name) <= 50 else "…" + f.site.name[-49:]
-    return (f"    {name:<50} {f.site.value:>6} {fix:>6} {f.severity:<7} {slower:>7} {pad:>11}"
-            f"  [{', '.join(r.id for r in f.rules)}]")
+def _ranges(layers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    if not layers:
+        return "-"
+    xs = sorted(set(layers))
+    parts, start = [], xs[0]
+    for a, b in zip(xs, [*xs[1:], None], strict=True):
+        if b != a + 1:
+            parts.append(f"{start}-{a}" if a != start else str(a))
+            start = b
+    return ",".join(parts)
 
 
 def _summary(result: CheckResult) -> str:
     n, bad = len(result.sites), len(result.findings)
     errors = sum(f.severity == "error" for f in result.findings)
-    refused = sum(f.site.inexact is not None for f in result.findings)
-    text = (f"{bad} of {n} sites misaligned ({errors} errors, {bad - errors} warnings); "
-            f"zero-padding repair adds {result.repair_overhead_fraction:.2%} parameters")
-    if refused:
-        text += f"; {refused} site(s) marked no* cannot be padded exactly (see --format json)"
-    return text
+    return (f"{bad} of {n} sites misaligned ({errors} errors, {bad - errors} warnings); "
+            f"zero-padding repair of the exact ones adds {result.repair_overhead_fraction:.2%} "
+            "parameters")

@@ -1,0 +1,54 @@
+"""Writing an output directory all-or-nothing.
+
+A repair of a 70B checkpoint can fail at tensor 600 of 700; the user must never be left with a
+directory that looks like a model but is not. Everything is written into a temporary sibling
+(same filesystem, so the final rename is atomic) and renamed into place only on success.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from gac_check.errors import BadInput
+
+
+def check_output_dir(out: Path, force: bool, *inputs: Path) -> None:
+    """Refuse an existing OUT (unless force), an OUT inside an input, or a missing parent."""
+    out = out.resolve()
+    for src in inputs:
+        src = src.resolve()
+        if out == src or src in out.parents:
+            raise BadInput("output directory must not be the input or inside it", out)
+    if out.exists() and not force:
+        raise BadInput("already exists (use --force to replace it)", out)
+    if not out.parent.is_dir():
+        raise BadInput("parent directory does not exist", out)
+
+
+@contextmanager
+def atomic_output_dir(out: Path, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory that becomes ``out`` when the block succeeds."""
+    out = out.resolve()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists() and force:
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+def copy_side_files(src: Path, dst: Path, skip: set[str]) -> None:
+    """Copy tokenizer files, READMEs and sub-folders the model directory carries."""
+    for item in src.iterdir():
+        if item.name in skip or item.name.startswith("."):
+            continue
+        if item.is_dir():
+            shutil.copytree(item, dst / item.name)
+        elif item.is_file():
+            shutil.copy2(item, dst / item.name)
