@@ -13,6 +13,9 @@ from pathlib import Path
 
 from gac_check.errors import BadInput
 from gac_check.hardware import CHOICES
+from gac_check.report.outputs import DEFAULT_REPORT
+from gac_check.report.outputs import plan as plan_outputs
+from gac_check.report.outputs import write as write_outputs
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn", "int8")
@@ -38,10 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "else the weights')")
     p.add_argument("--format", choices=("text", "json"), default="text", dest="output")
     p.add_argument("--fail-on", choices=("error", "warning", "never"), default="error")
+    p.add_argument("--report", nargs="?", const=DEFAULT_REPORT, metavar="FILE.html",
+                   help="write the HTML alignment report (and its run JSON beside it); "
+                   "without FILE: reports/<model>-<profile>.html")
+    p.add_argument("--junit", type=Path, metavar="FILE.xml",
+                   help="write one JUnit testcase per site; gated sites fail")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["report"]:  # `gac-check report merge ...`; MODEL_DIR is positional
+        return _report_command(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return run(args)
@@ -57,12 +68,24 @@ def run(args: argparse.Namespace) -> int:
 
     if args.gpu not in CHOICES:
         raise BadInput(f"--gpu must be one of {', '.join(CHOICES)}, not {args.gpu!r}")
+    outputs = plan_outputs(args.report, args.junit)
     result = check(args.model_dir, args.gpu, args.dtype)
     if args.output == "json":
         print(json.dumps(to_json(result), indent=2))
     else:
         print(render_text(result))
+    write_outputs(outputs, to_json(result), args.fail_on)
     return exit_code(result.findings, args.fail_on)
+
+
+def _report_command(argv: list[str]) -> int:
+    from gac_check.report.merge import main as report_main
+
+    try:
+        return report_main(argv, _Parser)
+    except BadInput as exc:
+        sys.stderr.write(f"gac-check: {exc}\n")
+        return EXIT_BAD_INPUT
 
 
 def exit_code(findings: list, fail_on: str) -> int:

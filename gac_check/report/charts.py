@@ -1,0 +1,284 @@
+"""Geometry for the report's inline SVG: the alignment map and the latency staircase.
+
+Computed here in plain Python (numbers and strings only) so the template stays declarative
+and the report needs no JavaScript and no network; the template escapes every string.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+#: aligned / warning / error, chosen to stay apart for the common colour-vision deficiencies
+#: (blue-green vs orange vs red-purple differ in lightness as well as hue).
+COLOURS = {"aligned": "#2b8a5a", "warning": "#f0a320", "error": "#c8283c"}
+TEXT_ON = {"aligned": "#ffffff", "warning": "#1d1d1d", "error": "#ffffff"}
+RUN_PALETTE = ("#2f6fb5", "#8e44ad", "#16837a", "#b85c00", "#5d6d7e")
+LAYER_WORDS = ("layers", "layer", "h", "blocks")
+
+
+def site_state(site: dict) -> str:
+    if site.get("aligned"):
+        return "aligned"
+    return "error" if site.get("severity") == "error" else "warning"
+
+
+def site_kind(site: dict) -> str:
+    """The site's name with its layer prefix removed: the map's column."""
+    name, layer = site["name"], site.get("layer")
+    if layer is None:
+        return name
+    module, sep, role = name.partition(":")
+    parts = module.split(".")
+    for i in range(len(parts) - 1):
+        if parts[i] in LAYER_WORDS and parts[i + 1] == str(layer):
+            rest = ".".join(parts[i + 2:])
+            return f"{rest}{sep}{role}" if rest else role or name
+    return name
+
+
+def site_title(site: dict) -> str:
+    state = site_state(site)
+    text = f"{site['name']} = {site['value']}: {state}"
+    if state != "aligned":
+        text += f" ({', '.join(site.get('rules') or [])})"
+        if site.get("refusal"):
+            text += "; no exact zero-padding repair"
+        elif site.get("repair_to"):
+            text += f"; pad to {site['repair_to']}"
+    return text
+
+
+@dataclass
+class Cell:
+    x: float
+    y: float
+    w: float
+    h: float
+    fill: str
+    text: str
+    text_fill: str
+    title: str
+    state: str
+
+
+@dataclass
+class Grid:
+    """One SVG grid: rows are layers (or one model-wide row), columns are site kinds."""
+
+    width: float
+    height: float
+    cells: list[Cell] = field(default_factory=list)
+    row_labels: list[tuple[float, str]] = field(default_factory=list)
+    col_labels: list[tuple[float, float, str]] = field(default_factory=list)
+
+
+CELL_W, CELL_H, LABEL_W, CHAR_W = 54, 20, 64, 6.2
+
+
+def alignment_grids(sites: list[dict]) -> tuple[Grid | None, Grid | None]:
+    """The per-layer grid and the model-wide strip (hidden size, vocabulary, ...)."""
+    layered = [s for s in sites if s.get("layer") is not None]
+    wide = [s for s in sites if s.get("layer") is None]
+    return (_grid(layered, lambda s: f"layer {s['layer']}", by_layer=True) if layered else None,
+            _grid(wide, lambda s: "model", by_layer=False) if wide else None)
+
+
+def _grid(sites: list[dict], row_of, by_layer: bool) -> Grid:
+    kinds: dict[str, int] = {}
+    rows: dict[str, int] = {}
+    ordered = sorted(sites, key=lambda s: s["layer"]) if by_layer else sites
+    for s in ordered:
+        kinds.setdefault(site_kind(s), len(kinds))
+        rows.setdefault(row_of(s), len(rows))
+    longest = max(len(k) for k in kinds)
+    header = 14 + CHAR_W * min(longest, 40) * math.sin(math.radians(40))
+    overhang = CHAR_W * min(longest, 40) * math.cos(math.radians(40))
+    grid = Grid(width=LABEL_W + CELL_W * len(kinds) + overhang,
+                height=header + CELL_H * len(rows) + 4)
+    for kind, col in kinds.items():
+        label = kind if len(kind) <= 40 else "…" + kind[-39:]
+        grid.col_labels.append((LABEL_W + CELL_W * (col + 0.5), header - 6, label))
+    for row_name, row in rows.items():
+        grid.row_labels.append((header + CELL_H * (row + 0.5) + 4, row_name))
+    for s in sites:
+        state = site_state(s)
+        grid.cells.append(Cell(
+            x=LABEL_W + CELL_W * kinds[site_kind(s)] + 1, y=header + CELL_H * rows[row_of(s)] + 1,
+            w=CELL_W - 2, h=CELL_H - 2, fill=COLOURS[state], text=str(s["value"]),
+            text_fill=TEXT_ON[state], title=site_title(s), state=state))
+    return grid
+
+
+def layers_text(layers: list[int]) -> str:
+    """``[0, 1, 2, 3, 7]`` -> ``0–3, 7``: a finding repeated in many layers reads as one line."""
+    if not layers:
+        return "model-wide"
+    spans, start, prev = [], layers[0], layers[0]
+    for n in [*layers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        spans.append(f"{start}–{prev}" if prev > start else str(start))
+        if n is not None:
+            start = prev = n
+    return ", ".join(spans)
+
+
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    if hi <= lo:
+        hi = lo + 1
+    raw = (hi - lo) / count
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step) * step
+    return [round(first + i * step, 10) for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+@dataclass
+class Point:
+    x: float
+    y: float
+    fill: str
+    ring: str | None
+    title: str
+
+
+@dataclass
+class Band:
+    colour: str
+    polygon: str
+    median: str
+
+
+@dataclass
+class Chart:
+    """A latency staircase: x = the swept dimension, y = latency; baseline band + points."""
+
+    title: str
+    x_label: str
+    width: int
+    height: int
+    x_ticks: list[tuple[float, str]]
+    y_ticks: list[tuple[float, str]]
+    plot: tuple[float, float, float, float]  # left, top, right, bottom
+    bands: list[Band] = field(default_factory=list)
+    lines: list[tuple[str, str]] = field(default_factory=list)  # (colour, points)
+    points: list[Point] = field(default_factory=list)
+    legend: list[tuple[str, str]] = field(default_factory=list)
+
+
+def parse_case(case: str) -> tuple[str, dict[str, str]]:
+    """``sdpa/B=4,S=2048,D=107`` -> ``("sdpa", {"B": "4", "S": "2048", "D": "107"})``."""
+    workload, _, rest = case.partition("/")
+    params = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        params[key.strip()] = value.strip()
+    return workload, params
+
+
+def staircase_key(rec: dict, varying: dict[str, set[str]]) -> tuple[str, str, int] | None:
+    """(series name, x parameter, x value) of a perf record, or None when it is not a sweep.
+
+    The record may name its swept parameter in ``dim``; otherwise it is the one numeric
+    parameter that varies across the records of the same workload.
+    """
+    workload, params = parse_case(rec["case"])
+    dim = rec.get("dim")
+    if dim is None:
+        candidates = [k for k in varying.get(workload, ()) if params.get(k, "").isdigit()]
+        dim = candidates[0] if len(candidates) == 1 else None
+    if dim is None or not str(params.get(dim, "")).isdigit():
+        return None
+    rest = ",".join(f"{k}={v}" for k, v in params.items() if k != dim)
+    return f"{workload}/{rest}", dim, int(params[dim])
+
+
+def varying_params(records: list[dict]) -> dict[str, set[str]]:
+    seen: dict[str, dict[str, set[str]]] = {}
+    for rec in records:
+        workload, params = parse_case(rec["case"])
+        for k, v in params.items():
+            seen.setdefault(workload, {}).setdefault(k, set()).add(v)
+    return {w: {k for k, vals in ps.items() if len(vals) > 1} for w, ps in seen.items()}
+
+
+def staircases(runs: list[tuple[str, list[dict]]]) -> list[Chart]:
+    """One chart per swept series, every run's baseline band and points overlaid."""
+    everything = [r for _, recs in runs for r in recs]
+    varying = varying_params(everything)
+    series: dict[tuple[str, str], list[tuple[int, int, dict]]] = {}
+    for run_index, (_, recs) in enumerate(runs):
+        for rec in recs:
+            key = staircase_key(rec, varying)
+            if key is not None and rec.get("measured_ms") is not None:
+                series.setdefault(key[:2], []).append((run_index, key[2], rec))
+    labels = [label for label, _ in runs]
+    return [_chart(name, dim, pts, labels) for (name, dim), pts in series.items()
+            if len({x for _, x, _ in pts}) >= 2]
+
+
+W, H, LEFT, TOP, RIGHT, BOTTOM = 600, 260, 62, 14, 16, 40
+
+
+def _chart(name: str, dim: str, pts: list[tuple[int, int, dict]], labels: list[str]) -> Chart:
+    xs = [x for _, x, _ in pts]
+    ys = [v for _, _, r in pts for v in _extent(r)]
+    x_ticks = nice_ticks(min(xs), max(xs), 6)
+    x_lo, x_hi = min(min(xs), x_ticks[0]), max(max(xs), x_ticks[-1])
+    y_ticks = nice_ticks(0, max(ys) * 1.08, 5)
+    y_hi = max(y_ticks[-1], max(ys))
+
+    def sx(x: float) -> float:
+        return LEFT + (x - x_lo) / ((x_hi - x_lo) or 1) * (W - LEFT - RIGHT)
+
+    def sy(y: float) -> float:
+        return H - BOTTOM - y / (y_hi or 1) * (H - TOP - BOTTOM)
+
+    chart = Chart(title=name, x_label=dim, width=W, height=H,
+                  x_ticks=[(sx(t), _fmt(t)) for t in x_ticks if x_lo <= t <= x_hi],
+                  y_ticks=[(sy(t), _fmt(t)) for t in y_ticks], plot=(LEFT, TOP, W - RIGHT,
+                                                                     H - BOTTOM))
+    for run_index in sorted({i for i, _, _ in pts}):
+        colour = RUN_PALETTE[run_index % len(RUN_PALETTE)]
+        mine = sorted((x, r) for i, x, r in pts if i == run_index)
+        base = [(x, r) for x, r in mine if r.get("baseline_ms") is not None]
+        if len(base) >= 1:
+            half = [(r.get("baseline_iqr_ms") or 0.0) / 2 for _, r in base]
+            upper = [f"{sx(x):.1f},{sy(r['baseline_ms'] + h):.1f}"
+                     for (x, r), h in zip(base, half, strict=True)]
+            lower = [f"{sx(x):.1f},{sy(max(r['baseline_ms'] - h, 0)):.1f}"
+                     for (x, r), h in zip(base, half, strict=True)]
+            chart.bands.append(Band(colour, " ".join(upper + lower[::-1]),
+                                    " ".join(f"{sx(x):.1f},{sy(r['baseline_ms']):.1f}"
+                                             for x, r in base)))
+        chart.lines.append((colour, " ".join(f"{sx(x):.1f},{sy(r['measured_ms']):.1f}"
+                                             for x, r in mine)))
+        for x, r in mine:
+            chart.points.append(Point(sx(x), sy(r["measured_ms"]), colour,
+                                      COLOURS["error"] if r.get("verdict") == "regression"
+                                      else None, perf_title(dim, x, r, labels[run_index])))
+        if len(labels) > 1:
+            chart.legend.append((colour, labels[run_index]))
+    return chart
+
+
+def _extent(rec: dict) -> list[float]:
+    vals = [rec["measured_ms"]]
+    if rec.get("baseline_ms") is not None:
+        vals.append(rec["baseline_ms"] + (rec.get("baseline_iqr_ms") or 0) / 2)
+    return vals
+
+
+def perf_title(dim: str, x: int, rec: dict, label: str) -> str:
+    text = f"{label}: {dim}={x}: measured {rec['measured_ms']:.4g} ms"
+    if rec.get("baseline_ms") is not None:
+        text += f" vs baseline {rec['baseline_ms']:.4g} ms"
+    if rec.get("delta") is not None:
+        text += f" ({rec['delta']:+.1%})"
+    return f"{text}; {rec.get('verdict', 'no verdict')}"
+
+
+def _fmt(v: float) -> str:
+    return f"{v:g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.1e}"
+

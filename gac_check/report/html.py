@@ -1,0 +1,155 @@
+"""The alignment-regression report: one self-contained HTML file a reviewer opens in a browser.
+
+Rendered with jinja2 from run documents (:mod:`gac_check.report.run`), so the same code draws
+a single CLI check, a pytest session, or several machines' runs merged side by side. Inline CSS
+and SVG only: the file works offline, attached to a CI run, with scripting disabled. Every name
+in it comes from a checkpoint a stranger wrote, so autoescaping is on for the whole template.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from gac_check.report import charts
+
+SEVERITY_ORDER = {"error": 0, "warning": 1}
+
+
+@dataclass
+class FindingGroup:
+    """Identical findings repeated across layers, read as one line (``layers 0–31``)."""
+
+    kind: str
+    value: int
+    severity: str
+    rules: list[str]
+    repair_to: int | None
+    optimal_to: int | None
+    slowdown: float | None
+    refusal: str | None
+    layers: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    padding_params: int = 0
+
+
+@dataclass
+class CheckView:
+    label: str
+    model: str
+    check: dict
+    grid: charts.Grid | None
+    wide: charts.Grid | None
+    groups: list[FindingGroup]
+    counts: dict[str, int]
+
+
+@dataclass
+class RunView:
+    label: str
+    colour: str
+    run: dict
+    verdict: str  # "pass" | "warn" | "fail"
+    reasons: list[str]
+    checks: list[CheckView]
+
+
+def render_html(runs: list[dict], title: str | None = None) -> str:
+    views = [_run_view(i, run) for i, run in enumerate(runs)]
+    template = _environment().get_template("report.html.j2")
+    perf_rows = [(v, rec) for v in views for rec in v.run["perf"]]
+    return template.render(
+        title=title or "gac-check alignment report: " + ", ".join(v.label for v in views),
+        runs=views,
+        overall=_overall(views),
+        colours=charts.COLOURS,
+        charts=charts.staircases([(v.label, v.run["perf"]) for v in views]),
+        perf_rows=perf_rows,
+        equivalence=[(v, rec) for v in views for rec in v.run["equivalence"]],
+        failures=[(v, rec) for v in views for rec in v.run["tests"].get("failures", [])
+                  if not rec.get("equivalence")],
+        environment=_environment_rows(views),
+        charts_layers=charts.layers_text,
+    )
+
+
+def _environment() -> Environment:
+    return Environment(loader=PackageLoader("gac_check.report", "templates"), autoescape=True,
+                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def _run_view(index: int, run: dict) -> RunView:
+    checks = [_check_view(run["label"], c) for c in run["checks"]]
+    verdict, reasons = run_verdict(run)
+    colour = charts.RUN_PALETTE[index % len(charts.RUN_PALETTE)]
+    return RunView(run["label"], colour, run, verdict, reasons, checks)
+
+
+def _check_view(label: str, check: dict) -> CheckView:
+    grid, wide = charts.alignment_grids(check["sites"])
+    counts = {"aligned": 0, "warning": 0, "error": 0}
+    for s in check["sites"]:
+        counts[charts.site_state(s)] += 1
+    model = check["model_dir"].rstrip("/").rsplit("/", 1)[-1] or check["model_dir"]
+    return CheckView(label, model, check, grid, wide, _groups(check["sites"]), counts)
+
+
+def _groups(sites: list[dict]) -> list[FindingGroup]:
+    groups: dict[tuple, FindingGroup] = {}
+    for s in sites:
+        if s.get("aligned"):
+            continue
+        kind = charts.site_kind(s)
+        key = (kind, s["value"], s.get("severity"), tuple(s.get("rules") or ()),
+               s.get("repair_to"), s.get("refusal"))
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = FindingGroup(kind, s["value"], s.get("severity") or "warning",
+                                           list(s.get("rules") or []), s.get("repair_to"),
+                                           s.get("optimal_to"), s.get("expected_slowdown"),
+                                           s.get("refusal"))
+        if s.get("layer") is not None:
+            g.layers.append(s["layer"])
+        g.names.append(s["name"])
+        g.padding_params += int(s.get("padding_params") or 0)
+    return sorted(groups.values(), key=lambda g: (SEVERITY_ORDER.get(g.severity, 2),
+                                                  -len(g.names), g.kind))
+
+
+def run_verdict(run: dict) -> tuple[str, list[str]]:
+    """pass / warn / fail and why: the first thing a reviewer reads."""
+    fail_on = run.get("fail_on", "error")
+    gate = {"error": ("error",), "warning": ("error", "warning"), "never": ()}[fail_on]
+    reasons, failing = [], False
+    for check in run["checks"]:
+        s = check["summary"]
+        errors, warnings = s.get("errors", 0), s.get("warnings", 0)
+        if errors or warnings:
+            model = check["model_dir"].rstrip("/").rsplit("/", 1)[-1]
+            reasons.append(f"{model}: {errors} error(s), {warnings} warning(s) on the "
+                           f"{check['hardware']['profile']} contract")
+        failing |= any(not site["aligned"] and site.get("severity") in gate
+                       for site in check["sites"])
+    failed = run["tests"].get("counts", {}).get("failed", 0)
+    if failed:
+        reasons.append(f"{failed} test(s) failed")
+        failing = True
+    regressions = sum(r.get("verdict") == "regression" for r in run["perf"])
+    if regressions:
+        reasons.append(f"{regressions} performance regression(s) against the baseline")
+        failing = True
+    if failing:
+        return "fail", reasons
+    return ("warn" if reasons else "pass"), reasons
+
+
+def _overall(views: list[RunView]) -> str:
+    verdicts = {v.verdict for v in views}
+    return next(x for x in ("fail", "warn", "pass") if x in verdicts or x == "pass")
+
+
+def _environment_rows(views: list[RunView]) -> list[tuple[str, list[str]]]:
+    keys: list[str] = []
+    for v in views:
+        keys += [k for k in v.run["environment"] if k not in keys]
+    return [(k, [str(v.run["environment"].get(k, "")) for v in views]) for k in keys]

@@ -1,0 +1,70 @@
+"""The CLI's report files: ``--report [FILE.html]`` and ``--junit FILE.xml``.
+
+``--report`` writes the HTML and, beside it, the run document as ``FILE.json`` (what
+``gac-check report merge`` reads). With no value it writes ``reports/<model>-<profile>.html``
+under the current directory, creating ``reports/`` (DESIGN.md: where reports land by default);
+an explicit path must be in an existing directory. Paths are checked before the model is read,
+and all files are rendered in memory before the first is written, so a bad path or a failed
+check leaves nothing behind.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from gac_check.errors import BadInput
+from gac_check.report.run import check_writable, dumps, new_run, write_atomic
+
+#: The value argparse gives ``--report`` when it is passed without a file name.
+DEFAULT_REPORT = "<default>"
+REPORTS_DIR = Path("reports")
+HTML_SUFFIXES = (".html", ".htm")
+
+
+@dataclass
+class Outputs:
+    report: Path | None  # None: no HTML; DEFAULT_REPORT resolved after the check
+    default_report: bool
+    junit: Path | None
+
+
+def plan(report: str | None, junit: Path | None) -> Outputs:
+    """Validate the requested paths before any work is done."""
+    default = report == DEFAULT_REPORT
+    path = None
+    if report is not None and not default:
+        path = check_writable(Path(report))
+        if path.suffix.lower() not in HTML_SUFFIXES:
+            raise BadInput("--report writes HTML; give a .html file name (the run JSON is "
+                           "written beside it)", path)
+        if path.with_suffix(".json").is_dir():
+            raise BadInput("is a directory, not a file", path.with_suffix(".json"))
+    return Outputs(path, default, check_writable(junit) if junit is not None else None)
+
+
+def default_report_path(check: dict) -> Path:
+    """``reports/<model>-<profile>.html``; the model name is reduced to safe characters."""
+    model = check["model_dir"].rstrip("/").rsplit("/", 1)[-1]
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("._") or "model"
+    return REPORTS_DIR / f"{safe}-{check['hardware']['profile']}.html"
+
+
+def write(outputs: Outputs, check: dict, fail_on: str) -> list[Path]:
+    """Render everything, then write each file atomically; returns the paths written."""
+    from gac_check.report.html import render_html
+    from gac_check.report.junit import to_junit
+
+    files: list[tuple[Path, str]] = []
+    report = outputs.report
+    if outputs.default_report:
+        report = default_report_path(check)
+        report.parent.mkdir(parents=True, exist_ok=True)
+    if report is not None:
+        run = new_run([check], fail_on=fail_on)
+        files += [(report, render_html([run])), (report.with_suffix(".json"), dumps(run))]
+    if outputs.junit is not None:
+        files.append((outputs.junit, to_junit(check, fail_on)))
+    for path, text in files:
+        write_atomic(path, text)
+    return [p for p, _ in files]

@@ -1,0 +1,195 @@
+"""The run document (schema ``gac-check-run/1``): everything one run of gac-check produced.
+
+HTML reports render from this JSON-able dict, never from live objects, so a report can be
+rebuilt from a saved file and runs from several machines (an A100 job and an H100 job) can be
+merged side by side. One run holds:
+
+``label``        what the run is called in a merged report (default: the hardware profile)
+``created``      ISO-8601 UTC time the run finished
+``fail_on``      the severity that fails the gate ("error", "warning", "never")
+``environment``  the fingerprint of the machine that ran it (:func:`environment`)
+``checks``       ``gac-check/1`` objects, one per checked model directory
+``tests``        pytest outcomes: counts and the non-passing tests (empty for the CLI)
+``perf``         performance verdicts (records shaped as :mod:`gac_check.report.collect` says)
+``equivalence``  failing property tests with hypothesis' example and a reproduce command
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from gac_check.checkpoint import read_json
+from gac_check.errors import BadInput
+from gac_check.report.json_report import SCHEMA as CHECK_SCHEMA
+
+RUN_SCHEMA = "gac-check-run/1"
+READABLE = (CHECK_SCHEMA, RUN_SCHEMA)
+FAIL_ON = ("error", "warning", "never")
+
+
+def new_run(checks: list[dict], *, label: str | None = None, fail_on: str = "error",
+            tests: dict | None = None, perf: list[dict] | None = None,
+            equivalence: list[dict] | None = None) -> dict:
+    """A run document for this machine, now."""
+    if label is None:
+        profiles = sorted({c["hardware"]["profile"] for c in checks})
+        label = "+".join(profiles) or platform.node() or "run"
+    return {
+        "schema": RUN_SCHEMA,
+        "label": label,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "fail_on": fail_on,
+        "environment": environment(),
+        "checks": checks,
+        "tests": tests or {"counts": {}, "failures": []},
+        "perf": perf or [],
+        "equivalence": equivalence or [],
+    }
+
+
+def environment() -> dict:
+    """The machine and software versions behind a run: what a reviewer needs to trust timings.
+
+    Versions come from package metadata so a plain CLI check does not pay for importing torch;
+    the CUDA device is probed only when torch is already loaded (pytest runs, benchmarks).
+    """
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count() or 0,
+    }
+    for dist in ("gac-check", "torch", "transformers", "safetensors", "hypothesis",
+                 "flash-attn"):
+        try:
+            env[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    env.update(_cuda_fingerprint())
+    return env
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _cuda_fingerprint() -> dict:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {"device": "not probed (torch not loaded)"}
+    if not torch.cuda.is_available():
+        return {"device": "cpu (no CUDA device)"}
+    major, minor = torch.cuda.get_device_capability(0)
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "compute_capability": f"{major}.{minor}",
+        "cuda": torch.version.cuda,
+        "cudnn": str(torch.backends.cudnn.version()),
+        "devices": torch.cuda.device_count(),
+    }
+
+
+def load_run(path: Path) -> dict:
+    """Read a saved run (or a bare ``gac-check --format json`` object) and validate its shape.
+
+    A bare check object becomes a one-check run whose environment is unknown. Anything whose
+    schema this version does not read, or whose structure is broken, is a BadInput naming the
+    file, because a merge must never render half of someone's results as if they were all.
+    """
+    data = read_json(path)
+    schema = data.get("schema")
+    if schema not in READABLE:
+        raise BadInput(f"schema {schema!r} is not one this gac-check reads "
+                       f"({', '.join(READABLE)})", path)
+    if schema == CHECK_SCHEMA:
+        _validate_check(data, path, "")
+        run = new_run([data], label=Path(path).stem)
+        run["environment"] = {"recorded": "no (a bare gac-check --format json object)"}
+        run["created"] = None
+        return run
+    _validate_run(data, path)
+    return data
+
+
+def _validate_run(run: dict, path: Path) -> None:
+    _expect(run, "label", str, path, "")
+    _expect(run, "fail_on", str, path, "")
+    if run["fail_on"] not in FAIL_ON:
+        raise BadInput(f"fail_on must be one of {', '.join(FAIL_ON)}", path)
+    _expect(run, "environment", dict, path, "")
+    _expect(run, "checks", list, path, "")
+    _expect(run, "tests", dict, path, "")
+    _expect(run, "perf", list, path, "")
+    _expect(run, "equivalence", list, path, "")
+    for i, check in enumerate(run["checks"]):
+        if not isinstance(check, dict) or check.get("schema") != CHECK_SCHEMA:
+            raise BadInput(f"checks[{i}] is not a {CHECK_SCHEMA} object", path)
+        _validate_check(check, path, f"checks[{i}].")
+    for i, rec in enumerate(run["perf"]):
+        if not isinstance(rec, dict) or not isinstance(rec.get("case"), str):
+            raise BadInput(f"perf[{i}] has no case key", path)
+    for i, rec in enumerate(run["equivalence"]):
+        if not isinstance(rec, dict) or not isinstance(rec.get("nodeid"), str):
+            raise BadInput(f"equivalence[{i}] has no nodeid", path)
+
+
+def _validate_check(check: dict, path: Path, where: str) -> None:
+    _expect(check, "model_dir", str, path, where)
+    _expect(check, "hardware", dict, path, where)
+    _expect(check["hardware"], "profile", str, path, f"{where}hardware.")
+    _expect(check, "sites", list, path, where)
+    _expect(check, "summary", dict, path, where)
+    for i, site in enumerate(check["sites"]):
+        here = f"{where}sites[{i}]."
+        if not isinstance(site, dict):
+            raise BadInput(f"{where}sites[{i}] is not an object", path)
+        _expect(site, "name", str, path, here)
+        _expect(site, "value", int, path, here)
+        _expect(site, "aligned", bool, path, here)
+
+
+def _expect(obj: dict, key: str, kind: type, path: Path, where: str) -> None:
+    value = obj.get(key)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BadInput(f"{where}{key} is missing or not {kind.__name__}", path)
+
+
+def check_writable(path: Path) -> Path:
+    """Refuse an output whose directory is missing before any work or writing starts."""
+    path = Path(path)
+    if path.is_dir():
+        raise BadInput("is a directory, not a file", path)
+    if not path.parent.resolve().is_dir():
+        raise BadInput("directory does not exist", path)
+    return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temporary sibling and rename, so a reader never sees half a report."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            os.fchmod(fh.fileno(), 0o644)  # mkstemp's 0600 would hide a report from CI viewers
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def dumps(run: dict) -> str:
+    return json.dumps(run, indent=2, sort_keys=False) + "\n"
