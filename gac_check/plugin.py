@@ -50,6 +50,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with a reason else")
     config.addinivalue_line("markers", "perf: a timing test; serialized per device under xdist")
     register_hypothesis_profiles()
+    from gac_check import workers
+    from gac_check.report import collect
+
+    workers.register(config)  # xdist: pin workers to devices, serialise perf tests per device
+    collect.register(config)  # --gac-report: collect on the controller, write at session end
 
 
 @pytest.fixture(scope="session")

@@ -256,7 +256,7 @@ def _chart(name: str, dim: str, pts: list[tuple[int, int, dict]], labels: list[s
                                              for x, r in mine)))
         for x, r in mine:
             chart.points.append(Point(sx(x), sy(r["measured_ms"]), colour,
-                                      COLOURS["error"] if r.get("verdict") == "regression"
+                                      COLOURS["error"] if r.get("verdict") == "regressed"
                                       else None, perf_title(dim, x, r, labels[run_index])))
         if len(labels) > 1:
             chart.legend.append((colour, labels[run_index]))

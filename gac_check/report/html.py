@@ -134,7 +134,7 @@ def run_verdict(run: dict) -> tuple[str, list[str]]:
     if failed:
         reasons.append(f"{failed} test(s) failed")
         failing = True
-    regressions = sum(r.get("verdict") == "regression" for r in run["perf"])
+    regressions = sum(r.get("verdict") == "regressed" for r in run["perf"])
     if regressions:
         reasons.append(f"{regressions} performance regression(s) against the baseline")
         failing = True
