@@ -90,11 +90,15 @@ def head_dim_of(config: dict) -> int | None:
 
 
 def family_sites(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
-                 resolve: Resolver) -> list[DimSite]:
-    """Per-layer intermediate/head_dim/heads sites plus the global hidden and vocab sites."""
+                 resolve: Resolver, head_dim: int | None = None) -> list[DimSite]:
+    """Per-layer intermediate/head_dim/heads sites plus the global hidden and vocab sites.
+
+    ``head_dim`` is for formats that can infer it from shapes when config.json is missing
+    (pickled LLM-Pruner models); the config's value wins when there is one.
+    """
     shapes = ckpt.shapes
     cfg = ckpt.config
-    hd = head_dim_of(cfg)
+    hd = head_dim_of(cfg) or head_dim
     sites: list[DimSite] = []
     for i in layers:
         base = f"{prefix}.{i}"

@@ -24,12 +24,17 @@ class Linear:
     rows: tuple[tuple[str, int], ...]  # (tensor, axis) pairs carrying the output features
     cols: tuple[tuple[str, int], ...]  # (tensor, axis) pairs carrying the input features
     bias: str | None = None
+    #: further bias vectors when the rows are split over several tensors (PaLU's U.{g}.bias)
+    split_biases: tuple[str, ...] = ()
+
+    @property
+    def biases(self) -> tuple[str, ...]:
+        return (*((self.bias,) if self.bias else ()), *self.split_biases)
 
     def producer_axes(self, shapes: Shapes, unit: int | None = None) -> list[TensorAxis]:
         """Axes of the output features; with ``unit`` (a head_dim) one segment per head."""
-        pairs = [*self.rows, *([(self.bias, 0)] if self.bias else [])]
-        return [_axis(shapes, t, a, AxisKind.BIAS if t == self.bias else AxisKind.PRODUCER, unit)
-                for t, a in pairs]
+        rows = [_axis(shapes, t, a, AxisKind.PRODUCER, unit) for t, a in self.rows]
+        return rows + [_axis(shapes, b, 0, AxisKind.BIAS, unit) for b in self.biases]
 
     def consumer_axes(self, shapes: Shapes, unit: int | None = None) -> list[TensorAxis]:
         return [_axis(shapes, t, a, AxisKind.CONSUMER, unit) for t, a in self.cols]

@@ -1,0 +1,126 @@
+"""LLM-Pruner (horseee/LLM-Pruner): plain Llama modules with rows and columns removed.
+
+Block-wise pruning removes whole attention heads (q/k/v rows, o columns) and single MLP
+channels (gate/up rows, down columns) in a range of layers, so sizes vary per layer (11008 ->
+8806 at 20%); channel-wise pruning narrows the hidden size everywhere. The pruned model is
+pickled whole (``torch.save({'model': model, 'tokenizer': tok})``) and any config.json next to
+it keeps the dense sizes, or there is none. The tensors are the truth: the family sites already
+trust shapes and note where config.json disagrees; this adapter recognises the pattern and,
+without a config, infers head_dim from the shapes.
+"""
+from __future__ import annotations
+
+from functools import reduce
+from math import gcd
+
+from gac_check.checkpoint import Checkpoint
+from gac_check.formats.architectures import family_sites, find_family, head_dim_of
+from gac_check.formats.base import Format
+from gac_check.formats.layout import dense_linear
+from gac_check.sites import DimSite, Role
+
+#: Largest head_dim a GCD of projection widths is believed to be (FlashAttention's limit).
+MAX_INFERRED_HEAD_DIM = 256
+NO_CONFIG = "no config.json: sizes come from tensor shapes only"
+
+
+class LLMPruner(Format):
+    name = "llm-pruner"
+    description = ("LLM-Pruner structured pruning (per-layer heads / MLP channels removed; "
+                   "config.json keeps the dense sizes)")
+
+    def matches(self, ckpt: Checkpoint) -> bool:
+        sizes = _layer_sizes(ckpt)
+        if not sizes:
+            return False
+        cfg = ckpt.config
+        per_key = {k: {s[k] for s in sizes.values() if k in s} for k in ("q", "up", "in")}
+        if any(len(v) > 1 for v in per_key.values()):
+            return True
+        declared = {"up": cfg.get("intermediate_size"), "in": cfg.get("hidden_size")}
+        hd = head_dim_of(cfg)
+        if hd and isinstance(cfg.get("num_attention_heads"), int):
+            declared["q"] = hd * cfg["num_attention_heads"]
+        return any(isinstance(declared.get(k), int) and v and v != {declared[k]}
+                   for k, v in per_key.items())
+
+    def sites(self, ckpt: Checkpoint) -> list[DimSite]:
+        found = find_family(ckpt)
+        if not found:
+            return []
+        fam, prefix, layers = found
+        inferred, how = (None, "") if head_dim_of(ckpt.config) else _infer_head_dim(ckpt)
+        sites = family_sites(ckpt, fam, prefix, layers, lambda m: self.linear(ckpt, m), inferred)
+        for site in sites:
+            if site.role is Role.HEAD_DIM and inferred:
+                site.notes.append(f"head_dim {inferred} inferred from {how}")
+            if site.role is Role.HEADS:
+                _note_partial_heads(ckpt, site, inferred or head_dim_of(ckpt.config))
+        hidden = next(s for s in sites if s.role is Role.HIDDEN)
+        if not ckpt.config:
+            hidden.notes.append(NO_CONFIG)
+            if not inferred:
+                hidden.notes.append("head_dim could not be inferred from the shapes; attention "
+                                    "sites were not checked")
+        return sites
+
+
+def _layer_sizes(ckpt: Checkpoint) -> dict[int, dict[str, int]]:
+    """Per layer: q rows, MLP width and the hidden width q reads, from dense linears only."""
+    found = find_family(ckpt)
+    if not found:
+        return {}
+    fam, prefix, layers = found
+    shapes = ckpt.shapes
+    out: dict[int, dict[str, int]] = {}
+    for i in layers:
+        q = dense_linear(shapes, f"{prefix}.{i}.{fam.q}")
+        up = dense_linear(shapes, f"{prefix}.{i}.{fam.up}")
+        sizes = {}
+        if q:
+            sizes["q"], sizes["in"] = q.out_features, q.in_features
+        if up:
+            sizes["up"] = up.out_features
+        out[i] = sizes
+    return out
+
+
+def _infer_head_dim(ckpt: Checkpoint) -> tuple[int | None, str]:
+    """head_dim without a config: the rotary buffer if pickled, else the GCD of q/k/v widths.
+
+    Older transformers kept ``rotary_emb.inv_freq`` (head_dim / 2 entries) in the state dict.
+    Otherwise whole-head pruning leaves every q/k/v width a multiple of head_dim, and unpruned
+    layers keep the dense width, so their GCD is head_dim unless all layers share a factor;
+    a GCD above 256 is no head_dim and is not used.
+    """
+    for name, info in ckpt.tensors.items():
+        if name.endswith("rotary_emb.inv_freq") and len(info.shape) == 1:
+            return 2 * info.shape[0], f"{name} ({info.shape[0]} frequencies)"
+    found = find_family(ckpt)
+    if not found:
+        return None, ""
+    fam, prefix, layers = found
+    widths = []
+    for i in layers:
+        for key in ("q", "k", "v"):
+            lin = dense_linear(ckpt.shapes, f"{prefix}.{i}.{getattr(fam, key)}")
+            if lin:
+                widths.append(lin.out_features)
+    g = reduce(gcd, widths, 0)
+    if 0 < g <= MAX_INFERRED_HEAD_DIM:
+        return g, "the GCD of all q/k/v projection widths (whole heads are pruned)"
+    return None, ""
+
+
+def _note_partial_heads(ckpt: Checkpoint, site: DimSite, hd: int | None) -> None:
+    """Flag layers whose q/k widths are not whole heads: head counts there are meaningless."""
+    if not hd:
+        return
+    found = find_family(ckpt)
+    assert found
+    fam, prefix, _ = found
+    for key in ("q", "k", "v"):
+        lin = dense_linear(ckpt.shapes, f"{prefix}.{site.layer}.{getattr(fam, key)}")
+        if lin and lin.out_features % hd:
+            site.notes.append(f"{key} has {lin.out_features} rows, not a whole number of "
+                              f"{hd}-wide heads")
