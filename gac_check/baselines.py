@@ -108,11 +108,16 @@ class Baseline:
     peak: dict[str, float] = field(default_factory=dict)
     path: Path | None = None
 
+    @property
+    def published_only(self) -> bool:
+        return bool(self.cases) and all(m.provenance.kind == "published"
+                                        for m in self.cases.values())
+
     def get(self, case: str) -> Measurement | None:
         return self.cases.get(case)
 
     def compare(self, current: Measurement, factor: float = 1.10,
-                alpha: float = 0.05) -> stats.Verdict:
+                alpha: float = 0.05, q: float = 0.5) -> stats.Verdict:
         """The verdict for a fresh measurement; a case not stored is "no baseline", never a
         pass."""
         stored = self.cases.get(current.case)
@@ -121,7 +126,7 @@ class Baseline:
             return stats.Verdict(stats.NO_BASELINE, factor=factor,
                                  reason=f"no baseline for {current.case} in {where}")
         verdict = stats.compare(stored.samples, current.samples, factor, alpha,
-                                baseline_median=stored.median_s)
+                                baseline_median=stored.median_s, q=q)
         if stored.provenance.kind == "published":
             return stats.Verdict(verdict.status, verdict.ratio, verdict.p_value, factor,
                                  "; ".join(filter(None, [verdict.reason,
@@ -200,7 +205,10 @@ def _flash_attn_version() -> str | None:
 def check_fingerprint(baseline: Baseline, present: Fingerprint) -> list[str]:
     """Refuse a baseline from another device; warn (and return) stack drift."""
     where = baseline.path or baseline.profile
-    device = baseline.fingerprint.differences(present, DEVICE_FIELDS)
+    fields = DEVICE_FIELDS
+    if baseline.published_only:  # a paper names the GPU, rarely its exact SKU string
+        fields = tuple(f for f in DEVICE_FIELDS if f != "device")
+    device = baseline.fingerprint.differences(present, fields)
     if device:
         raise BadInput(f"baseline was recorded on a different device ({'; '.join(device)}); "
                        "record one for this device with --gac-update-baselines", where)
@@ -248,6 +256,7 @@ def from_document(doc: object, path: Path) -> Baseline:
             m = dict(raw)
             m["provenance"] = Provenance(**m["provenance"])
             m["samples"] = [float(s) for s in m.get("samples", [])]
+            m.setdefault("iqr_s", None)
             cases[key] = Measurement(case=key, **m)
             if not cases[key].median_s > 0:
                 raise ValueError(f"case {key}: median_s must be positive")

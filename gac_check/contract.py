@@ -171,6 +171,18 @@ def cpu_rules(dtype: str) -> list[Rule]:
 
 
 def for_hardware(profile: str, dtype: str) -> Contract:
-    """The contract for a profile: measured where a sweep exists, else published rules."""
+    """The contract for a profile: measured where a sweep exists, else published rules.
+
+    A measured sweep (baselines/<profile>.json; for "cpu" the present CPU's file) replaces the
+    published rules of the roles it covers; hard limits (head_dim <= 256) always stay, and roles
+    the sweep does not cover keep their published rules.
+    """
+    from gac_check.measured_contract import measured_rules
+
     rules = cpu_rules(dtype) if profile == "cpu" else gpu_rules(dtype, profile)
-    return Contract(profile, dtype, rules)
+    measured = measured_rules(profile, dtype)
+    if measured is None:
+        return Contract(profile, dtype, rules)
+    derived, covered = measured
+    kept = [r for r in rules if r.max_value is not None or not r.roles & covered]
+    return Contract(profile, dtype, kept + derived, source="measured")

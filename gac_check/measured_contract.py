@@ -2,7 +2,8 @@
 
 A sweep family is a set of cases that differ in one size only (SDPA's D, GEMM's K or N). For a
 modulus m in 2, 4, 8, 16, 32, 64 the evidence is the padding-rescue pairs: every size v that is
-a multiple of m/2 but not of m, against ceil_m(v), the size padding would give it. The ratio
+a multiple of m/2 but not of m, against ceil_m(v), the size padding would give it (only pairs
+whose padded size is an odd multiple of m, so 8's effect is not credited to 4). The ratio
 t(v) / t(ceil_m(v)) is what padding to m buys (it includes the padded size's extra work, so it is
 the honest number). m *matters* when the median ratio is at least 1 + ``MIN_GAIN`` and, where
 samples are stored, most pairs differ significantly (Mann-Whitney). A rule's ``slowdown_by_pow2``
@@ -33,6 +34,10 @@ ALPHA = 0.05
 SWEPT = {"sdpa": ("D",), "gemm": ("K", "N")}
 ROLES = {"sdpa": frozenset({Role.HEAD_DIM}), "gemm": GEMM_ROLES}
 MIN_FAMILY = 16
+MIN_PAIRS = 2  # one pair is an anecdote
+#: A family whose cases' median relative IQR exceeds this was measured on a busy machine: it
+#: cannot show that a modulus does NOT matter, so it judges nothing (published rules stay).
+MAX_NOISE = 0.10
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,11 @@ class Family:
     axis: str
     fixed: tuple[tuple[str, str], ...]
     points: dict[int, baselines.Measurement]
+
+    @property
+    def noise(self) -> float:
+        """Median relative IQR of the family's cases (0 for published medians)."""
+        return stats.median([(m.iqr_s or 0.0) / m.median_s for m in self.points.values()])
 
     @property
     def label(self) -> str:
@@ -61,7 +71,8 @@ class ModulusEffect:
 
     @property
     def matters(self) -> bool:
-        return self.rescue >= 1 + MIN_GAIN and self.significant * 3 >= self.pairs * 2
+        return (self.pairs >= MIN_PAIRS and self.rescue >= 1 + MIN_GAIN
+                and self.significant * 3 >= self.pairs * 2)
 
 
 def families(baseline: baselines.Baseline, dtype: str, measured_only: bool = True,
@@ -91,7 +102,7 @@ def effects(family: Family) -> list[ModulusEffect]:
         pairs = significant = 0
         for v, meas in family.points.items():
             up = -(-v // m) * m
-            if v % m == 0 or up not in family.points:
+            if v % m == 0 or up not in family.points or not _exactly(up, m):
                 continue
             padded = family.points[up]
             ratio = meas.median_s / padded.median_s
@@ -109,6 +120,15 @@ def effects(family: Family) -> list[ModulusEffect]:
     return out
 
 
+def _exactly(size: int, m: int) -> bool:
+    """Is ``size`` a multiple of m and not of 2m (of at least m for the largest modulus)?
+
+    Without this, half of the pairs for m = 4 would land on multiples of 8 and credit 4 with
+    8's effect."""
+    pow2 = size & -size
+    return pow2 == m or (m == MODULI[-1] and pow2 >= m)
+
+
 def _significant(a: baselines.Measurement, b: baselines.Measurement) -> int:
     if len(a.samples) < 2 or len(b.samples) < 2:
         return 1  # published medians only: the size of the effect has to speak for itself
@@ -118,7 +138,8 @@ def _significant(a: baselines.Measurement, b: baselines.Measurement) -> int:
 def derive_rules(baseline: baselines.Baseline, dtype: str,
                  measured_only: bool = True) -> tuple[list[Rule], list[ModulusEffect]]:
     """Rules (source "measured") for every modulus that matters, and every effect seen."""
-    all_effects = [e for fam in families(baseline, dtype, measured_only) for e in effects(fam)]
+    all_effects = [e for fam in families(baseline, dtype, measured_only)
+                   if fam.noise <= MAX_NOISE for e in effects(fam)]
     strongest: dict[tuple[str, int], ModulusEffect] = {}
     for e in all_effects:
         k = (e.kind, e.modulus)
@@ -228,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as exc:
         print(f"measured_contract: {exc}", file=sys.stderr)
         return 2
+    for fam in families(base, args.dtype, not args.include_published):
+        if fam.noise > MAX_NOISE:
+            print(f"{fam.label}: too noisy to judge (median relative IQR {fam.noise:.2f} > "
+                  f"{MAX_NOISE}); re-run the sweep on a quiet machine")
     for e in seen:
         flag = "MATTERS" if e.matters else "-"
         print(f"{e.family}: mod {e.modulus:>2}: rescue {e.rescue:.3f}x over {e.pairs} pairs "

@@ -137,20 +137,26 @@ class Verdict:
 
 
 def compare(baseline: Sequence[float], current: Sequence[float], factor: float = 1.10,
-            alpha: float = 0.05, baseline_median: float | None = None) -> Verdict:
+            alpha: float = 0.05, baseline_median: float | None = None,
+            q: float = 0.5) -> Verdict:
     """asv-style verdict on two sets of times.
 
-    ``baseline`` may be empty when only a median is stored (published figures): then the factor
-    alone decides and the verdict says the significance test was impossible.
+    The ratio compares the ``q`` quantile of both sides: the median (asv's choice) by default;
+    on a shared CPU, where interference only ever adds time, a low quantile (q=0, the minimum,
+    as timeit recommends) tracks the code's own cost and not the neighbours'.
+    ``baseline`` may be empty when only a median is stored (published figures): then the median
+    and the factor alone decide, and the verdict says the significance test was impossible.
     """
     if factor < 1.0:
         raise ValueError("factor is a slowdown ratio >= 1")
     if not current:
         raise ValueError("no current samples")
-    base_med = median(baseline) if baseline else baseline_median
-    if base_med is None or base_med <= 0:
+    if not baseline:
+        q = 0.5
+    base_t = quantile(baseline, q) if baseline else baseline_median
+    if base_t is None or base_t <= 0:
         return Verdict(NO_BASELINE, factor=factor, reason="the baseline has no usable time")
-    ratio = median(current) / base_med
+    ratio = quantile(current, q) / base_t
     if not baseline or len(current) < 2:
         p, note = None, "no baseline samples: decided on the factor alone"
     else:
