@@ -29,6 +29,9 @@ def add_options(group) -> None:
                     help="write the alignment-regression HTML report here")
     group.addoption(OPTION_UPDATE_BASELINES, action="store_true", default=False,
                     help="store this run's measurements as the profile's new baseline")
+    group.addoption("--gac-perf-factor", action="store", type=float, default=None,
+                    metavar="X", help="perf regression threshold as a time ratio (default "
+                    "1.10 on a GPU, 1.30 on a CPU)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -77,3 +80,46 @@ def gac_contract(gac_profile: str):
     from gac_check.contract import for_hardware
 
     return lambda dtype="float16": for_hardware(gac_profile, dtype)
+
+
+# ------------------------------------------------------------ perf: gac_check/bench/pytest_perf.py
+_PERF = pytest.StashKey["object"]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from gac_check.bench import pytest_perf
+
+    pytest_perf.collection_modifyitems(config, items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from gac_check.bench import pytest_perf
+
+    pytest_perf.session_finish(session.config.stash.get(_PERF, None))
+
+
+@pytest.fixture(scope="session")
+def _gac_perf_session(request: pytest.FixtureRequest):
+    from gac_check.bench import pytest_perf
+
+    config = request.config
+    if _PERF not in config.stash:
+        config.stash[_PERF] = pytest_perf.make_session(config)
+    return config.stash[_PERF]
+
+
+@pytest.fixture(scope="session")
+def gac_baseline(_gac_perf_session):
+    """The stored Baseline for the device perf tests measure on, or None when there is no
+    matching one (``gac_bench.regression`` then skips with the reason; never a pass)."""
+    return _gac_perf_session.baseline()
+
+
+@pytest.fixture
+def gac_bench(request: pytest.FixtureRequest, _gac_perf_session):
+    """Measure workloads on the present device (``.measure``, ``.interleaved``) or check one
+    against the baseline (``.regression``); results go to the report and, with
+    --gac-update-baselines, to the baseline file."""
+    from gac_check.bench.pytest_perf import Bench
+
+    return Bench(_gac_perf_session, request.node)
