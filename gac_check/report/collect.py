@@ -80,13 +80,12 @@ def hypothesis_failure(text: str) -> dict | None:
         if not EXAMPLE_START.match(lines[i]):
             i += 1
             continue
-        block, depth = [], 0
-        while i < len(lines):
-            block.append(lines[i])
-            depth += lines[i].count("(") - lines[i].count(")")
-            i += 1
-            if depth <= 0:
-                break
+        block = [lines[i]]
+        i += 1
+        if block[0].rstrip().endswith("("):  # multi-line: arguments, then ")" on its own
+            while i < len(lines) and block[-1].rstrip() != ")":
+                block.append(lines[i])
+                i += 1
         examples.append("\n".join(block))
     if not examples:
         return None
