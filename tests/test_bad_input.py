@@ -1,0 +1,189 @@
+"""Bad model directories through the real CLI: exit 2, one line naming the file, nothing else.
+
+Each case is a directory a stranger could hand us. The contract (DESIGN.md): exit code 2, exactly
+one line on stderr that names the offending file and the problem, no traceback, nothing
+executed, and the directory left exactly as it was.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+
+def gac(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under root with its size and mtime, to prove nothing was written."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))}
+
+
+def safetensors_file(path: Path) -> None:
+    save_file({"model.layers.0.self_attn.q_proj.weight": torch.randn(8, 8),
+               "model.layers.0.mlp.up_proj.weight": torch.randn(12, 8)}, path)
+
+
+def config(path: Path) -> None:
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+
+
+# --- each builder makes a bad model dir and returns (model dir, the file the message must name,
+# --- the problem it must state)
+
+def missing_dir(d: Path) -> tuple[Path, Path, str]:
+    return d / "no-such-model", d / "no-such-model", "does not exist"
+
+
+def empty_dir(d: Path) -> tuple[Path, Path, str]:
+    return d, d, "holds no checkpoint"
+
+
+def truncated(d: Path) -> tuple[Path, Path, str]:
+    config(d)
+    f = d / "model.safetensors"
+    safetensors_file(f)
+    f.write_bytes(f.read_bytes()[:-100])
+    return d, f, "truncated"
+
+
+def absurd_header(d: Path) -> tuple[Path, Path, str]:
+    f = d / "model.safetensors"
+    f.write_bytes(struct.pack("<Q", 2**62) + b"{}" + b"\0" * 64)
+    return d, f, "header"
+
+
+def header_not_json(d: Path) -> tuple[Path, Path, str]:
+    f = d / "model.safetensors"
+    junk = b"this is not json at all"
+    f.write_bytes(struct.pack("<Q", len(junk)) + junk + b"\0" * 16)
+    return d, f, "not valid JSON"
+
+
+def broken_config(d: Path) -> tuple[Path, Path, str]:
+    safetensors_file(d / "model.safetensors")
+    (d / "config.json").write_text('{"hidden_size": 64,')
+    return d, d / "config.json", "not valid JSON"
+
+
+def shard_outside(d: Path) -> tuple[Path, Path, str]:
+    model = d / "model"
+    model.mkdir()
+    safetensors_file(d / "outside.safetensors")  # exists, but is not ours to read
+    index = model / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a.weight": "../outside.safetensors"}}))
+    return model, index, "outside the model directory"
+
+
+def missing_shard(d: Path) -> tuple[Path, Path, str]:
+    config(d)
+    safetensors_file(d / "model-00001-of-00002.safetensors")
+    index = d / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {
+        "model.layers.0.self_attn.q_proj.weight": "model-00001-of-00002.safetensors",
+        "model.layers.0.mlp.up_proj.weight": "model-00002-of-00002.safetensors"}}))
+    return d, index, "missing"
+
+
+def config_not_object(d: Path) -> tuple[Path, Path, str]:
+    safetensors_file(d / "model.safetensors")
+    (d / "config.json").write_text("[1, 2, 3]")
+    return d, d / "config.json", "JSON object"
+
+
+def symlinked_shard_escapes(d: Path) -> tuple[Path, Path, str]:
+    """A shard name that stays inside but is a symlink out of the directory."""
+    model = d / "model"
+    model.mkdir()
+    safetensors_file(d / "secret.safetensors")
+    (model / "model-00001.safetensors").symlink_to(d / "secret.safetensors")
+    index = model / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a.weight": "model-00001.safetensors"}}))
+    return model, index, "outside the model directory"
+
+
+def not_a_transformer(d: Path) -> tuple[Path, Path, str]:
+    save_file({"conv.weight": torch.randn(4, 4, 3, 3)}, d / "model.safetensors")
+    return d, d, "not a format gac-check recognises"
+
+
+def file_not_dir(d: Path) -> tuple[Path, Path, str]:
+    f = d / "model.safetensors"
+    safetensors_file(f)
+    return f, f, "not a directory"
+
+
+class RunsCode:
+    """What a malicious checkpoint hides: unpickling it calls os.system."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def code_pickle(d: Path) -> tuple[Path, Path, str]:
+    model = d / "model"
+    model.mkdir()
+    f = model / "pytorch_model.bin"
+    torch.save({"model.layers.0.mlp.up_proj.weight": torch.randn(4, 4),
+                "payload": RunsCode(d / "pwned")}, f)
+    return model, f, "os.system"
+
+
+CASES: dict[str, Callable[[Path], tuple[Path, Path, str]]] = {
+    "missing directory": missing_dir,
+    "empty directory": empty_dir,
+    "truncated safetensors": truncated,
+    "absurd header length": absurd_header,
+    "header not JSON": header_not_json,
+    "broken config.json": broken_config,
+    "shard index pointing outside": shard_outside,
+    "missing shard": missing_shard,
+    "pickle that runs code": code_pickle,
+    "config.json not an object": config_not_object,
+    "symlinked shard escaping": symlinked_shard_escapes,
+    "no transformer layers": not_a_transformer,
+    "a file, not a directory": file_not_dir,
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, case: str) -> None:
+    model_dir, target, problem = CASES[case](tmp_path)
+    before = snapshot(tmp_path)
+    for fmt in ("text", "json"):
+        proc = gac(model_dir, "--format", fmt)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
+        assert str(target) in lines[0] and problem in lines[0], lines[0]
+    assert snapshot(tmp_path) == before  # nothing written, nothing touched
+    assert not (tmp_path / "pwned").exists()  # and nothing executed
+
+
+def test_malicious_pickle_payload_really_runs_when_unpickled(tmp_path: Path) -> None:
+    """The fixture is live: full unpickling does run the payload, so its absence above counts."""
+    code_pickle(tmp_path)
+    torch.load(tmp_path / "model" / "pytorch_model.bin", weights_only=False)
+    assert (tmp_path / "pwned").exists()
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    for args in ([], [tmp_path, "--gpu", "tpu"], [tmp_path, "--fail-on", "sometimes"]):
+        proc = gac(*args)
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
