@@ -46,6 +46,21 @@ def build_parser() -> argparse.ArgumentParser:
                    "without FILE: reports/<model>-<profile>.html")
     p.add_argument("--junit", type=Path, metavar="FILE.xml",
                    help="write one JUnit testcase per site; gated sites fail")
+    fix = p.add_argument_group("fixing")
+    fix.add_argument("--strategy", choices=("minimal", "optimal"), default="minimal",
+                     help="minimal: the required multiple; optimal: the fastest one "
+                     "(for --repair and --realign)")
+    fix.add_argument("--force", action="store_true", help="replace an existing OUT")
+    fix.add_argument("--repair", type=Path, metavar="OUT",
+                     help="write the exact zero-padded repair of the model to OUT")
+    fix.add_argument("--realign", type=Path, metavar="OUT",
+                     help="write a model with aligned ranks re-selected under the same "
+                     "parameter budget (exact multi-choice knapsack)")
+    fix.add_argument("--base", type=Path, metavar="DENSE_DIR",
+                     help="the dense original, so --realign can choose any aligned rank")
+    fix.add_argument("--budget", default="same", metavar="same|FLOAT",
+                     help="--realign budget: the input's parameter count (same) or a "
+                     "fraction of the dense matrices' parameters")
     return p
 
 
@@ -68,6 +83,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.gpu not in CHOICES:
         raise BadInput(f"--gpu must be one of {', '.join(CHOICES)}, not {args.gpu!r}")
+    if args.base and not args.realign:
+        raise BadInput("--base is only used with --realign")
+    if args.repair and args.realign:
+        raise BadInput("--repair and --realign write different models; choose one")
+    if args.repair:
+        return run_repair(args)
+    if args.realign:
+        return run_realign(args)
     outputs = plan_outputs(args.report, args.junit)
     result = check(args.model_dir, args.gpu, args.dtype)
     if args.output == "json":
@@ -86,6 +109,26 @@ def _report_command(argv: list[str]) -> int:
     except BadInput as exc:
         sys.stderr.write(f"gac-check: {exc}\n")
         return EXIT_BAD_INPUT
+
+
+def run_repair(args: argparse.Namespace) -> int:
+    """Repair, then gate on what the re-check of OUT still finds (refused sites remain)."""
+    from gac_check.repair import repair_dir
+
+    report = repair_dir(args.model_dir, args.repair, args.gpu, args.strategy, args.dtype,
+                        args.force)
+    print(json.dumps(report.to_json(), indent=2) if args.output == "json"
+          else report.render_text())
+    return exit_code(report.remaining, args.fail_on)
+
+
+def run_realign(args: argparse.Namespace) -> int:
+    from gac_check.realign import realign_dir
+
+    report = realign_dir(args.model_dir, args.realign, args.base, args.gpu, args.dtype,
+                         args.budget, args.strategy, args.force)
+    print(report.summary())
+    return EXIT_OK
 
 
 def exit_code(findings: list, fail_on: str) -> int:

@@ -1,0 +1,215 @@
+"""``--realign``: re-select aligned ranks under the compressor's own parameter budget (GAC).
+
+Zero padding costs memory; re-selection keeps the memory and moves the approximation error to
+where it costs least. With ``--base DENSE_DIR`` the candidates are truncated SVDs of the dense
+weights (any aligned rank up to the useful maximum, or keeping the matrix dense). Without it
+only the existing factors are available, so a matrix can only go *down* to an aligned rank
+within its current one; we do that and say so.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gac_check.analysis import CheckResult, check
+from gac_check.checkpoint import Checkpoint, open_checkpoint
+from gac_check.contract import ERROR, WARNING, Contract
+from gac_check.errors import BadInput
+from gac_check.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
+from gac_check.outdir import atomic_output_dir, check_output_dir, copy_side_files
+from gac_check.sites import Role
+
+B_SUFFIX, A_SUFFIX = ".BLinear.weight", ".ALinear.weight"
+
+
+@dataclass
+class Source:
+    """One low-rank matrix: its shape, SVD (of the dense weight or of the current product)."""
+
+    module: str
+    m: int
+    n: int
+    rank: int
+    U: torch.Tensor
+    S: torch.Tensor
+    Vh: torch.Tensor
+    bias: torch.Tensor | None
+    current_error: float  # ||W - A B||_F^2 against the reference weight
+
+
+@dataclass
+class RealignReport:
+    """What changed: the plan, the budget it kept, and what went in and came out."""
+
+    out: Path
+    plan: RankPlan
+    align: int
+    old_ranks: dict[str, int]
+    old_params: int
+    old_error: float
+    with_base: bool
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        p = self.plan
+        changed = sum(1 for m, r in p.ranks.items() if r != self.old_ranks[m])
+        dense = sum(1 for r in p.ranks.values() if r == DENSE)
+        lines = [
+            f"realigned {len(p.choices)} low-rank matrices to multiples of {self.align} "
+            f"({changed} changed, {dense} kept dense) -> {self.out}",
+            f"  parameters in low-rank matrices: {self.old_params:,} -> {p.total_params:,} "
+            f"(budget {p.budget:,})",
+            f"  weight-space error (sum of discarded s^2): {self.old_error:.6g} -> "
+            f"{p.objective:.6g}" + (f" ({p.objective / self.old_error:.3f}x)"
+                                    if self.old_error else ""),
+            "  solver: exact knapsack (proved optimal)" if p.optimal else "  solver: heuristic",
+        ]
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+
+def rank_alignment(contract: Contract, strategy: str = "minimal") -> int:
+    """The multiple every rank must be: the lcm of the contract's rank rules' moduli."""
+    severities = (ERROR,) if strategy == "minimal" else (ERROR, WARNING)
+    align = 1
+    for rule in contract.rules:
+        if Role.RANK in rule.roles and rule.severity in severities and not rule.allowed:
+            align = math.lcm(align, rule.modulus)
+    return align
+
+
+def load_tensor(ckpt: Checkpoint, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    info = ckpt.tensors.get(name)
+    if info is None:
+        raise BadInput(f"has no tensor {name!r}", ckpt.path)
+    if ckpt.container != "safetensors":
+        from gac_check.torchzip import read_tensor
+
+        return read_tensor(info)
+    with safe_open(str(info.file), framework="pt") as fh:
+        return fh.get_tensor(name)
+
+
+def sources(result: CheckResult, base: Checkpoint | None) -> list[Source]:
+    ckpt = result.checkpoint
+    modules = [s.module for s in result.sites if s.role == Role.RANK]
+    if not modules:
+        raise BadInput("has no low-rank sites: nothing to realign (it is not a low-rank "
+                       "compressed model in a format gac-check can rewrite)", ckpt.path)
+    out = []
+    for i, module in enumerate(modules, 1):
+        _progress(i, len(modules), module)
+        out.append(_source(ckpt, base, module))
+    return out
+
+
+def _source(ckpt: Checkpoint, base: Checkpoint | None, module: str) -> Source:
+    a = load_tensor(ckpt, module + A_SUFFIX).double()
+    b = load_tensor(ckpt, module + B_SUFFIX).double()
+    bias_name = f"{module}.ALinear.bias"
+    bias = load_tensor(ckpt, bias_name) if bias_name in ckpt.tensors else None
+    m, n = a.shape[0], b.shape[1]
+    if base is not None:
+        w = _base_weight(base, module, (m, n)).double()
+        U, S, Vh = torch.linalg.svd(w, full_matrices=False)
+        err = float(((w - a @ b) ** 2).sum())
+    else:
+        U, S, Vh = _svd_of_product(a, b)
+        err = 0.0
+    return Source(module, m, n, a.shape[1], U, S, Vh, bias, err)
+
+
+def _base_weight(base: Checkpoint, module: str, shape: tuple[int, int]) -> torch.Tensor:
+    name = f"{module}.weight"
+    if name not in base.tensors:
+        raise BadInput(f"has no {name!r}: it is not the dense original of the compressed "
+                       "model", base.path)
+    if base.tensors[name].shape != shape:
+        raise BadInput(f"{name} is {list(base.tensors[name].shape)}, the compressed model's "
+                       f"factors make {list(shape)}: not the same model", base.path)
+    return load_tensor(base, name)
+
+
+def _svd_of_product(a: torch.Tensor, b: torch.Tensor):
+    """SVD of A @ B through two thin QRs: O((m + n) r^2), never the m x n product."""
+    qa, ra = torch.linalg.qr(a)
+    qb, rb = torch.linalg.qr(b.T)
+    u, s, vh = torch.linalg.svd(ra @ rb.T)
+    return qa @ u, s, vh @ qb.T
+
+
+def _progress(i: int, total: int, module: str) -> None:
+    if total >= 50 and (i == total or i % max(1, total // 20) == 0):
+        print(f"  factorizing {i}/{total} ({module})", file=sys.stderr, flush=True)
+
+
+def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: str = "auto",
+                dtype: str | None = None, budget: str = "same", strategy: str = "minimal",
+                force: bool = False) -> RealignReport:
+    """Solve the knapsack for ``model_dir`` and write the re-selected model to ``out``."""
+    inputs = [Path(model_dir)] + ([Path(base_dir)] if base_dir else [])
+    check_output_dir(Path(out), force, *inputs)
+    result = check(model_dir, gpu, dtype)
+    if result.format.name != "asvd":
+        raise BadInput(f"is in {result.format.name} format; --realign writes ASVD-layout "
+                       "low-rank models (ours and ASVD's)", result.checkpoint.path)
+    base = open_checkpoint(base_dir) if base_dir else None
+    srcs = sources(result, base)
+    align = rank_alignment(result.contract, strategy)
+    matrices = [Matrix(s.module, s.m, s.n, sv=s.S.numpy()) for s in srcs]
+    old = {s.module: s.rank for s in srcs}
+    spent = budget_from_spec(budget, matrices, old)
+    candidates = None if base else {
+        s.module: [r for r in range(align, s.rank + 1, align)] or [align] for s in srcs}
+    plan = realign_plan(matrices, spent, align, candidates, allow_dense=base is not None)
+    old_error = (sum(s.current_error for s in srcs) if base else 0.0)
+    report = RealignReport(Path(out), plan, align, old, sum(old[m.name] * (m.m + m.n)
+                           for m in matrices), old_error, base is not None)
+    if base is None:
+        report.notes.append("no --base given: ranks could only go down within the existing "
+                            "factors; the error shown is relative to the compressed model")
+    _write(result.checkpoint, srcs, plan, Path(out), force)
+    return report
+
+
+def _write(ckpt: Checkpoint, srcs: list[Source], plan: RankPlan, out: Path, force: bool) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state: dict[str, torch.Tensor] = {}
+    for f in ckpt.files:
+        state.update(load_file(str(f)))
+    ranks = plan.ranks
+    dtype = next(iter(state.values())).dtype
+    for s in srcs:
+        for suffix in (A_SUFFIX, B_SUFFIX, ".ALinear.bias"):
+            state.pop(s.module + suffix, None)
+        state.update(_factors(s, ranks[s.module], dtype))
+    config = dict(ckpt.config)
+    config["truncation_ranks"] = {m: int(r) for m, r in ranks.items() if r != DENSE}
+    with atomic_output_dir(out, force) as tmp:
+        copy_side_files(ckpt.path, tmp, skip={p.name for p in ckpt.files} | {"config.json"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+
+
+def _factors(s: Source, rank, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    if rank == DENSE:
+        weight = (s.U * s.S) @ s.Vh
+        out = {f"{s.module}.weight": weight.to(dtype)}
+        if s.bias is not None:
+            out[f"{s.module}.bias"] = s.bias
+        return out
+    root = s.S[:rank].sqrt()
+    out = {f"{s.module}{A_SUFFIX}": (s.U[:, :rank] * root).to(dtype),
+           f"{s.module}{B_SUFFIX}": (root[:, None] * s.Vh[:rank]).to(dtype)}
+    if s.bias is not None:
+        out[f"{s.module}.ALinear.bias"] = s.bias
+    return out
+

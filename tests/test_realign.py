@@ -1,0 +1,110 @@
+"""--realign end to end: real compressed checkpoints in, loadable aligned checkpoints out."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from gac_check.analysis import check
+from gac_check.compress import compress_dir, layer_linears
+from gac_check.knapsack import DENSE
+from gac_check.lowrank import load_model
+from gac_check.realign import realign_dir
+
+CFG = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=2, vocab_size=96)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A dense tiny Llama and its reference-compressed copy (irregular ranks)."""
+    torch.manual_seed(1)
+    dense = LlamaForCausalLM(LlamaConfig(**CFG)).eval()
+    root = tmp_path_factory.mktemp("realign")
+    dense.save_pretrained(root / "dense")
+    ranks = compress_dir(root / "dense", root / "compressed", 0.7)
+    assert any(r % 8 for r in ranks.values())
+    return dense, root / "dense", root / "compressed", ranks
+
+
+def low_rank_params(model_dir) -> int:
+    result = check(model_dir, "a100", "float16")
+    shapes = result.checkpoint.shapes
+    return sum(s.value * (shapes[s.axes[1].tensor][0] + shapes[s.axes[0].tensor][1])
+               for s in result.sites if s.role.value == "rank")
+
+
+def test_realigned_model_is_aligned_within_budget_and_is_the_truncated_svd(pair, tmp_path):
+    dense, dense_dir, compressed, ranks = pair
+    report = realign_dir(compressed, tmp_path / "out", dense_dir, gpu="a100", dtype="float16")
+    plan = report.plan
+    assert plan.within_budget and plan.optimal and plan.aligned(8)
+    assert plan.budget == sum(r * (lin.in_features + lin.out_features)
+                              for (n, lin), r in zip(layer_linears(dense).items(),
+                                                     ranks.values(), strict=True))
+    assert plan.objective <= report.old_error  # never worse than the compressor's ranks
+    rank_findings = [f for f in check(tmp_path / "out", "a100", "float16").findings
+                     if f.site.role.value == "rank" and f.severity == "error"]
+    assert rank_findings == []
+    # The written model computes exactly the truncated SVD of the dense weights at plan ranks.
+    reference = LlamaForCausalLM(dense.config).eval()
+    reference.load_state_dict(dense.state_dict())
+    for name, lin in layer_linears(reference).items():
+        r = plan.ranks[name]
+        if r != DENSE:
+            U, S, Vh = torch.linalg.svd(lin.weight.detach().double(), full_matrices=False)
+            lin.weight.data = ((U[:, :r] * S[:r]) @ Vh[:r]).float()
+    ids = torch.randint(0, 96, (2, 7))
+    with torch.no_grad():
+        got, want = load_model(tmp_path / "out")(ids).logits, reference(ids).logits
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def test_without_base_ranks_only_go_down(pair, tmp_path):
+    _, _, compressed, ranks = pair
+    report = realign_dir(compressed, tmp_path / "out", None, gpu="a100", dtype="float16")
+    assert report.notes and "no --base" in report.notes[0]
+    for name, r in report.plan.ranks.items():
+        assert r != DENSE and r <= ranks[name] and r % 8 == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())["truncation_ranks"]
+    assert written == report.plan.ranks
+    load_model(tmp_path / "out")
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def test_cli_realign_prints_summary(pair, tmp_path):
+    _, dense_dir, compressed, _ = pair
+    r = run_cli(compressed, "--realign", tmp_path / "out", "--base", dense_dir, "--gpu", "a100",
+                "--dtype", "float16")
+    assert r.returncode == 0, r.stderr
+    assert "proved optimal" in r.stdout and "weight-space error" in r.stdout
+
+
+@pytest.mark.parametrize("case", ["mismatched base", "budget too small", "no low-rank sites",
+                                  "base without realign"])
+def test_cli_bad_input(pair, tmp_path, case):
+    _, dense_dir, compressed, _ = pair
+    out = tmp_path / "out"
+    if case == "mismatched base":
+        other = tmp_path / "other"
+        LlamaForCausalLM(LlamaConfig(**{**CFG, "intermediate_size": 200})).save_pretrained(other)
+        args = (compressed, "--realign", out, "--base", other)
+    elif case == "budget too small":
+        args = (compressed, "--realign", out, "--base", dense_dir, "--budget", "0.001")
+    elif case == "no low-rank sites":
+        args = (dense_dir, "--realign", out)
+    else:
+        args = (compressed, "--base", dense_dir)
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
