@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "parameter budget (exact multi-choice knapsack)")
     fix.add_argument("--base", type=Path, metavar="DENSE_DIR",
                      help="the dense original, so --realign can choose any aligned rank")
+    fix.add_argument("--calib", type=Path, metavar="TEXT_FILE",
+                     help="--realign objective: activation-aware (ASVD scaling) from this "
+                     "calibration text run through the --base model")
     fix.add_argument("--budget", default="same", metavar="same|FLOAT",
                      help="--realign budget: the input's parameter count (same) or a "
                      "fraction of the dense matrices' parameters")
@@ -126,7 +129,7 @@ def run_realign(args: argparse.Namespace) -> int:
     from gac_check.realign import realign_dir
 
     report = realign_dir(args.model_dir, args.realign, args.base, args.gpu, args.dtype,
-                         args.budget, args.strategy, args.force)
+                         args.budget, args.strategy, args.force, args.calib)
     print(report.summary())
     return EXIT_OK
 
