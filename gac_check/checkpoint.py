@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from gac_check.errors import BadInput
@@ -72,8 +73,9 @@ class Checkpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.tensors[name].shape
 
-    @property
+    @cached_property
     def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Built once: adapters ask for it per module, and a 70B index has thousands of names."""
         return {n: t.shape for n, t in self.tensors.items()}
 
     @property

@@ -52,6 +52,8 @@ def default_report_path(check: dict) -> Path:
 
 def write(outputs: Outputs, check: dict, fail_on: str) -> list[Path]:
     """Render everything, then write each file atomically; returns the paths written."""
+    if outputs.report is None and not outputs.default_report and outputs.junit is None:
+        return []  # a plain check must not pay for importing jinja2
     from gac_check.report.html import render_html
     from gac_check.report.junit import to_junit
 
