@@ -55,6 +55,8 @@ def compress_state(model: nn.Module,
                    ratio: float) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
     """The ASVD-layout state dict of ``model`` and the rank chosen per linear."""
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # tied to the embedding; safetensors refuses aliases
     ranks: dict[str, int] = {}
     for name, lin in layer_linears(model).items():
         rank = asvd_rank(lin.out_features, lin.in_features, ratio)
