@@ -8,6 +8,7 @@ from those, and the input directory is never written.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,17 @@ def test_llm_pruner_odd_mlp_is_flagged(tmp_path: Path) -> None:
     assert "model.layers.0.mlp:intermediate" not in bad
     text = gac(tmp_path, "--gpu", "a100").stdout
     assert "LLM-Pruner" in text and "intermediate_size=176, tensors have 141" in text
+
+
+def test_plain_check_imports_no_torch(models) -> None:
+    """Importing torch costs more than the whole check (bench_check.py): keep it off the path."""
+    probe = ("import runpy, sys; sys.argv = ['gac-check', sys.argv[1]]\n"
+             "try:\n    runpy.run_module('gac_check.cli', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('torch', 'transformers', 'jinja2') if m in sys.modules),"
+             " file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", probe, str(models["warn"])],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.stderr.strip().splitlines()[-1] == "[]", proc.stderr
+    assert "checked against: gpu" in proc.stdout  # auto with no GPU: the generic contract
