@@ -6,6 +6,7 @@ it, 2 bad input or usage with one line on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "without FILE: reports/<model>-<profile>.html")
     p.add_argument("--junit", type=Path, metavar="FILE.xml",
                    help="write one JUnit testcase per site; gated sites fail")
+    p.add_argument("--bench", action="store_true",
+                   help="time the misaligned sites against their repaired sizes on the "
+                   "device present and print the measured speedups")
     fix = p.add_argument_group("fixing")
     fix.add_argument("--strategy", choices=("minimal", "optimal"), default="minimal",
                      help="minimal: the required multiple; optimal: the fastest one "
@@ -96,12 +100,26 @@ def run(args: argparse.Namespace) -> int:
         return run_realign(args)
     outputs = plan_outputs(args.report, args.junit)
     result = check(args.model_dir, args.gpu, args.dtype)
+    bench = run_bench(result) if args.bench else None
     if args.output == "json":
-        print(json.dumps(to_json(result), indent=2))
+        doc = to_json(result)
+        if bench is not None:
+            doc["bench"] = dataclasses.asdict(bench)
+        print(json.dumps(doc, indent=2))
     else:
         print(render_text(result))
+        if bench is not None:
+            from gac_check.bench.model_bench import render
+
+            print(render(bench))
     write_outputs(outputs, to_json(result), args.fail_on)
     return exit_code(result.findings, args.fail_on)
+
+
+def run_bench(result):
+    from gac_check.bench.model_bench import bench_findings
+
+    return bench_findings(result)
 
 
 def _report_command(argv: list[str]) -> int:

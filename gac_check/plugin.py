@@ -86,6 +86,7 @@ def gac_contract(gac_profile: str):
 _PERF = pytest.StashKey["object"]()
 
 
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: only tests that will run count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from gac_check.bench import pytest_perf
 

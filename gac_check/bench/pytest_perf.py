@@ -97,11 +97,13 @@ def collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> N
                                 "(torch.cuda.is_available() is False)")
         for item in gpu_items:
             item.add_marker(skip)
-    if perf_items:
+    if perf_items and not hasattr(config, "workerinput"):
         try:
             perf_target(config.getoption("--gpu"))
         except HardwareMissing as exc:
-            raise pytest.UsageError(str(exc)) from None
+            pytest.exit(f"gac-check: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    # Under xdist a worker cannot stop the session without an internal error; there every
+    # perf test ERRORS at setup with the same message instead (see make_session).
 
 
 @dataclass
@@ -144,7 +146,10 @@ class Session:
 
 
 def make_session(config: pytest.Config) -> Session:
-    target = perf_target(config.getoption("--gpu"))
+    try:
+        target = perf_target(config.getoption("--gpu"))
+    except HardwareMissing as exc:
+        pytest.fail(f"gac-check: {exc}", pytrace=False)
     factor = config.getoption(OPTION_FACTOR) or (GPU_FACTOR if target.device == "cuda"
                                                  else CPU_FACTOR)
     q = GPU_Q if target.device == "cuda" else CPU_Q

@@ -277,7 +277,7 @@ def model_forward(config, b: int, s: int, dtype: str, phase: str = "prefill") ->
 
         def step():
             out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
-            cache.crop(s)
+            cache.crop(-1)  # drop the token just appended (transformers 5: negative = count)
             return out
 
         return Prepared(step)

@@ -1,0 +1,96 @@
+"""How far the perf suite can be trusted (issue 4, item 6), measured on the device present.
+
+    python benchmarks/bench_trust.py --runs 20            # CPU here: --gpu cpu
+    python benchmarks/bench_trust.py --runs 20 --gpu h100 # on an H100
+
+1. False regressions: the regression tests of suites/test_gemm_perf.py and test_sdpa_perf.py
+   run ``--runs`` times on an unchanged stack against the stored baseline; every failure is a
+   false alarm (goal: 0).
+2. Detection: the same runs with a real 10% slowdown injected into every timed call
+   (benchmarks/inject_slowdown.py); every case not failing is a miss (goal: >= 95% detected).
+
+Each run is a fresh pytest process (as in CI). Besides the suite's own verdicts at its default
+factor, the per-case ratios and p-values from the JUnit XML give the rates at other factors.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITES = ["suites/test_gemm_perf.py", "suites/test_sdpa_perf.py"]
+FACTORS = (1.05, 1.06, 1.07, 1.08, 1.10, 1.20, 1.30)
+ALPHA = 0.05
+
+
+def one_run(gpu: str, inject: float | None, xml: Path) -> list[dict]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITES,
+           "--gpu", gpu, "-k", "regression", f"--junitxml={xml}", "-o",
+           "junit_logging=no"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if inject is not None:
+        cmd += ["-p", "benchmarks.inject_slowdown"]
+        env["GAC_INJECT_SLOWDOWN"] = str(inject)
+    subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, check=False)
+    out = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        if case.find("skipped") is not None:
+            continue
+        failed = case.find("failure") is not None or case.find("error") is not None
+        rec = next((ast.literal_eval(p.get("value")) for p in case.iter("property")
+                    if p.get("name") == "gac_perf"), None)
+        out.append({"test": case.get("name"), "failed": failed, "record": rec})
+    return out
+
+
+def rates(results: list[dict]) -> dict[float, int]:
+    """Cases each factor would flag (ratio above it and significant)."""
+    flagged = {}
+    for f in FACTORS:
+        flagged[f] = sum(1 for r in results if r["record"] and r["record"].get("ratio")
+                         and r["record"]["ratio"] > f
+                         and (r["record"].get("p_value") is None
+                              or r["record"]["p_value"] < ALPHA))
+    return flagged
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--gpu", default="cpu")
+    p.add_argument("--slowdown", type=float, default=0.10)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        clean, slow = [], []
+        for i in range(args.runs):
+            clean += one_run(args.gpu, None, Path(tmp) / f"clean{i}.xml")
+            slow += one_run(args.gpu, args.slowdown, Path(tmp) / f"slow{i}.xml")
+            print(f"run {i + 1}/{args.runs}: false alarms so far "
+                  f"{sum(r['failed'] for r in clean)}/{len(clean)}, detected "
+                  f"{sum(r['failed'] for r in slow)}/{len(slow)}", flush=True)
+    fa, det = sum(r["failed"] for r in clean), sum(r["failed"] for r in slow)
+    print(f"\nsuite verdicts (its default factor): false regressions {fa}/{len(clean)} "
+          f"(goal 0); {args.slowdown:.0%} slowdown detected {det}/{len(slow)} "
+          f"({det / max(len(slow), 1):.0%}, goal >= 95%)")
+    fr, dr = rates(clean), rates(slow)
+    print("factor | false regressions | detections of the injected slowdown")
+    for f in FACTORS:
+        print(f"{f:.2f}   | {fr[f]}/{len(clean)} | {dr[f]}/{len(slow)} "
+              f"({dr[f] / max(len(slow), 1):.0%})")
+    ratios = sorted(r["record"]["ratio"] for r in clean if r["record"]
+                    and r["record"].get("ratio"))
+    if ratios:
+        print(f"unchanged-stack ratios: min {ratios[0]:.3f} median "
+              f"{ratios[len(ratios) // 2]:.3f} max {ratios[-1]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
