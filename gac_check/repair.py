@@ -376,7 +376,7 @@ class Progress:
 
     def __init__(self, total_bytes: int, stream=None, after: float = 2.0) -> None:
         self.total, self.done, self.stream = total_bytes, 0, stream or sys.stderr
-        self.start = self.last = time.perf_counter()
+        self.start, self.last = time.perf_counter(), -math.inf
         self.after, self.shown = after, False
 
     def advance(self, nbytes: int, what: str) -> None:

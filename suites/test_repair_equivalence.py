@@ -93,7 +93,7 @@ def write_layout(model: nn.Module, state: dict[str, torch.Tensor], path: Path,
     """A checkpoint directory of a non-HF layout: config.json + safetensors (or a torch zip)."""
     from safetensors.torch import save_file
 
-    path.mkdir()
+    path.mkdir(parents=True)
     config = {**model.config.to_dict(), "architectures": [type(model).__name__],
               **(extra_config or {})}
     (path / "config.json").write_text(json.dumps(config))
@@ -195,7 +195,7 @@ def check_llm_pruner(tiny: TinyModel, sizes: dict[int, int], tmp: Path) -> tuple
     writes; the repair reads it without unpickling and writes safetensors."""
     model = prune_intermediate(tiny.build(seed=5), sizes)
     src = tmp / "pruner"
-    src.mkdir()
+    src.mkdir(parents=True)
     (src / "config.json").write_text(json.dumps(
         {**model.config.to_dict(), "architectures": [type(model).__name__]}))
     torch.save({"model": model}, src / "pytorch_model.bin")

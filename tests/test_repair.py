@@ -1,0 +1,346 @@
+"""repair.plan / repair.apply units, and proof that the equivalence suite catches padding bugs.
+
+The mutant tests inject one plausible bug at a time into the padding code (scale compensation
+dropped, consumer padding filled with noise, a bias left unpadded, a PaLU group boundary off
+by one, the wrong axis padded) and run the suite's own checks from
+suites/test_repair_equivalence.py on an example that passes unmutated: each must go red.
+"""
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from gac_check import repair
+from gac_check.checkpoint import open_checkpoint
+from gac_check.contract import for_hardware
+from gac_check.errors import BadInput
+from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
+from gac_check.strategies import LayerShape, TinyModel
+
+ROOT = Path(__file__).resolve().parents[1]
+FP16 = for_hardware("gpu", "float16")
+#: PaLU at r=0.8: per-head latent sizes and how many heads got each (published histogram).
+PALU_HISTOGRAM = {114: 51, 116: 89, 117: 42, 118: 68, 120: 16, 121: 73, 122: 58, 123: 47,
+                  124: 52, 125: 16}
+
+
+def _suite():
+    spec = importlib.util.spec_from_file_location(
+        "repair_equivalence_suite", ROOT / "suites" / "test_repair_equivalence.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+suite = _suite()
+
+
+def _latent_sites(histogram: dict[int, int]) -> tuple[list[DimSite], dict]:
+    """One KV_LATENT site per head, each the only axis of its own [r, 1] tensor, so
+    parameters are the latent sizes themselves (the published overhead's definition)."""
+    sites, shapes = [], {}
+    for value, count in histogram.items():
+        for i in range(count):
+            name = f"latent{value}.{i}"
+            shapes[name] = (value, 1)
+            sites.append(DimSite(name, Role.KV_LATENT, value,
+                                 [TensorAxis(name, 0, AxisKind.PRODUCER)]))
+    return sites, shapes
+
+
+@pytest.mark.parametrize(("strategy", "expected"), [("minimal", 0.0372), ("optimal", 0.0720)])
+def test_published_palu_histogram_overhead(strategy, expected):
+    sites, shapes = _latent_sites(PALU_HISTOGRAM)
+    p = repair.plan(sites, FP16, strategy, shapes=shapes)
+    assert round(p.overhead_fraction, 4) == expected
+    assert len(p.repairs) == sum(n for v, n in PALU_HISTOGRAM.items()
+                                 if v % (8 if strategy == "minimal" else 16))
+
+
+def _vt_sites(ranks: list[int]) -> tuple[list[DimSite], dict]:
+    shapes = {"VT": (sum(ranks), 10)}
+    sites, start = [], 0
+    for g, r in enumerate(ranks):
+        shapes[f"U{g}"] = (6, r)
+        sites.append(DimSite(f"g{g}", Role.KV_LATENT, r,
+                             [TensorAxis("VT", 0, AxisKind.PRODUCER, start=start),
+                              TensorAxis(f"U{g}", 1, AxisKind.CONSUMER)],
+                             config_field=("head_wise_ranks", "m"), attrs={"group": g}))
+        start += r
+    return sites, shapes
+
+
+def test_groups_on_one_axis_compose_into_one_index_map():
+    sites, shapes = _vt_sites([5, 7, 3])
+    p = repair.plan(sites, FP16, "minimal", shapes=shapes)
+    edit = p.edits["VT"]
+    assert edit.new_shape == (24, 10)
+    vt = torch.arange(15 * 10, dtype=torch.float32).reshape(15, 10) + 1
+    out = edit.apply(vt)
+    for (lo, n), new_lo in (((0, 5), 0), ((5, 7), 8), ((12, 3), 16)):
+        assert torch.equal(out[new_lo:new_lo + n], vt[lo:lo + n])
+        pad_end = new_lo + 8
+        assert not out[new_lo + n:pad_end].any()
+    assert edit.axes[0].new_index(5) == 8 and edit.axes[0].new_index(12) == 16
+
+
+def test_head_dim_site_scales_query_rows_and_bias_only():
+    heads, d = 2, 6
+    shapes = {"q": (12, 4), "qb": (12,), "k": (12, 4), "v": (12, 4), "o": (4, 12)}
+    axes = [TensorAxis(t, 1 if t == "o" else 0,
+                       AxisKind.CONSUMER if t == "o" else AxisKind.BIAS if t == "qb"
+                       else AxisKind.PRODUCER, blocks=heads, stride=d) for t in shapes]
+    site = DimSite("hd", Role.HEAD_DIM, d, axes, attrs={"softmax_scale_rows": ("q", "qb")})
+    p = repair.plan([site], FP16, "minimal", shapes=shapes)
+    assert p.repairs[0].target == 8
+    q, k = torch.ones(12, 4), torch.ones(12, 4)
+    factor = (8 / 6) ** 0.5
+    assert torch.allclose(p.edits["q"].apply(q)[:6], torch.full((6, 4), factor))
+    assert not p.edits["q"].apply(q)[6:8].any()
+    assert torch.equal(p.edits["k"].apply(k)[8:14], torch.ones(6, 4))
+    assert torch.allclose(p.edits["qb"].apply(torch.ones(12))[8:14], torch.full((6,), factor))
+
+
+def test_head_dim_without_named_query_rows_is_refused():
+    site = DimSite("hd", Role.HEAD_DIM, 6, [TensorAxis("q", 0, AxisKind.PRODUCER)])
+    p = repair.plan([site], FP16, "minimal", shapes={"q": (6, 4)})
+    assert not p.repairs and p.refused[0].reason == repair.NO_SCALE_ROWS
+
+
+def test_inexact_sites_are_refused_with_their_reason_and_the_rest_repaired():
+    exact = DimSite("r", Role.RANK, 13, [TensorAxis("a", 0, AxisKind.PRODUCER)])
+    hidden = DimSite("hidden", Role.HIDDEN, 13, [TensorAxis("b", 0, AxisKind.PRODUCER)],
+                     inexact="norm statistics change")
+    p = repair.plan([exact, hidden], FP16, "minimal", shapes={"a": (13, 2), "b": (13, 2)})
+    assert [r.site.name for r in p.repairs] == ["r"]
+    assert [(r.site.name, r.reason) for r in p.refused] == [("hidden", "norm statistics change")]
+
+
+def test_sites_sharing_a_config_value_must_agree():
+    """config.json holds one intermediate_size; if one layer's site is refused the others
+    cannot be padded without the config lying about that layer."""
+    a = DimSite("l0", Role.INTERMEDIATE, 37, [TensorAxis("w0", 0, AxisKind.PRODUCER)],
+                config_field=("intermediate_size",))
+    b = DimSite("l1", Role.INTERMEDIATE, 37, [TensorAxis("w1", 0, AxisKind.PRODUCER)],
+                config_field=("intermediate_size",), inexact="not exact here")
+    shapes = {"w0": (37, 4), "w1": (37, 4)}
+    p = repair.plan([a, b], FP16, "minimal", shapes=shapes, config={"intermediate_size": 37})
+    assert not p.repairs and {r.site.name for r in p.refused} == {"l0", "l1"}
+    assert "records one intermediate_size" in next(r.reason for r in p.refused
+                                                   if r.site.name == "l0")
+    ok = repair.plan([a], FP16, "minimal", shapes=shapes, config={"intermediate_size": 37})
+    assert ok.config_edits == [repair.ConfigEdit(("intermediate_size",), None, 37, 40)]
+    pruned = repair.plan([a], FP16, "minimal", shapes=shapes,
+                         config={"intermediate_size": 11008})
+    assert pruned.repairs and not pruned.config_edits  # LLM-Pruner: config keeps dense sizes
+
+
+def test_list_config_values_are_edited_per_group():
+    sites, shapes = _vt_sites([5, 8, 3])
+    p = repair.plan(sites, FP16, "minimal", shapes=shapes, config={"head_wise_ranks":
+                                                                     {"m": [5, 8, 3]}})
+    edited = repair._edited_config({"head_wise_ranks": {"m": [5, 8, 3]}}, p.config_edits)
+    assert edited == {"head_wise_ranks": {"m": [8, 8, 8]}}
+
+
+def test_overlapping_and_out_of_bounds_sites_are_refused():
+    a = DimSite("a", Role.RANK, 10, [TensorAxis("t", 0, AxisKind.PRODUCER)])
+    b = DimSite("b", Role.RANK, 5, [TensorAxis("t", 0, AxisKind.PRODUCER, start=7)])
+    c = DimSite("c", Role.RANK, 30, [TensorAxis("u", 0, AxisKind.PRODUCER)])
+    p = repair.plan([a, b, c], FP16, "minimal", shapes={"t": (12, 3), "u": (20, 3)})
+    reasons = {r.site.name: r.reason for r in p.refused}
+    assert [r.site.name for r in p.repairs] == ["a"]
+    assert "overlaps" in reasons["b"] and "disagree" in reasons["c"]
+
+
+def test_unknown_strategy_is_bad_input():
+    with pytest.raises(BadInput, match="--strategy"):
+        repair.plan([], FP16, "fastest", shapes={})
+
+
+def _write_st(path: Path, tensors: dict, metadata: dict | None = None) -> None:
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def test_writer_keeps_untouched_bytes_metadata_order_and_dtypes(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    gen = torch.Generator().manual_seed(0)
+    tensors = {"x.BLinear.weight": torch.randn(13, 16, generator=gen).bfloat16(),
+               "x.ALinear.weight": torch.randn(16, 13, generator=gen).bfloat16(),
+               "ids": torch.arange(7, dtype=torch.int64),
+               "mask": torch.tensor([True, False])}
+    _write_st(src / "model.safetensors", tensors, {"format": "pt", "note": "kept"})
+    (src / "config.json").write_text(json.dumps({"truncation_ranks": {"x": 13}}))
+    (src / "tokenizer.json").write_text("{}")
+    ckpt = open_checkpoint(src)
+    site = DimSite("x:rank", Role.RANK, 13, [TensorAxis("x.BLinear.weight", 0, AxisKind.PRODUCER),
+                                            TensorAxis("x.ALinear.weight", 1,
+                                                       AxisKind.CONSUMER)],
+                   config_field=("truncation_ranks", "x"))
+    p = repair.plan([site], FP16, "minimal", shapes=ckpt.shapes, config=ckpt.config)
+    report = repair.apply(p, ckpt, tmp_path / "out")
+    out = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert out["x.BLinear.weight"].dtype == torch.bfloat16
+    assert torch.equal(out["x.BLinear.weight"][:13], tensors["x.BLinear.weight"])
+    assert not out["x.BLinear.weight"][13:].any() and not out["x.ALinear.weight"][:, 13:].any()
+    assert torch.equal(out["ids"], tensors["ids"]) and torch.equal(out["mask"], tensors["mask"])
+    raw = (tmp_path / "out" / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    assert header["__metadata__"] == {"format": "pt", "note": "kept"} and (8 + n) % 8 == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["truncation_ranks"] == \
+        {"x": 16}
+    assert (tmp_path / "out" / "tokenizer.json").exists()
+    provenance = json.loads((tmp_path / "out" / repair.PROVENANCE).read_text())
+    assert provenance["repaired"][0]["to"] == 16 and report.files
+
+
+def test_apply_refuses_a_plan_for_other_tensors_and_leaves_nothing(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    _write_st(src / "model.safetensors", {"w": torch.zeros(5, 3)})
+    site = DimSite("w", Role.RANK, 6, [TensorAxis("w", 0, AxisKind.PRODUCER)])
+    p = repair.plan([site], FP16, "minimal", shapes={"w": (6, 3)})
+    with pytest.raises(BadInput, match="expects tensor 'w'"):
+        repair.apply(p, open_checkpoint(src), tmp_path / "out")
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["src"]
+
+
+def test_progress_reports_on_stderr_after_a_while():
+    stream = io.StringIO()
+    progress = repair.Progress(2_000_000_000, stream, after=0.0)
+    progress.advance(1_000_000_000, "layer.0.weight (model-00001-of-00002.safetensors)")
+    assert stream.getvalue().startswith("gac-check repair:  50.0% (1.00 of 2.00 GB) layer.0")
+
+
+# ------------------------------------------------------------------------------- mutants
+LLAMA = TinyModel("llama", dict(vocab_size=48, hidden_size=32, intermediate_size=37,
+                                num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=2, max_position_embeddings=32))
+QWEN = TinyModel("qwen2", dict(vocab_size=48, hidden_size=32, intermediate_size=24,
+                               num_hidden_layers=1, num_attention_heads=4,
+                               num_key_value_heads=4, max_position_embeddings=32))
+BERT = TinyModel("bert", dict(vocab_size=48, hidden_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, intermediate_size=37,
+                              max_position_embeddings=32, hidden_dropout_prob=0.0,
+                              attention_probs_dropout_prob=0.0))
+SHAPE_BUGS = (AssertionError, RuntimeError, ValueError, BadInput)
+
+
+def _patch_edits(monkeypatch, mutate) -> None:
+    """Run ``mutate(edits, repairs)`` on every plan's tensor edits."""
+    original = repair._tensor_edits
+
+    def mutant(repairs, shapes):
+        edits = original(repairs, shapes)
+        mutate(edits, repairs)
+        return edits
+
+    monkeypatch.setattr(repair, "_tensor_edits", mutant)
+
+
+def _noise_in_padding(monkeypatch, tensors: set[str] | None) -> None:
+    """Padding filled with noise instead of zeros (for ``tensors``, or all when None)."""
+    original = repair.TensorEdit.apply
+
+    def apply(self, tensor):
+        out = original(self, tensor)
+        if tensors is None or self.name in tensors:
+            real = original(self, torch.ones_like(tensor)) != 0
+            out = torch.where(real, out, torch.randn(out.shape).to(out.dtype))
+        return out
+
+    monkeypatch.setattr(repair.TensorEdit, "apply", apply)
+
+
+def test_mutant_scale_compensation_missing_is_caught(monkeypatch):
+    suite.check_head_dim_compensated(2, 12)
+
+    def drop_scales(edits, _):
+        for edit in edits.values():
+            for axis in edit.axes.values():
+                axis.scales.clear()
+
+    _patch_edits(monkeypatch, drop_scales)
+    with pytest.raises(AssertionError, match="relative error"):
+        suite.check_head_dim_compensated(2, 12)
+
+
+def test_mutant_consumer_columns_padded_with_noise_is_caught(monkeypatch, tmp_path):
+    suite.check_asvd(LLAMA, 0.7, "minimal", tmp_path / "ok")
+    consumers: set[str] = set()
+
+    def record(_, repairs):
+        consumers.update(a.tensor for r in repairs for a in r.site.axes
+                         if a.kind is AxisKind.CONSUMER)
+
+    _patch_edits(monkeypatch, record)
+    _noise_in_padding(monkeypatch, consumers)
+    with pytest.raises(AssertionError, match="relative error"):
+        suite.check_asvd(LLAMA, 0.7, "minimal", tmp_path / "bad")
+    assert consumers
+
+
+def test_mutant_noise_in_low_rank_padding_is_caught(monkeypatch):
+    shape = LayerShape(20, 17, 5)
+    suite.check_lowrank_pair(shape)
+    _noise_in_padding(monkeypatch, None)
+    with pytest.raises(AssertionError, match="relative error"):
+        suite.check_lowrank_pair(shape)
+
+
+def test_mutant_bias_left_unpadded_is_caught(monkeypatch, tmp_path):
+    suite.check_pruned(BERT, "minimal", tmp_path / "ok")
+
+    def drop_bias_edits(edits, repairs):
+        for r in repairs:
+            for a in r.site.axes:
+                if a.kind is AxisKind.BIAS:
+                    edits.pop(a.tensor, None)
+
+    _patch_edits(monkeypatch, drop_bias_edits)
+    with pytest.raises(SHAPE_BUGS):
+        suite.check_pruned(BERT, "minimal", tmp_path / "bad")
+
+
+def test_mutant_palu_group_boundary_off_by_one_is_caught(monkeypatch, tmp_path):
+    suite.check_palu(QWEN, 1, [[5, 6, 3, 7]], tmp_path / "ok")
+
+    def shift_later_groups(edits, _):
+        for name, edit in edits.items():
+            if name.endswith(".VT.weight"):
+                axis = edit.axes[0]
+                axis.inserts = [(p - 1 if i else p, c)
+                                for i, (p, c) in enumerate(sorted(axis.inserts))]
+
+    _patch_edits(monkeypatch, shift_later_groups)
+    with pytest.raises(AssertionError, match="relative error"):
+        suite.check_palu(QWEN, 1, [[5, 6, 3, 7]], tmp_path / "bad")
+
+
+def test_mutant_wrong_axis_padded_is_caught(monkeypatch, tmp_path):
+    suite.check_lowrank_pair(LayerShape(20, 17, 5))
+
+    def swap_axes(edits, _):
+        for edit in edits.values():
+            if len(edit.shape) == 2 and list(edit.axes) in ([0], [1]):
+                (axis, change), = edit.axes.items()
+                other = 1 - axis
+                change.length = edit.shape[other]
+                edit.axes = {other: change}
+
+    _patch_edits(monkeypatch, swap_axes)
+    with pytest.raises(SHAPE_BUGS):
+        suite.check_lowrank_pair(LayerShape(20, 17, 5))
+    with pytest.raises(SHAPE_BUGS):
+        suite.check_asvd(LLAMA, 0.7, "minimal", tmp_path / "bad")
