@@ -1,0 +1,112 @@
+"""``gac-check MODEL --repair OUT`` end to end, through real subprocess runs of the CLI."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gac_check.compress import compress_dir
+from gac_check.strategies import TinyModel
+
+#: head_dim 16, hidden 64, vocab 64: only the compressor's ranks and the intermediate (37)
+#: are misaligned, so a repaired model re-checks with no errors.
+TINY = TinyModel("llama", dict(vocab_size=64, hidden_size=64, intermediate_size=37,
+                               num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, max_position_embeddings=32,
+                               tie_word_embeddings=False))
+
+
+def gac_check(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def digest(path: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def compressed(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    TINY.build(seed=0).save_pretrained(root / "dense")
+    compress_dir(root / "dense", root / "asvd", 0.7)
+    return root / "asvd"
+
+
+def test_repair_writes_a_model_that_rechecks_clean(compressed, tmp_path):
+    before = digest(compressed)
+    out = tmp_path / "fixed"
+    run = gac_check(compressed, "--repair", out, "--gpu", "gpu", "--dtype", "float16")
+    assert run.returncode == 0, run.stderr
+    assert "padded" in run.stdout and "refused" not in run.stdout
+    assert digest(compressed) == before
+    again = gac_check(out, "--gpu", "gpu", "--dtype", "float16")
+    assert again.returncode == 0, again.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["intermediate_size"] == 40
+    assert all(r % 8 == 0 for r in config["truncation_ranks"].values())
+
+
+def test_optimal_strategy_and_json_output(compressed, tmp_path):
+    out = tmp_path / "fixed"
+    run = gac_check(compressed, "--repair", out, "--strategy", "optimal", "--gpu", "gpu",
+                    "--dtype", "float16", "--format", "json", "--fail-on", "warning")
+    assert run.returncode == 1, run.stderr  # head_dim 16 is off FlashAttention's buckets
+    doc = json.loads(run.stdout)
+    assert doc["strategy"] == "optimal"
+    assert {r["name"].split(":")[1] for r in doc["remaining"]} == {"head_dim"}
+    assert {r["name"].split(":")[1] for r in doc["refused"]} == {"head_dim"}
+    assert all(r["to"] % 16 == 0 for r in doc["repaired"])
+    assert 0 < doc["repair_overhead_fraction"] < 1
+
+
+def test_existing_out_is_refused_unless_forced(compressed, tmp_path):
+    out = tmp_path / "fixed"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    run = gac_check(compressed, "--repair", out, "--gpu", "gpu")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert "already exists" in run.stderr and (out / "keep.txt").read_text() == "mine"
+    forced = gac_check(compressed, "--repair", out, "--gpu", "gpu", "--force")
+    assert forced.returncode in (0, 1), forced.stderr
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "inside", "strategy"])
+def test_bad_input_is_one_line_exit_2_and_leaves_no_out(case, compressed, tmp_path):
+    src, out, extra = compressed, tmp_path / "fixed", []
+    if case == "missing":
+        src = tmp_path / "nope"
+    elif case == "corrupt":
+        src = tmp_path / "corrupt"
+        src.mkdir()
+        (src / "config.json").write_text("{}")
+        (src / "model.safetensors").write_bytes(b"\xff" * 8 + b"{}")
+    elif case == "inside":
+        out = compressed / "fixed"
+    else:
+        extra = ["--strategy", "fastest"]
+    run = gac_check(src, "--repair", out, "--gpu", "gpu", *extra)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+def test_pickled_input_becomes_safetensors_and_says_so(tmp_path):
+    model = TINY.build(seed=1)
+    src = tmp_path / "pickled"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({**model.config.to_dict(),
+                                                 "architectures": ["LlamaForCausalLM"]}))
+    torch.save(model.state_dict(), src / "pytorch_model.bin")
+    run = gac_check(src, "--repair", tmp_path / "fixed", "--gpu", "gpu", "--dtype", "float16")
+    assert run.returncode == 0, run.stderr
+    assert "pickled torch checkpoint" in run.stdout
+    assert sorted(p.name for p in (tmp_path / "fixed").iterdir()) == [
+        "config.json", "gac-repair.json", "model.safetensors"]
