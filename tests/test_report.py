@@ -209,6 +209,15 @@ def test_staircase_overlays_merged_runs():
     assert [label for _, label in chart.legend] == ["a100", "h100"]
 
 
+def test_staircases_of_different_shapes_stay_apart():
+    cpu = [{**r, "case": r["case"].replace("S=2048", "S=128")} for r in sweep(107)]
+    extra = {"case": "sdpa/B=4,S=2048,H=32,D=96,dtype=bfloat16", "measured_ms": 1.0}
+    charts_ = charts.staircases([("cpu", cpu), ("a100", [*sweep(107), extra])])
+    assert sorted(c.title for c in charts_) == ["sdpa/B=4,S=128,H=32,dtype=float16",
+                                                "sdpa/B=4,S=2048,H=32,dtype=float16"]
+    assert all(c.x_label == "D" and len(c.points) == 5 for c in charts_)
+
+
 def test_perf_section_renders_with_verdicts():
     run = hostile_run("m")
     run["perf"] = sweep(107)

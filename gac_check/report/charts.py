@@ -177,40 +177,49 @@ def parse_case(case: str) -> tuple[str, dict[str, str]]:
     return workload, params
 
 
-def staircase_key(rec: dict, varying: dict[str, set[str]]) -> tuple[str, str, int] | None:
+def _series(workload: str, params: dict[str, str], dim: str) -> str:
+    return f"{workload}/" + ",".join(f"{k}={v}" for k, v in params.items() if k != dim)
+
+
+Sweeps = dict[tuple[str, str], set[str]]
+
+
+def sweep_sizes(records: list[dict]) -> Sweeps:
+    """For every (series, parameter): the values that parameter takes with all others fixed."""
+    seen: Sweeps = {}
+    for rec in records:
+        workload, params = parse_case(rec["case"])
+        for k, v in params.items():
+            if v.isdigit():
+                seen.setdefault((_series(workload, params, k), k), set()).add(v)
+    return seen
+
+
+def staircase_key(rec: dict, sweeps: Sweeps) -> tuple[str, str, int] | None:
     """(series name, x parameter, x value) of a perf record, or None when it is not a sweep.
 
-    The record may name its swept parameter in ``dim``; otherwise it is the one numeric
-    parameter that varies across the records of the same workload.
+    The record may name its swept parameter in ``dim``; otherwise it is the numeric parameter
+    that takes the most values while all the others stay fixed (so a CPU job's small shapes
+    and a GPU job's large ones form separate staircases rather than none).
     """
     workload, params = parse_case(rec["case"])
     dim = rec.get("dim")
     if dim is None:
-        candidates = [k for k in varying.get(workload, ()) if params.get(k, "").isdigit()]
-        dim = candidates[0] if len(candidates) == 1 else None
+        sizes = {k: len(sweeps.get((_series(workload, params, k), k), ())) for k in params}
+        best = max(sizes, key=sizes.__getitem__, default=None)
+        dim = best if best is not None and sizes[best] >= 2 else None
     if dim is None or not str(params.get(dim, "")).isdigit():
         return None
-    rest = ",".join(f"{k}={v}" for k, v in params.items() if k != dim)
-    return f"{workload}/{rest}", dim, int(params[dim])
-
-
-def varying_params(records: list[dict]) -> dict[str, set[str]]:
-    seen: dict[str, dict[str, set[str]]] = {}
-    for rec in records:
-        workload, params = parse_case(rec["case"])
-        for k, v in params.items():
-            seen.setdefault(workload, {}).setdefault(k, set()).add(v)
-    return {w: {k for k, vals in ps.items() if len(vals) > 1} for w, ps in seen.items()}
+    return _series(workload, params, dim), dim, int(params[dim])
 
 
 def staircases(runs: list[tuple[str, list[dict]]]) -> list[Chart]:
     """One chart per swept series, every run's baseline band and points overlaid."""
-    everything = [r for _, recs in runs for r in recs]
-    varying = varying_params(everything)
+    sweeps = sweep_sizes([r for _, recs in runs for r in recs])
     series: dict[tuple[str, str], list[tuple[int, int, dict]]] = {}
     for run_index, (_, recs) in enumerate(runs):
         for rec in recs:
-            key = staircase_key(rec, varying)
+            key = staircase_key(rec, sweeps)
             if key is not None and rec.get("measured_ms") is not None:
                 series.setdefault(key[:2], []).append((run_index, key[2], rec))
     labels = [label for label, _ in runs]
