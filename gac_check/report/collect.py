@@ -163,7 +163,7 @@ class ReportCollector:
         from gac_check.report.html import render_html
         from gac_check.report.run import dumps, new_run, write_atomic
 
-        run = new_run(self._checks(), fail_on="never",
+        run = new_run(self._checks(), label=self.path.stem, fail_on="never",
                       tests={"counts": self.counts, "failures": self.failures},
                       perf=self.perf, equivalence=self.equivalence)
         html, data = render_html([run]), dumps(run)

@@ -1,11 +1,11 @@
 """The CLI's report files: ``--report [FILE.html]`` and ``--junit FILE.xml``.
 
 ``--report`` writes the HTML and, beside it, the run document as ``FILE.json`` (what
-``gac-check report merge`` reads). With no value it writes ``reports/<model>-<profile>.html``
-under the current directory, creating ``reports/`` (DESIGN.md: where reports land by default);
-an explicit path must be in an existing directory. Paths are checked before the model is read,
-and all files are rendered in memory before the first is written, so a bad path or a failed
-check leaves nothing behind.
+``gac-check report merge`` reads); the file's stem labels the run in merged reports. With no
+value it writes ``reports/<model>-<profile>.html`` under the current directory, creating
+``reports/`` (DESIGN.md: where reports land by default); an explicit path must be in an
+existing directory. Paths are checked before the model is read, and all files are rendered in
+memory before the first is written, so a bad path or a failed check leaves nothing behind.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def write(outputs: Outputs, check: dict, fail_on: str) -> list[Path]:
         report = default_report_path(check)
         report.parent.mkdir(parents=True, exist_ok=True)
     if report is not None:
-        run = new_run([check], fail_on=fail_on)
+        run = new_run([check], label=report.stem, fail_on=fail_on)
         files += [(report, render_html([run])), (report.with_suffix(".json"), dumps(run))]
     if outputs.junit is not None:
         files.append((outputs.junit, to_junit(check, fail_on)))

@@ -4,7 +4,7 @@ HTML reports render from this JSON-able dict, never from live objects, so a repo
 rebuilt from a saved file and runs from several machines (an A100 job and an H100 job) can be
 merged side by side. One run holds:
 
-``label``        what the run is called in a merged report (default: the hardware profile)
+``label``        what the run is called in a merged report: the report's file name stem
 ``created``      ISO-8601 UTC time the run finished
 ``fail_on``      the severity that fails the gate ("error", "warning", "never")
 ``environment``  the fingerprint of the machine that ran it (:func:`environment`)
@@ -33,13 +33,10 @@ READABLE = (CHECK_SCHEMA, RUN_SCHEMA)
 FAIL_ON = ("error", "warning", "never")
 
 
-def new_run(checks: list[dict], *, label: str | None = None, fail_on: str = "error",
+def new_run(checks: list[dict], *, label: str, fail_on: str = "error",
             tests: dict | None = None, perf: list[dict] | None = None,
             equivalence: list[dict] | None = None) -> dict:
     """A run document for this machine, now."""
-    if label is None:
-        profiles = sorted({c["hardware"]["profile"] for c in checks})
-        label = "+".join(profiles) or platform.node() or "run"
     return {
         "schema": RUN_SCHEMA,
         "label": label,
