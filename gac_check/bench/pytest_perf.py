@@ -32,9 +32,10 @@ from pathlib import Path
 import pytest
 
 GPU_FACTOR = 1.10
-#: CPU factor for CI: shared 2-core runners with a neighbouring xdist worker (see
-#: docs/measurement.md for the false-regression and detection rates behind this figure).
-CPU_FACTOR = 1.30
+#: CPU factor for CI: shared 2-core runners with a neighbouring xdist worker. On this project's
+#: loaded machine an unchanged stack reached a ratio of 1.32 once in 140 cases, so CPU CI only
+#: catches gross regressions (docs/measurement.md has the rates per factor).
+CPU_FACTOR = 1.50
 #: The statistic compared on a CPU: the minimum (interference only adds time); GPUs: median.
 CPU_Q, GPU_Q = 0.0, 0.5
 GPU_PROFILES = ("a100", "h100", "h200")
