@@ -460,6 +460,10 @@ def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
             files = _write_converted(repair_plan, ckpt, tmp, progress)
             container_out = "safetensors (converted from a torch pickle)"
             notes.append(PICKLE_NOTE)
+        sidecars = _edited_sidecars(repair_plan, ckpt)
+        for name, data in sidecars.items():
+            (tmp / name).write_text(json.dumps(data, indent=2) + "\n")
+        files += sorted(sidecars)
         skip = set(files) | {"config.json", PROVENANCE} | _weight_files(ckpt)
         copy_side_files(ckpt.path, tmp, skip)
         if (ckpt.path / "config.json").exists():
@@ -500,6 +504,28 @@ def _weight_files(ckpt: Checkpoint) -> set[str]:
     if ckpt.container != "safetensors":
         names |= {p.name for p in ckpt.path.iterdir() if p.suffix in (".bin", ".pt", ".pth")}
     return names
+
+
+def _edited_sidecars(repair_plan: RepairPlan, ckpt: Checkpoint) -> dict[str, dict]:
+    """JSON sidecars that record padded sizes (SliceGPT's slicing config), rewritten.
+
+    A site names them in ``attrs``: ``sidecar`` (file name) and ``sidecar_fields`` (``[key,
+    index]`` pairs, index "" for a scalar); a value is changed only where it records exactly
+    the site's old size, as with config.json.
+    """
+    out: dict[str, dict] = {}
+    for rep in repair_plan.repairs:
+        name = rep.site.attrs.get("sidecar")
+        if not isinstance(name, str) or name not in ckpt.sidecars:
+            continue
+        data = out.setdefault(name, json.loads(json.dumps(ckpt.sidecars[name])))
+        for key, index in rep.site.attrs.get("sidecar_fields") or []:  # type: ignore[union-attr]
+            table = data.get(key)
+            if index == "" and table == rep.site.value:
+                data[key] = rep.target
+            elif isinstance(table, dict) and table.get(str(index)) == rep.site.value:
+                table[str(index)] = rep.target
+    return out
 
 
 def _edited_config(config: dict, edits: list[ConfigEdit]) -> dict:

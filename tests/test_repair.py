@@ -235,6 +235,26 @@ def test_writer_keeps_untouched_bytes_metadata_order_and_dtypes(tmp_path):
     assert provenance["repaired"][0]["to"] == 16 and report.files
 
 
+def test_sidecar_sizes_are_rewritten_with_the_tensors(tmp_path):
+    """SliceGPT records stream widths in a JSON sidecar, not config.json."""
+    src = tmp_path / "src"
+    src.mkdir()
+    _write_st(src / "model.safetensors", {"w": torch.ones(30, 4), "r": torch.ones(4, 30)})
+    slicing = {"embedding_dimensions": {"0": 30}, "head_dimension": 30, "other": {"0": 30}}
+    (src / "slicing.json").write_text(json.dumps(slicing))
+    site = DimSite("hidden:embedding", Role.HIDDEN, 30,
+                   [TensorAxis("w", 0, AxisKind.PRODUCER), TensorAxis("r", 1, AxisKind.CONSUMER)],
+                   attrs={"sidecar": "slicing.json",
+                          "sidecar_fields": [["embedding_dimensions", "0"],
+                                             ["head_dimension", ""]]})
+    ckpt = open_checkpoint(src)
+    repair.apply(repair.plan([site], FP16, "minimal", shapes=ckpt.shapes), ckpt,
+                 tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "slicing.json").read_text()) == {
+        "embedding_dimensions": {"0": 32}, "head_dimension": 32, "other": {"0": 30}}
+    assert json.loads((src / "slicing.json").read_text()) == slicing
+
+
 def test_apply_refuses_a_plan_for_other_tensors_and_leaves_nothing(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
