@@ -35,7 +35,7 @@ def render_text(result: CheckResult) -> str:
         lines += _findings_table(result)
     notes = [(s.name, n) for s in result.sites for n in s.notes]
     if notes:
-        lines += ["", "config and tensors disagree (tensor shapes were used):"]
+        lines += ["", "notes (where config.json and the tensors disagree, the tensors win):"]
         lines += [f"  {name}: {note}" for name, note in notes[:20]]
         if len(notes) > 20:
             lines.append(f"  ... and {len(notes) - 20} more")
