@@ -39,12 +39,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def register_hypothesis_profiles() -> None:
-    """``ci``: no deadline (shared runners stall), derandomized (a red CI is reproducible)."""
+    """``ci``: no deadline (shared runners stall), derandomized (a red CI is reproducible);
+    both print the ``@reproduce_failure`` blob so a report can quote it."""
     from hypothesis import HealthCheck, settings
 
     settings.register_profile("ci", deadline=None, derandomize=True, max_examples=25,
-                              suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("dev", deadline=None, max_examples=25)
+                              print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("dev", deadline=None, max_examples=25, print_blob=True)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE",
                                          "ci" if os.environ.get("CI") else "dev"))
 
