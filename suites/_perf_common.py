@@ -41,6 +41,12 @@ def repair_target(contract: Contract, role: Role, value: int, dtype: str) -> int
     return target
 
 
+def typical(m, device: str) -> float:
+    """The time a comparison uses: the median on a GPU, the minimum on a CPU (interference on
+    a shared CPU only adds time; see gac_check/bench/pytest_perf.py)."""
+    return m.median_s if device == "cuda" else min(m.samples)
+
+
 def assert_within(t_slow: float, t_ref: float, work_ratio: float, margin: float, what: str):
     """t_slow must not exceed t_ref scaled by the extra work and the margin."""
     bound = t_ref * work_ratio * (1 + margin)

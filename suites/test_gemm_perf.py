@@ -11,6 +11,7 @@ from _perf_common import (
     device_contract,
     repair_target,
     staircase_rules,
+    typical,
 )
 from hypothesis import given
 from hypothesis import strategies as st
@@ -38,7 +39,7 @@ def test_no_regression_against_baseline(gac_bench, case):
 
 
 @GENERATED
-@given(rank=st.integers(65, 250).filter(lambda r: r % 8))
+@given(rank=st.integers(32, 124).map(lambda x: 2 * x + 1))  # odd: misaligned for any dtype
 def test_repaired_rank_is_not_slower(gac_bench, rank):
     """A misaligned low-rank pair padded to the contract's size costs no more than the
     original plus the padding's extra work, and runs like its aligned neighbour."""
@@ -48,9 +49,11 @@ def test_repaired_rank_is_not_slower(gac_bench, rank):
     below = rank - rank % 8
     orig, rep, lower = gac_bench.interleaved(
         [workloads.lowrank(m, n, r, n, dtype) for r in (rank, to, below)], COMPARE)
-    margin = MARGIN[gac_bench.device]
-    assert_within(rep.median_s, orig.median_s, to / rank, margin, f"R={to} vs original {rank}")
-    assert_within(rep.median_s, lower.median_s, to / below, margin,
+    dev = gac_bench.device
+    margin = MARGIN[dev]
+    assert_within(typical(rep, dev), typical(orig, dev), to / rank, margin,
+                  f"R={to} vs original {rank}")
+    assert_within(typical(rep, dev), typical(lower, dev), to / below, margin,
                   f"R={to} vs aligned neighbour {below}")
 
 
@@ -67,7 +70,7 @@ def test_staircase_aligned_k_beats_misaligned_neighbour(gac_bench):
         aligned = base - base % rule.modulus
         slow, fast = gac_bench.interleaved(
             [workloads.gemm(m, k, n, dtype) for k in (aligned - 1, aligned)], COMPARE)
-        assert fast.median_s < slow.median_s, (
+        assert typical(fast, gac_bench.device) < typical(slow, gac_bench.device), (
             f"{rule.id}: K={aligned} ({fast.median_s * 1e3:.3f} ms) is not faster than "
             f"K={aligned - 1} ({slow.median_s * 1e3:.3f} ms); the contract expects "
             f"{rule.slowdown}x: contract drift")

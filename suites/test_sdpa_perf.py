@@ -11,6 +11,7 @@ from _perf_common import (
     device_contract,
     repair_target,
     staircase_rules,
+    typical,
 )
 from hypothesis import given
 from hypothesis import strategies as st
@@ -50,7 +51,7 @@ def test_forced_backend_refusal_names_the_reason(gac_bench):
 
 
 @GENERATED
-@given(d=st.integers(65, 250).filter(lambda d: d % 8))
+@given(d=st.integers(32, 124).map(lambda x: 2 * x + 1))  # odd: misaligned for any dtype
 def test_repaired_head_dim_is_not_slower(gac_bench, d):
     b, s, h, dtype = SHAPE[gac_bench.device]
     contract = device_contract(gac_bench.device, gac_bench.session.target.key, dtype)
@@ -58,9 +59,10 @@ def test_repaired_head_dim_is_not_slower(gac_bench, d):
     below = d - d % 8
     orig, rep, lower = gac_bench.interleaved(
         [workloads.sdpa(b, s, h, x, dtype) for x in (d, to, below)], COMPARE)
-    margin = MARGIN[gac_bench.device]
-    assert_within(rep.median_s, orig.median_s, to / d, margin, f"D={to} vs original {d}")
-    assert_within(rep.median_s, lower.median_s, to / below, margin,
+    dev = gac_bench.device
+    margin = MARGIN[dev]
+    assert_within(typical(rep, dev), typical(orig, dev), to / d, margin, f"D={to} vs original {d}")
+    assert_within(typical(rep, dev), typical(lower, dev), to / below, margin,
                   f"D={to} vs aligned neighbour {below}")
 
 
@@ -76,7 +78,7 @@ def test_staircase_aligned_head_dim_beats_misaligned_neighbour(gac_bench):
         aligned = 128 - 128 % rule.modulus
         slow, fast = gac_bench.interleaved(
             [workloads.sdpa(b, s, h, x, dtype) for x in (aligned - 1, aligned)], COMPARE)
-        assert fast.median_s < slow.median_s, (
+        assert typical(fast, gac_bench.device) < typical(slow, gac_bench.device), (
             f"{rule.id}: D={aligned} ({fast.median_s * 1e3:.3f} ms) is not faster than "
             f"D={aligned - 1} ({slow.median_s * 1e3:.3f} ms); the contract expects "
             f"{rule.slowdown}x: contract drift")
