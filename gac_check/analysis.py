@@ -6,12 +6,14 @@ never disagree about what was checked against what.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from gac_check.checkpoint import Checkpoint, open_checkpoint
 from gac_check.contract import Contract, Finding, for_hardware
 from gac_check.formats import Format, detect
 from gac_check.hardware import resolve_profile
+from gac_check.repair import RepairPlan, plan
 from gac_check.sites import DimSite
 
 
@@ -34,16 +36,20 @@ class CheckResult:
         to = finding.repair_to if target is None else target
         return (to - finding.site.value) * finding.site.params_per_unit(self.checkpoint.shapes)
 
+    @cached_property
+    def repair_plan(self) -> RepairPlan:
+        """The minimal repair, planned exactly as ``--repair`` would carry it out."""
+        return plan(self.sites, self.contract, "minimal", shapes=self.checkpoint.shapes,
+                    config=self.checkpoint.config)
+
     @property
-    def repairable(self) -> list[Finding]:
-        """Findings whose site zero padding repairs exactly (others are refused)."""
-        return [f for f in self.findings if f.site.inexact is None and f.repair_to > f.site.value]
+    def refusals(self) -> dict[str, str]:
+        """Why each refused site cannot be zero-padded exactly, by site name."""
+        return {r.site.name: r.reason for r in self.repair_plan.refused}
 
     @property
     def repair_overhead_fraction(self) -> float:
-        params = self.checkpoint.params
-        added = sum(self.padding_params(f) for f in self.repairable)
-        return added / params if params else 0.0
+        return self.repair_plan.overhead_fraction
 
 
 def check(model_dir: Path | str, gpu: str = "auto", dtype: str | None = None) -> CheckResult:

@@ -9,6 +9,7 @@ SCHEMA = "gac-check/1"
 def to_json(result: CheckResult) -> dict:
     ckpt, contract = result.checkpoint, result.contract
     findings = result.by_site
+    refusals = result.refusals
     sites = []
     for site in result.sites:
         f = findings.get(site.name)
@@ -24,8 +25,8 @@ def to_json(result: CheckResult) -> dict:
             "optimal_to": f.optimal_to if f else None,
             "expected_slowdown": f.slowdown if f else None,
             "padding_params": result.padding_params(f) if f else 0,
-            "exact_repair": site.inexact is None,
-            "refusal": site.inexact,
+            "exact_repair": site.name not in refusals and site.inexact is None,
+            "refusal": refusals.get(site.name, site.inexact),
             "notes": site.notes,
             "tensors": site.tensors,
         })

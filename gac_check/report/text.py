@@ -44,6 +44,7 @@ def render_text(result: CheckResult) -> str:
 
 
 def _fold(result: CheckResult) -> list[_Row]:
+    refusals = result.refusals
     rows: dict[tuple, _Row] = {}
     for f in result.findings:
         pattern = _LAYER.sub("*", f.site.name, count=1) if f.site.layer is not None else f.site.name
@@ -51,7 +52,7 @@ def _fold(result: CheckResult) -> list[_Row]:
         row = rows.setdefault(key, _Row(pattern, f))
         if f.site.layer is not None:
             row.layers.append(f.site.layer)
-        if f.site.inexact is None:
+        if f.site.name not in refusals:
             row.pad += result.padding_params(f)
     return list(rows.values())
 
@@ -60,12 +61,14 @@ def _findings_table(result: CheckResult) -> list[str]:
     header = (f"  {'site':<44} {'layers':<10} {'value':>6} {'fix':>6} {'severity':<8} "
               f"{'slower':>6} {'+params':>10}  rules")
     out = [header, "  " + "-" * (len(header) - 2)]
+    refusals = result.refusals
     for row in _fold(result):
         f = row.first
+        refused = f.site.name in refusals
         name = row.pattern if len(row.pattern) <= 44 else "…" + row.pattern[-43:]
-        fix = str(f.repair_to) if f.site.inexact is None else "no*"
+        fix = "no*" if refused else str(f.repair_to)
         slower = f"{f.slowdown:.2f}x" if f.slowdown else "-"
-        pad = f"{row.pad:,}" if f.site.inexact is None else "-"
+        pad = "-" if refused else f"{row.pad:,}"
         out.append(f"  {name:<44} {_ranges(row.layers):<10} {f.site.value:>6} {fix:>6} "
                    f"{f.severity:<8} {slower:>6} {pad:>10}  {', '.join(r.id for r in f.rules)}")
     out += ["", "  rules broken:"]
@@ -74,10 +77,9 @@ def _findings_table(result: CheckResult) -> list[str]:
         for r in f.rules:
             seen.setdefault(r.id, f"{r.severity}: {r.why}")
     out += [f"    {rid}: {why}" for rid, why in seen.items()]
-    refused = {f.site.inexact for f in result.findings if f.site.inexact}
-    if refused:
-        out += ["", "  no* = zero padding would not be exact here:"]
-        out += [f"    {why}" for why in sorted(refused)]
+    if refusals:
+        out += ["", "  no* = --repair leaves these as they are:"]
+        out += [f"    {why}" for why in sorted(set(refusals.values()))]
     return out
 
 
@@ -98,5 +100,5 @@ def _summary(result: CheckResult) -> str:
     n, bad = len(result.sites), len(result.findings)
     errors = sum(f.severity == "error" for f in result.findings)
     return (f"{bad} of {n} sites misaligned ({errors} errors, {bad - errors} warnings); "
-            f"zero-padding repair of the exact ones adds {result.repair_overhead_fraction:.2%} "
+            f"zero-padding repair (--repair) adds {result.repair_overhead_fraction:.2%} "
             "parameters")
