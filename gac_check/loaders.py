@@ -20,7 +20,13 @@ from torch import nn
 from gac_check.checkpoint import open_checkpoint
 from gac_check.compress import factorize
 from gac_check.errors import BadInput
-from gac_check.lowrank import _is_derived, _match_prefix, build_skeleton, swap_low_rank
+from gac_check.lowrank import (
+    build_skeleton,
+    causal_lm_names,
+    is_derived,
+    match_prefix,
+    swap_low_rank,
+)
 
 PALU_VT = re.compile(r"^(.*)\.VT\.weight$")
 SVDLLM_U = re.compile(r"^(.*)\.(\w+)_u_proj\.weight$")
@@ -78,16 +84,16 @@ def load_any(model_dir: Path | str) -> nn.Module:
     """
     model_dir = Path(model_dir)
     ckpt = open_checkpoint(model_dir)
-    model = build_skeleton(model_dir)
+    model = build_skeleton(model_dir, causal_lm_names(ckpt.tensors))
     swap_low_rank(model, ckpt.config.get("truncation_ranks") or {})
-    state = _match_prefix(model, read_state(model_dir))
+    state = match_prefix(model, read_state(model_dir))
     _swap_palu(model, state)
     _swap_svdllm(model, state)
     _resize_linears(model, state)
-    state = _match_prefix(model, state)
+    state = match_prefix(model, state)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not _is_derived(model, m)]
-    unexpected = [u for u in unexpected if not _is_derived(model, u)]
+    missing = [m for m in missing if not is_derived(model, m)]
+    unexpected = [u for u in unexpected if not is_derived(model, u)]
     if missing or unexpected:
         raise BadInput(f"tensors do not match the architecture (missing {missing[:3]}, "
                        f"unexpected {unexpected[:3]})", model_dir)

@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gac_check.checkpoint import open_checkpoint
 from gac_check.errors import BadInput
 
 
@@ -29,23 +28,27 @@ class LowRankLinear(nn.Module):
         return self.ALinear(self.BLinear(x))
 
 
-def model_class(config):
-    """The stock transformers class named by config.architectures, else AutoModel's choice."""
+def model_class(config, causal_lm: bool):
+    """The stock transformers class named by config.architectures; without one, the causal-LM
+    or bare auto class, as the tensor names suggest."""
     import transformers
 
     for arch in config.architectures or []:
         cls = getattr(transformers, arch, None)
         if cls is not None:
             return cls
-    return transformers.AutoModel
+    return transformers.AutoModelForCausalLM if causal_lm else transformers.AutoModel
 
 
-def build_skeleton(model_dir: Path):
+def build_skeleton(model_dir: Path, causal_lm: bool = False):
     """The stock model for config.json with random weights (no hub, no remote code)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-    return model_class(config)._from_config(config)
+    cls = model_class(config, causal_lm)
+    if cls.__name__.startswith("AutoModel"):
+        return cls.from_config(config)
+    return cls._from_config(config)
 
 
 def swap_low_rank(model: nn.Module, ranks: dict[str, int]) -> None:
@@ -67,31 +70,19 @@ def _has_bias(module: nn.Module) -> bool:
 
 
 def load_model(model_dir: Path | str) -> nn.Module:
-    """A ready-to-run model (eval mode, fp32) from a dense or ASVD-layout directory."""
-    from safetensors.torch import load_file
+    """A ready-to-run model from a dense or ASVD-layout directory (any layout gac-check
+    repairs, in fact: see :func:`gac_check.loaders.load_any`)."""
+    from gac_check.loaders import load_any
 
-    model_dir = Path(model_dir)
-    ckpt = open_checkpoint(model_dir)
-    if ckpt.container != "safetensors":
-        raise BadInput("only safetensors checkpoints can be loaded as models", model_dir)
-    model = build_skeleton(model_dir)
-    swap_low_rank(model, ckpt.config.get("truncation_ranks") or {})
-    state: dict[str, torch.Tensor] = {}
-    for f in ckpt.files:
-        state.update(load_file(str(f)))
-    state = _match_prefix(model, state)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not _is_derived(model, m)]
-    unexpected = [u for u in unexpected if not _is_derived(model, u)]
-    if missing or unexpected:
-        raise BadInput(f"tensors do not match the architecture (missing {missing[:3]}, "
-                       f"unexpected {unexpected[:3]})", model_dir)
-    if getattr(model.config, "tie_word_embeddings", False):
-        model.tie_weights()
-    return model.eval()
+    return load_any(model_dir)
 
 
-def _match_prefix(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def causal_lm_names(names) -> bool:
+    """Whether tensor names come from a causal-LM wrapper (``lm_head``, ``model.`` prefix)."""
+    return any(n == "lm_head.weight" or n.startswith("model.") for n in names)
+
+
+def match_prefix(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Checkpoints saved from a bare BertModel lack the ``bert.`` prefix of a task model, and
     vice versa; align the names to the model we built."""
     own = set(model.state_dict())
@@ -104,7 +95,7 @@ def _match_prefix(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str,
     return stripped if all(k in own for k in stripped) else state
 
 
-def _is_derived(model: nn.Module, name: str) -> bool:
+def is_derived(model: nn.Module, name: str) -> bool:
     """Buffers rebuilt at init (rotary inv_freq, position_ids) and tied heads need no tensor."""
     tied = name.startswith("lm_head.") and getattr(model.config, "tie_word_embeddings", False)
     return tied or name.endswith(("position_ids", "inv_freq"))

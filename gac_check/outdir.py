@@ -6,6 +6,7 @@ directory that looks like a model but is not. Everything is written into a tempo
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ def atomic_output_dir(out: Path, force: bool = False) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``out`` when the block succeeds."""
     out = out.resolve()
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; OUT should look like any new dir
     try:
         yield tmp
     except BaseException:
@@ -52,3 +54,9 @@ def copy_side_files(src: Path, dst: Path, skip: set[str]) -> None:
             shutil.copytree(item, dst / item.name)
         elif item.is_file():
             shutil.copy2(item, dst / item.name)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -196,11 +196,11 @@ def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: s
 
 
 def _write(ckpt: Checkpoint, srcs: list[Source], plan: RankPlan, out: Path, force: bool) -> None:
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    state: dict[str, torch.Tensor] = {}
-    for f in ckpt.files:
-        state.update(load_file(str(f)))
+    from gac_check.loaders import read_state
+
+    state = read_state(ckpt.path)
     ranks = plan.ranks
     dtype = next(iter(state.values())).dtype
     for s in srcs:
