@@ -376,11 +376,13 @@ def _solve_exact(options: Sequence[_Options], budget: int) -> tuple[list[int], f
     if pad.cost[rows, last].sum() <= cap:  # everything at its best fits: nothing to trade
         best = pad.err[rows, last]
         return _original(pad, last), float(best.sum())
-    lam, bound, incumbent = _lagrange(pad, cap)
+    lam, incumbent = _lagrange(pad, cap)
+    reduced = pad.err + lam * pad.cost
+    best = reduced.min(axis=1, keepdims=True)
+    bound = float(best.sum() - lam * cap)  # L(lam): a lower bound whatever lam is
+    reduced -= best
     gap = max(float(pad.picked(incumbent)[1].sum()) - bound, 0.0)
     tol = 1e-9 * (abs(bound) + gap) + 1e-300
-    reduced = pad.err + lam * pad.cost
-    reduced -= reduced.min(axis=1, keepdims=True)
     alive = reduced <= gap + tol
     idx = np.argmax(alive, axis=1)  # lowest surviving column: final for single-survivor rows
     items = _items(pad, alive, reduced, lam, gap + tol)
@@ -399,34 +401,39 @@ def _original(pad: _Padded, idx: np.ndarray) -> list[int]:
     return [int(pad.keep[i][j]) for i, j in enumerate(idx)]
 
 
-def _lagrange(pad: _Padded, cap: int) -> tuple[float, float, np.ndarray]:
-    """The LP relaxation's multiplier and value (= the best Lagrangian bound), and a greedy
-    feasible incumbent (column per row).
+def _lagrange(pad: _Padded, cap: int) -> tuple[float, np.ndarray]:
+    """The LP relaxation's multiplier, and a greedy feasible incumbent (column per row).
 
     The LP of a multi-choice knapsack walks every row's lower convex hull: segments taken in
     order of falling efficiency (error saved per unit) until the budget splits one. That
     split efficiency is the optimal multiplier lam, and L(lam) = sum_i min_j (e_ij + lam c_ij)
-    - lam cap is the LP value.
+    - lam cap is the LP value, the best Lagrangian bound.
     """
     row, head, tail = _hull_segments(pad)
     d_cost = pad.cost[row, tail] - pad.cost[row, head]
     d_err = pad.err[row, head] - pad.err[row, tail]
-    order = np.argsort(-(d_err / d_cost), kind="stable")
+    # Efficiencies fall along each row's hull; clamp rounding noise so that the stable sort
+    # never puts a row's later segment before its earlier one.
+    eff = d_err / d_cost
+    bounds = np.flatnonzero(np.r_[True, row[1:] != row[:-1], True])
+    for a, b in itertools.pairwise(bounds):
+        eff[a:b] = np.minimum.accumulate(eff[a:b])
+    order = np.argsort(-eff, kind="stable")
     left = cap - pad.cost[:, 0].sum() - np.cumsum(d_cost[order])
     split = int(np.argmax(left < 0))  # the caller has checked that not everything fits
-    s = order[split]
-    lam = float(d_err[s] / d_cost[s])
+    lam = float(eff[order[split]])
     idx = np.zeros(pad.cost.shape[0], dtype=np.int64)
     taken = order[:split]
     np.maximum.at(idx, row[taken], tail[taken])
-    c, e = pad.picked(idx)
-    bound = float((e + lam * c).sum() - lam * cap)
     hull = _Hull(row, head, tail, d_cost, order, split)
-    below = _greedy_fill(pad, hull, idx, int(cap - c.sum()))
+    tries = [np.zeros_like(idx)]  # all cheapest: feasible, the caller checked
+    if pad.picked(idx)[0].sum() <= cap:
+        tries.append(_greedy_fill(pad, hull, idx, int(cap - pad.picked(idx)[0].sum())))
     dropped = _drop_to_fit(pad, hull, idx, cap)
-    above = below if dropped is None else _greedy_fill(pad, hull, *dropped)
-    best = min((below, above), key=lambda x: pad.picked(x)[1].sum())
-    return lam, bound, best
+    if dropped is not None:
+        tries.append(_greedy_fill(pad, hull, *dropped))
+    feasible = [t for t in tries if pad.picked(t)[0].sum() <= cap]
+    return lam, min(feasible, key=lambda t: pad.picked(t)[1].sum())
 
 
 @dataclass
