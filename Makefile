@@ -22,10 +22,12 @@ demo: $(STAMP)
 	$(PY) -m gac_check.demo $(DEMO_DIR)
 
 # Timing tests run alone afterwards: a perf test beside another worker's model test on a
-# 2-core machine measures the neighbour, not the kernel.
+# 2-core machine measures the neighbour, not the kernel. CI shares its machine, so its gate is
+# wider than the default (1.08, trusted on a quiet machine): it catches gross regressions only.
+PERF_FACTOR ?= 1.25
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n 2 -m "not perf" tests suites --gpu cpu
-	$(PY) -m pytest -p no:cacheprovider -m perf suites --gpu cpu
+	$(PY) -m pytest -p no:cacheprovider -m perf suites --gpu cpu --gac-perf-factor $(PERF_FACTOR)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -31,7 +31,7 @@ def add_options(group) -> None:
                     help="store this run's measurements as the profile's new baseline")
     group.addoption("--gac-perf-factor", action="store", type=float, default=None,
                     metavar="X", help="perf regression threshold as a time ratio (default "
-                    "1.10 on a GPU, 1.50 on a CPU)")
+                    "1.10 on a GPU, 1.08 on a CPU)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
