@@ -1,4 +1,4 @@
-"""The measured errors in docs/repair.md: the equivalence suite's checks on fixed examples.
+"""The README's measured repair errors: the equivalence suite's checks on fixed examples.
 
     .venv/bin/python benchmarks/repair_errors.py
 """

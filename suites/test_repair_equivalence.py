@@ -10,7 +10,7 @@ hold the comparisons; tests/test_repair.py runs them against deliberately broken
 
 What "equivalent" means (DESIGN.md, Exactness): within the dtype's tolerance below. A padded
 GEMM may sum in another order, so bit-exactness is not claimed; the measured errors are in
-docs/repair.md.
+the README ("Exact repair").
 """
 from __future__ import annotations
 

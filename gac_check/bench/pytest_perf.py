@@ -1,6 +1,6 @@
 """The perf side of the pytest plugin: where perf tests measure, against which baseline, and how.
 
-Decisions (docs/measurement.md explains them to users):
+Decisions (the README's "Measuring" section explains them to users):
 
 * Perf tests measure on the device present. ``--gpu a100|h100|h200`` asks to measure on that
   GPU; when it is not present and perf tests were collected, the session stops at collection

@@ -66,12 +66,14 @@ def _findings_table(result: CheckResult) -> list[str]:
         f = row.first
         refused = f.site.name in refusals
         name = row.pattern if len(row.pattern) <= 44 else "…" + row.pattern[-43:]
-        fix = "no*" if refused else str(f.repair_to)
+        fix = "no*" if refused else (str(f.repair_to) if f.repair_to > f.site.value
+                                     else f"({f.optimal_to})")
         slower = f"{f.slowdown:.2f}x" if f.slowdown else "-"
         pad = "-" if refused else f"{row.pad:,}"
         out.append(f"  {name:<44} {_ranges(row.layers):<10} {f.site.value:>6} {fix:>6} "
                    f"{f.severity:<8} {slower:>6} {pad:>10}  {', '.join(r.id for r in f.rules)}")
-    out += ["", "  rules broken:"]
+    out += ["", "  fix: what --repair pads to; (N): only --strategy optimal pads, to N",
+            "", "  rules broken:"]
     seen: dict[str, str] = {}
     for f in result.findings:
         for r in f.rules:
