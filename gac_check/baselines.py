@@ -324,16 +324,23 @@ def save(baseline: Baseline, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``<file>.lock`` beside ``path`` (held across read-merge-write)."""
-    lock = Path(path).with_name(Path(path).name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
+def file_lock(lock: Path) -> Iterator[None]:
+    """An exclusive ``fcntl`` lock on the file ``lock`` (created if absent), across processes."""
     with open(lock, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``<file>.lock`` beside ``path`` (held across read-merge-write)."""
+    lock = Path(path).with_name(Path(path).name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(lock):
+        yield
 
 
 def update(path: Path, profile: str, fingerprint: Fingerprint,

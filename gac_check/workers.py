@@ -84,12 +84,10 @@ def device_lock(path: Path) -> Iterator[None]:
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    from gac_check.baselines import file_lock
+
+    with file_lock(path):
+        yield
 
 
 def register(config: pytest.Config) -> None:
