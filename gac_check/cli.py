@@ -100,9 +100,13 @@ def run(args: argparse.Namespace) -> int:
         return run_realign(args)
     outputs = plan_outputs(args.report, args.junit)
     result = check(args.model_dir, args.gpu, args.dtype)
-    bench = run_bench(result) if args.bench else None
+    doc = to_json(result)
+    bench = None
+    if args.bench:
+        from gac_check.bench.model_bench import bench_findings
+
+        bench = bench_findings(result)
     if args.output == "json":
-        doc = to_json(result)
         if bench is not None:
             doc["bench"] = dataclasses.asdict(bench)
         print(json.dumps(doc, indent=2))
@@ -112,14 +116,8 @@ def run(args: argparse.Namespace) -> int:
             from gac_check.bench.model_bench import render
 
             print(render(bench))
-    write_outputs(outputs, to_json(result), args.fail_on)
+    write_outputs(outputs, doc, args.fail_on)
     return exit_code(result.findings, args.fail_on)
-
-
-def run_bench(result):
-    from gac_check.bench.model_bench import bench_findings
-
-    return bench_findings(result)
 
 
 def _report_command(argv: list[str]) -> int:
@@ -144,12 +142,19 @@ def run_repair(args: argparse.Namespace) -> int:
 
 
 def run_realign(args: argparse.Namespace) -> int:
+    """Realign, then gate on the re-check of OUT (like --repair)."""
+    from gac_check.analysis import check
     from gac_check.realign import realign_dir
 
     report = realign_dir(args.model_dir, args.realign, args.base, args.gpu, args.dtype,
                          args.budget, args.strategy, args.force, args.calib)
-    print(report.summary())
-    return EXIT_OK
+    remaining = check(args.realign, args.gpu, args.dtype).findings
+    if args.output == "json":
+        counts = {sev: sum(f.severity == sev for f in remaining) for sev in ("error", "warning")}
+        print(json.dumps({**report.to_json(), "remaining": counts}, indent=2))
+    else:
+        print(report.summary())
+    return exit_code(remaining, args.fail_on)
 
 
 def exit_code(findings: list, fail_on: str) -> int:

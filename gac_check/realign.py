@@ -55,6 +55,11 @@ class RealignReport:
     with_base: bool
     notes: list[str] = field(default_factory=list)
 
+    def to_json(self) -> dict:
+        return {"out": str(self.out), "align": self.align, "with_base": self.with_base,
+                "old_ranks": self.old_ranks, "old_params": self.old_params,
+                "old_error": self.old_error, "plan": self.plan.as_dict(), "notes": self.notes}
+
     def summary(self) -> str:
         p = self.plan
         changed = sum(1 for m, r in p.ranks.items() if r != self.old_ranks[m])

@@ -86,6 +86,11 @@ def test_cli_realign_prints_summary(pair, tmp_path):
                 "--dtype", "float16")
     assert r.returncode == 0, r.stderr
     assert "proved optimal" in r.stdout and "weight-space error" in r.stdout
+    r = run_cli(compressed, "--realign", tmp_path / "out", "--base", dense_dir, "--gpu", "a100",
+                "--dtype", "float16", "--format", "json", "--force")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["remaining"]["error"] == 0 and doc["plan"]["optimal"]
+    assert doc["plan"]["total_params"] <= doc["plan"]["budget"]
 
 
 @pytest.mark.parametrize("case", ["mismatched base", "budget too small", "no low-rank sites",
