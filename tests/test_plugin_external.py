@@ -101,17 +101,22 @@ def _tiny_model(path: Path) -> None:
     LlamaForCausalLM(cfg).save_pretrained(path)
 
 
-def clean_env() -> dict[str, str]:
-    """This session's environment without what would make the inner pytest think it is ours."""
+def clean_env(root: Path) -> dict[str, str]:
+    """This session's environment without what would make the inner pytest think it is ours.
+
+    The project keeps its own (empty) baselines/, as a compressor's repository would: the
+    contract is then the published one, not whatever this machine's sweep measured.
+    """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTEST_", "HYPOTHESIS_", "CUDA_VISIBLE"))}
     env["HYPOTHESIS_PROFILE"] = "ci"
+    env["GAC_BASELINES_DIR"] = str(root / "baselines")
     return env
 
 
 def pytest_in(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-                          cwd=root, env=clean_env(), capture_output=True, text=True,
+                          cwd=root, env=clean_env(root), capture_output=True, text=True,
                           timeout=300)
 
 
@@ -159,7 +164,7 @@ def test_xdist_report_merges_on_the_controller(project, tmp_path):
     (project / "tests" / "test_bug.py").write_text(BUGGY_PROPERTY)
     try:
         command = failure["reproduce"].replace(" python ", f" {shlex.quote(sys.executable)} ")
-        again = subprocess.run(command, shell=True, env=clean_env(), capture_output=True,
+        again = subprocess.run(command, shell=True, env=clean_env(project), capture_output=True,
                                text=True, timeout=300)
     finally:
         (project / "tests" / "test_bug.py").unlink()
