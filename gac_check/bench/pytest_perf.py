@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from gac_check.plugin import OPTION_GPU, OPTION_PERF_FACTOR, OPTION_UPDATE_BASELINES
+
 GPU_FACTOR = 1.10
 #: CPU factor, from benchmarks/bench_trust.py on a quiet 2-core machine with the perf tests run
 #: alone: 0 false regressions in 140 unchanged cases and 95% of a real 10% slowdown detected
@@ -40,7 +42,6 @@ CPU_FACTOR = 1.08
 #: The statistic compared on a CPU: the minimum (interference only adds time); GPUs: median.
 CPU_Q, GPU_Q = 0.0, 0.5
 GPU_PROFILES = ("a100", "h100", "h200")
-OPTION_FACTOR = "--gac-perf-factor"
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> N
             item.add_marker(skip)
     if perf_items and not hasattr(config, "workerinput"):
         try:
-            perf_target(config.getoption("--gpu"))
+            perf_target(config.getoption(OPTION_GPU))
         except HardwareMissing as exc:
             pytest.exit(f"gac-check: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
     # Under xdist a worker cannot stop the session without an internal error; there every
@@ -149,13 +150,13 @@ class Session:
 
 def make_session(config: pytest.Config) -> Session:
     try:
-        target = perf_target(config.getoption("--gpu"))
+        target = perf_target(config.getoption(OPTION_GPU))
     except HardwareMissing as exc:
         pytest.fail(f"gac-check: {exc}", pytrace=False)
-    factor = config.getoption(OPTION_FACTOR) or (GPU_FACTOR if target.device == "cuda"
+    factor = config.getoption(OPTION_PERF_FACTOR) or (GPU_FACTOR if target.device == "cuda"
                                                  else CPU_FACTOR)
     q = GPU_Q if target.device == "cuda" else CPU_Q
-    return Session(target, factor, bool(config.getoption("--gac-update-baselines")), q)
+    return Session(target, factor, bool(config.getoption(OPTION_UPDATE_BASELINES)), q)
 
 
 class Bench:
