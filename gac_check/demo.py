@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     sh(py, "-m", "gac_check.compress", dense, compressed, "--ratio", "0.8", "--force")
     check = (py, "-m", "gac_check.cli")
     sh(*check, dense, "--gpu", "a100", "--dtype", "float16")
-    sh(*check, compressed, "--gpu", "a100", "--dtype", "float16", ok=(1,))
+    report = out / "a100.html"
+    sh(*check, compressed, "--gpu", "a100", "--dtype", "float16", "--report", report, ok=(1,))
+    print(f"HTML report (open it in a browser): {report}")
 
     repaired = out / "minilm-asvd-0.8-repaired"
     sh(*check, compressed, "--gpu", "a100", "--dtype", "float16", "--repair", repaired,
