@@ -46,12 +46,22 @@ def atomic_output_dir(out: Path, force: bool = False) -> Iterator[Path]:
 
 
 def copy_side_files(src: Path, dst: Path, skip: set[str]) -> None:
-    """Copy tokenizer files, READMEs and sub-folders the model directory carries."""
+    """Copy tokenizer files, READMEs and sub-folders the model directory carries.
+
+    Links are followed (a hub snapshot is all links into its blobs), but only to where
+    :func:`~gac_check.checkpoint.link_target` allows: ``notes.txt -> ~/.ssh/id_rsa`` must not
+    land in OUT, at the top level or in a sub-folder.
+    """
+    from gac_check.checkpoint import link_target  # kept local: this function alone needs it
+
+    def escaping(folder: str, names: list[str]) -> set[str]:
+        return {n for n in names if link_target(src, Path(folder) / n) is None}
+
     for item in src.iterdir():
-        if item.name in skip or item.name.startswith("."):
+        if item.name in skip or item.name.startswith(".") or link_target(src, item) is None:
             continue
         if item.is_dir():
-            shutil.copytree(item, dst / item.name)
+            shutil.copytree(item, dst / item.name, ignore=escaping, ignore_dangling_symlinks=True)
         elif item.is_file():
             shutil.copy2(item, dst / item.name)
 
