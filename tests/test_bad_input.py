@@ -124,6 +124,69 @@ def file_not_dir(d: Path) -> tuple[Path, Path, str]:
     return f, f, "not a directory"
 
 
+def hub_shard_escapes(d: Path) -> tuple[Path, Path, str]:
+    """A hub-cache snapshot (shards link into ../../blobs) with one link leaving the cache."""
+    repo = d / "hub" / "models--org--tiny"
+    blobs, snap = repo / "blobs", repo / "snapshots" / "0123abcd"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    safetensors_file(blobs / "aaaa")
+    (snap / "model-00001-of-00002.safetensors").symlink_to("../../blobs/aaaa")
+    (snap / "model-00002-of-00002.safetensors").symlink_to("/etc/hostname")
+    index = snap / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {
+        "model.layers.0.self_attn.q_proj.weight": "model-00001-of-00002.safetensors",
+        "model.layers.0.mlp.up_proj.weight": "model-00002-of-00002.safetensors"}}))
+    return snap, index, "'model-00002-of-00002.safetensors', which links outside the model"
+
+
+def rewrite_header(f: Path, name: str, **changes: object) -> None:
+    raw = f.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header[name].update(changes)
+    new = json.dumps(header).encode()
+    f.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n:])
+
+
+def header_size_mismatch(d: Path) -> tuple[Path, Path, str]:
+    """The first tensor claims more rows than its byte range holds; the file is long enough."""
+    f = d / "model.safetensors"
+    safetensors_file(f)
+    name = "model.layers.0.mlp.up_proj.weight"
+    rewrite_header(f, name, shape=[16, 8])
+    return d, f, f"tensor {name!r} spans 384 bytes, but F32 [16, 8] needs 512"
+
+
+def unsupported_dtype(d: Path) -> tuple[Path, Path, str]:
+    f = d / "model.safetensors"
+    safetensors_file(f)
+    rewrite_header(f, "model.layers.0.mlp.up_proj.weight", dtype="F4X")
+    return d, f, "unsupported dtype 'F4X'"
+
+
+def tensor_in_two_shards(d: Path) -> tuple[Path, Path, str]:
+    config(d)
+    safetensors_file(d / "model-00001-of-00002.safetensors")
+    safetensors_file(d / "model-00002-of-00002.safetensors")
+    return (d, d / "model-00002-of-00002.safetensors",
+            "is also in model-00001-of-00002.safetensors")
+
+
+def config_is_directory(d: Path) -> tuple[Path, Path, str]:
+    safetensors_file(d / "model.safetensors")
+    (d / "config.json").mkdir()
+    return d, d / "config.json", "cannot read: Is a directory"
+
+
+def asvd_ranks_not_a_map(d: Path) -> tuple[Path, Path, str]:
+    save_file({"model.layers.0.self_attn.q_proj.BLinear.weight": torch.randn(2, 8),
+               "model.layers.0.self_attn.q_proj.ALinear.weight": torch.randn(8, 2)},
+              d / "model.safetensors")
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "truncation_ranks": 5}))
+    return d, d / "config.json", "truncation_ranks must map module names to ranks"
+
+
 class RunsCode:
     """What a malicious checkpoint hides: unpickling it calls os.system."""
 
@@ -157,6 +220,12 @@ CASES: dict[str, Callable[[Path], tuple[Path, Path, str]]] = {
     "symlinked shard escaping": symlinked_shard_escapes,
     "no transformer layers": not_a_transformer,
     "a file, not a directory": file_not_dir,
+    "hub shard linking outside the cache": hub_shard_escapes,
+    "byte range not matching shape": header_size_mismatch,
+    "unsupported dtype": unsupported_dtype,
+    "tensor in two shards": tensor_in_two_shards,
+    "config.json is a directory": config_is_directory,
+    "truncation_ranks not a map": asvd_ranks_not_a_map,
 }
 
 
@@ -187,3 +256,27 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
         proc = gac(*args)
         assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def odd_config(d: Path, **fields: object) -> None:
+    safetensors_file(d / "model.safetensors")
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", **fields}))
+
+
+ODD_BUT_USABLE: dict[str, Callable[[Path], None]] = {
+    "architectures a number": lambda d: odd_config(d, architectures=5),
+    "architectures a string": lambda d: odd_config(d, architectures="LlamaForCausalLM"),
+    "hidden_size null": lambda d: odd_config(d, hidden_size=None),
+    "hidden_size a string": lambda d: odd_config(d, hidden_size="eight"),
+    "broken JSON symlink beside the model": lambda d: (
+        odd_config(d), (d / "tokenizer.json").symlink_to(d / "gone.json")),
+}
+
+
+@pytest.mark.parametrize("case", ODD_BUT_USABLE)
+def test_odd_but_usable_input_gets_a_report(tmp_path: Path, case: str) -> None:
+    """Config fields of the wrong type are ignored like missing ones, never a traceback."""
+    ODD_BUT_USABLE[case](tmp_path)
+    proc = gac(tmp_path, "--format", "json")
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "Traceback" not in proc.stderr and json.loads(proc.stdout)

@@ -160,7 +160,9 @@ def _hidden_site(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
                  resolve: Resolver) -> DimSite:
     shapes = ckpt.shapes
     embed = next((n for n in shapes if n.endswith(f"{fam.embed}.weight")), None)
-    value = shapes[embed][1] if embed else int(ckpt.config.get("hidden_size", 0))
+    declared = ckpt.config.get("hidden_size")
+    fallback = declared if isinstance(declared, int) else 0  # null or "64" count as missing
+    value = shapes[embed][1] if embed else fallback
     axes: list[TensorAxis] = []
     if embed:
         axes.append(TensorAxis(embed, 1, AxisKind.CONSUMER))
@@ -188,7 +190,9 @@ def _vocab_site(ckpt: Checkpoint, fam: Family) -> DimSite | None:
     shapes = ckpt.shapes
     head = "lm_head.weight" if "lm_head.weight" in shapes else None
     embed = next((n for n in shapes if n.endswith(f"{fam.embed}.weight")), None)
-    archs = ckpt.config.get("architectures") or []
+    archs = ckpt.config.get("architectures")
+    if not isinstance(archs, list):
+        archs = []  # a bare string would be searched per character
     causal = any(str(a).endswith("ForCausalLM") for a in archs)
     if not head and not (causal and embed):
         return None

@@ -6,6 +6,7 @@ Each compressed linear ``X`` becomes ``X.BLinear`` (weight [r, in]) followed by 
 from __future__ import annotations
 
 from gac_check.checkpoint import Checkpoint
+from gac_check.errors import BadInput
 from gac_check.formats.base import Format
 from gac_check.formats.layout import Linear, dense_linear
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis, layer_of, natural_key
@@ -32,6 +33,9 @@ class ASVD(Format):
     def own_sites(self, ckpt: Checkpoint) -> list[DimSite]:
         shapes = ckpt.shapes
         declared = ckpt.config.get("truncation_ranks") or {}
+        if not isinstance(declared, dict):
+            raise BadInput("truncation_ranks must map module names to ranks",
+                           ckpt.path / "config.json")
         sites = []
         for name in sorted(shapes, key=natural_key):
             if not name.endswith(B):
