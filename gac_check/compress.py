@@ -12,13 +12,16 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from gac_check.checkpoint import Checkpoint, open_checkpoint
 from gac_check.errors import BadInput
+from gac_check.lowrank import match_prefix, tied_names
 from gac_check.outdir import atomic_output_dir, check_output_dir, copy_side_files
 
 #: Linears inside the repeated blocks; embeddings, poolers and lm_head stay dense (as in ASVD).
@@ -38,12 +41,14 @@ class Factors:
     B: torch.Tensor
 
 
-def factorize(weight: torch.Tensor, rank: int) -> Factors:
+def factorize(weight: torch.Tensor, rank: int, dtype: torch.dtype | None = None) -> Factors:
+    """Factors in ``dtype`` (default: the weight's), rounded once from the float64 SVD."""
     U, S, Vh = torch.linalg.svd(weight.double(), full_matrices=False)
     root = S[:rank].sqrt()
     A = U[:, :rank] * root
     B = root[:, None] * Vh[:rank]
-    return Factors(A.to(weight.dtype), B.to(weight.dtype))
+    dtype = dtype or weight.dtype
+    return Factors(A.to(dtype), B.to(dtype))
 
 
 def layer_linears(model: nn.Module) -> dict[str, nn.Linear]:
@@ -51,16 +56,24 @@ def layer_linears(model: nn.Module) -> dict[str, nn.Linear]:
             if isinstance(m, nn.Linear) and LAYER_LINEAR.search(n)}
 
 
-def compress_state(model: nn.Module,
-                   ratio: float) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    """The ASVD-layout state dict of ``model`` and the rank chosen per linear."""
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    if getattr(model.config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)  # tied to the embedding; safetensors refuses aliases
+def compress_state(model: nn.Module, ratio: float,
+                   dtypes: Mapping[str, torch.dtype] | None = None
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """The ASVD-layout state dict of ``model`` and the rank chosen per linear.
+
+    ``dtypes`` gives the dtype each floating tensor is written in (the source checkpoint's:
+    the model runs in fp32, but a bf16 model must stay a bf16 checkpoint); its factors take
+    their weight's. Tied aliases are dropped (safetensors refuses them; loaders re-tie).
+    """
+    dtypes = dtypes or {}
+    full = model.state_dict()
+    tied = tied_names(full)
+    state = {k: _cast(v.detach(), dtypes.get(k)).contiguous() for k, v in full.items()
+             if tied.get(k, k) == k}
     ranks: dict[str, int] = {}
     for name, lin in layer_linears(model).items():
         rank = asvd_rank(lin.out_features, lin.in_features, ratio)
-        f = factorize(lin.weight.detach(), rank)
+        f = factorize(lin.weight.detach(), rank, dtypes.get(f"{name}.weight"))
         del state[f"{name}.weight"]
         state[f"{name}.BLinear.weight"] = f.B.contiguous()
         state[f"{name}.ALinear.weight"] = f.A.contiguous()
@@ -68,6 +81,24 @@ def compress_state(model: nn.Module,
             state[f"{name}.ALinear.bias"] = state.pop(f"{name}.bias")
         ranks[name] = rank
     return state, ranks
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+
+def source_dtypes(model: nn.Module, ckpt: Checkpoint) -> dict[str, torch.dtype]:
+    """The dtype each of ``model``'s tensors had in the checkpoint it was loaded from."""
+    dtypes = {n: getattr(torch, t.dtype) for n, t in ckpt.tensors.items()}
+    return match_prefix(model, dtypes)
+
+
+def refuse_low_rank(ckpt: Checkpoint) -> None:
+    """Compressing factors again would name ``X.BLinear.BLinear``: no loader reads that."""
+    if ckpt.config.get("truncation_ranks") or any(n.endswith(".BLinear.weight")
+                                                  for n in ckpt.tensors):
+        raise BadInput("is already low-rank (truncation_ranks / BLinear factors); compress "
+                       "the dense model instead", ckpt.path)
 
 
 def save_low_rank(model: nn.Module, state: dict[str, torch.Tensor], ranks: dict[str, int],
@@ -96,8 +127,10 @@ def compress_dir(src: Path, out: Path, ratio: float, force: bool = False) -> dic
     if not 0 < ratio < 1:
         raise BadInput(f"--ratio must be between 0 and 1, not {ratio}")
     check_output_dir(out, force, src)
+    ckpt = open_checkpoint(src)
+    refuse_low_rank(ckpt)
     model = load_model(src)
-    state, ranks = compress_state(model, ratio)
+    state, ranks = compress_state(model, ratio, source_dtypes(model, ckpt))
     save_low_rank(model, state, ranks, src, out, force)
     return ranks
 

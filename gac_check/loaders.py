@@ -23,9 +23,10 @@ from gac_check.errors import BadInput
 from gac_check.lowrank import (
     build_skeleton,
     causal_lm_names,
-    is_derived,
+    is_rebuilt_buffer,
     match_prefix,
     swap_low_rank,
+    tied_names,
 )
 
 PALU_VT = re.compile(r"^(.*)\.VT\.weight$")
@@ -91,14 +92,16 @@ def load_any(model_dir: Path | str) -> nn.Module:
     _swap_svdllm(model, state)
     _resize_linears(model, state)
     state = match_prefix(model, state)
+    # a tied name shares its Parameter with the rest of its group, so loading one fills all
+    tied = tied_names(model.state_dict())
+    loaded_groups = {tied[n] for n in state if n in tied}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not is_derived(model, m)]
-    unexpected = [u for u in unexpected if not is_derived(model, u)]
+    missing = [m for m in missing if not is_rebuilt_buffer(m)
+               and not (m in tied and tied[m] in loaded_groups)]
+    unexpected = [u for u in unexpected if not is_rebuilt_buffer(u)]
     if missing or unexpected:
         raise BadInput(f"tensors do not match the architecture (missing {missing[:3]}, "
                        f"unexpected {unexpected[:3]})", model_dir)
-    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
-        model.tie_weights()
     return model.float().eval()
 
 

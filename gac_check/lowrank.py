@@ -7,12 +7,16 @@ checkpoint (``X.BLinear.weight``, ``X.ALinear.weight``), and load the tensors st
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from gac_check.errors import BadInput
+
+T = TypeVar("T")
 
 
 class LowRankLinear(nn.Module):
@@ -44,7 +48,15 @@ def build_skeleton(model_dir: Path, causal_lm: bool = False):
     """The stock model for config.json with random weights (no hub, no remote code)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    if not (Path(model_dir) / "config.json").is_file():
+        raise BadInput("has no config.json; the architecture is built from it", model_dir)
+    try:
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as exc:
+        # transformers' messages run to paragraphs of install advice; the first line says why
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise BadInput(f"config.json is not a usable transformers config: {reason}",
+                       model_dir) from exc
     cls = model_class(config, causal_lm)
     if cls.__name__.startswith("AutoModel"):
         return cls.from_config(config)
@@ -82,7 +94,7 @@ def causal_lm_names(names) -> bool:
     return any(n == "lm_head.weight" or n.startswith("model.") for n in names)
 
 
-def match_prefix(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def match_prefix(model: nn.Module, state: dict[str, T]) -> dict[str, T]:
     """Checkpoints saved from a bare BertModel lack the ``bert.`` prefix of a task model, and
     vice versa; align the names to the model we built."""
     own = set(model.state_dict())
@@ -95,7 +107,27 @@ def match_prefix(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, 
     return stripped if all(k in own for k in stripped) else state
 
 
-def is_derived(model: nn.Module, name: str) -> bool:
-    """Buffers rebuilt at init (rotary inv_freq, position_ids) and tied heads need no tensor."""
-    tied = name.startswith("lm_head.") and getattr(model.config, "tie_word_embeddings", False)
-    return tied or name.endswith(("position_ids", "inv_freq"))
+def is_rebuilt_buffer(name: str) -> bool:
+    """Buffers rebuilt at init (rotary inv_freq, position_ids) need no tensor."""
+    return name.endswith(("position_ids", "inv_freq"))
+
+
+def tied_names(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """Each name whose tensor shares its storage with another (tied output embeddings such as
+    ``lm_head`` or BERT's ``cls.predictions.decoder``, aliased biases), mapped to the first name
+    of its group in ``state``'s order.
+
+    Asking the model rather than listing known heads covers every architecture; safetensors
+    refuses to write aliases, so writers keep one name per group and loaders accept any.
+    """
+    first: dict[tuple[int, tuple[int, ...]], str] = {}
+    groups: dict[str, str] = {}
+    for name, t in state.items():
+        if t.numel() == 0:
+            continue  # empty tensors may all report the same (null) pointer
+        key = (t.data_ptr(), tuple(t.shape))
+        if key in first:
+            groups[name] = groups[first[key]] = first[key]
+        else:
+            first[key] = name
+    return groups

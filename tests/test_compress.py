@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
 
 from gac_check.analysis import check
+from gac_check.checkpoint import open_checkpoint
 from gac_check.compress import asvd_rank, compress_dir, factorize, layer_linears
 from gac_check.errors import BadInput
+from gac_check.loaders import read_state
 from gac_check.lowrank import load_model
 
 
@@ -88,3 +91,102 @@ def test_factors_reconstruct_the_weight_at_full_rank():
     assert torch.allclose(f.A @ f.B, w, atol=1e-5)
     err = [(w - (g := factorize(w, r)).A @ g.B).norm() for r in (4, 8, 16)]
     assert err[0] > err[1] > err[2]  # truncation keeps the largest singular values first
+
+
+def _run_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gac_check.compress", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def test_bf16_model_compresses_to_a_bf16_checkpoint(tiny_llama, tmp_path):
+    """Writing fp32 factors under a config that says bfloat16 doubles the size for nothing."""
+    dense, _ = tiny_llama
+    src = tmp_path / "bf16"
+    copy = LlamaForCausalLM(dense.config).eval()
+    copy.load_state_dict(dense.state_dict())
+    copy.to(torch.bfloat16).save_pretrained(src)
+    compress_dir(src, tmp_path / "c16", 0.6)
+    out = open_checkpoint(tmp_path / "c16")
+    assert {t.dtype for t in out.tensors.values()} == {"bfloat16"}
+    assert any(n.endswith(".BLinear.weight") for n in out.tensors)
+    assert out.dtype() == "bfloat16"
+    fp32 = tmp_path / "fp32"
+    dense.save_pretrained(fp32)
+    compress_dir(fp32, tmp_path / "c32", 0.6)
+    size16, size32 = ((tmp_path / d / "model.safetensors").stat().st_size for d in ("c16", "c32"))
+    assert size16 < 0.55 * size32
+    # the factors are the float64 SVD of the bf16 weight rounded once to bf16
+    ranks = json.loads((tmp_path / "c16" / "config.json").read_text())["truncation_ranks"]
+    name = "model.layers.0.mlp.down_proj"
+    f = factorize(copy.get_submodule(name).weight.float(), ranks[name], torch.bfloat16)
+    written = read_state(tmp_path / "c16")
+    assert torch.equal(written[f"{name}.BLinear.weight"], f.B)
+    with torch.no_grad():
+        logits = load_model(tmp_path / "c16")(torch.randint(0, 128, (1, 5))).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_compressing_a_compressed_model_is_refused(tiny_llama, tmp_path):
+    _, src = tiny_llama
+    compress_dir(src, tmp_path / "c", 0.6)
+    r = _run_cli(tmp_path / "c", tmp_path / "cc")
+    assert r.returncode == 2 and "already low-rank" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1
+    # the BLinear tensors alone are enough to tell (a config that lost truncation_ranks)
+    config = json.loads((tmp_path / "c" / "config.json").read_text())
+    del config["truncation_ranks"]
+    (tmp_path / "c" / "config.json").write_text(json.dumps(config))
+    r = _run_cli(tmp_path / "c", tmp_path / "cc")
+    assert r.returncode == 2 and "already low-rank" in r.stderr, r.stderr
+    assert not (tmp_path / "cc").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # no partial directory either
+
+
+@pytest.mark.parametrize(("config", "reason"), [
+    (None, "no config.json"),
+    ({"model_type": "no-such-model"}, "no-such-model"),
+    ({"hidden_size": 8}, "model_type"),
+])
+def test_unusable_config_is_one_line_not_a_traceback(tiny_llama, tmp_path, config, reason):
+    _, src = tiny_llama
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy(src / "model.safetensors", bad)
+    if config is not None:
+        (bad / "config.json").write_text(json.dumps(config))
+    r = _run_cli(bad, tmp_path / "out")
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert str(bad) in r.stderr and reason in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]
+
+
+def test_bert_mlm_with_tied_decoder_compresses_and_loads(tmp_path):
+    """BERT ties cls.predictions.decoder.weight to the word embeddings and aliases its bias to
+    cls.predictions.bias; neither is lm_head, so the aliases must come from the model."""
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=48, vocab_size=90, max_position_embeddings=32)
+    dense = BertForMaskedLM(cfg).eval()
+    with torch.no_grad():
+        dense.cls.predictions.bias.normal_()  # zeros at init would hide a lost alias
+    dense.save_pretrained(tmp_path / "dense")
+    ranks = compress_dir(tmp_path / "dense", tmp_path / "c", 0.6)
+    assert set(ranks) == set(layer_linears(dense)) and ranks
+    written = open_checkpoint(tmp_path / "c").tensors
+    assert "cls.predictions.decoder.weight" not in written
+    assert "cls.predictions.decoder.bias" not in written
+    reference = BertForMaskedLM(cfg).eval()
+    reference.load_state_dict(dense.state_dict())
+    for name, lin in layer_linears(reference).items():
+        f = factorize(lin.weight.detach(), ranks[name])
+        lin.weight.data = f.A @ f.B
+    ids = torch.randint(0, 90, (2, 11))
+    with torch.no_grad():
+        got = load_model(tmp_path / "c")(input_ids=ids).logits
+        want = reference(input_ids=ids).logits
+        dense_logits = dense(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert not torch.allclose(got, dense_logits, atol=1e-3)
+    loaded = load_model(tmp_path / "dense")  # the dense source loads too
+    assert loaded.cls.predictions.decoder.weight is loaded.bert.embeddings.word_embeddings.weight
