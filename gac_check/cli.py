@@ -1,13 +1,14 @@
 """``gac-check``: check a model directory, and repair, realign or benchmark it.
 
 Exit codes are a contract (DESIGN.md): 0 nothing at or above --fail-on, 1 findings at or above
-it, 2 bad input or usage with one line on stderr.
+it, 2 bad input or usage with one line on stderr; 3 is ours: an internal error (a bug).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from gac_check.report.outputs import DEFAULT_REPORT
 from gac_check.report.outputs import plan as plan_outputs
 from gac_check.report.outputs import write as write_outputs
 
-EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn", "int8")
 
 
@@ -81,6 +82,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as exc:
         sys.stderr.write(f"gac-check: {exc}\n")
         return EXIT_BAD_INPUT
+    except OSError as exc:  # the filesystem said no: still the user's input, still one line
+        where = f"{exc.filename}: " if exc.filename else ""
+        sys.stderr.write(f"gac-check: {where}{exc.strerror or exc}\n")
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        # A bug, not a finding: never exit 1 (which a CI gate reads as "findings").
+        if os.environ.get("GAC_DEBUG"):
+            raise
+        sys.stderr.write(f"gac-check: internal error ({type(exc).__name__}: {exc}); "
+                         "rerun with GAC_DEBUG=1 for the traceback and please report it\n")
+        return EXIT_INTERNAL
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         return run_repair(args)
     if args.realign:
         return run_realign(args)
-    outputs = plan_outputs(args.report, args.junit)
+    outputs = plan_outputs(args.report, args.junit, args.model_dir)
     result = check(args.model_dir, args.gpu, args.dtype)
     doc = to_json(result)
     bench = None

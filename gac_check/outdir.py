@@ -13,20 +13,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gac_check.checkpoint import link_target
 from gac_check.errors import BadInput
 
 
 def check_output_dir(out: Path, force: bool, *inputs: Path) -> None:
-    """Refuse an existing OUT (unless force), an OUT inside an input, or a missing parent."""
+    """Refuse an OUT that is, holds or lies inside an input (``--force`` would delete the
+    input), an existing OUT (unless force) that is not a directory, or a missing parent."""
     out = out.resolve()
     for src in inputs:
         src = src.resolve()
-        if out == src or src in out.parents:
-            raise BadInput("output directory must not be the input or inside it", out)
+        if out == src or src in out.parents or out in src.parents:
+            raise BadInput(f"output directory must not be the input {src}, inside it, or "
+                           "contain it", out)
     if out.exists() and not force:
         raise BadInput("already exists (use --force to replace it)", out)
+    if out.exists() and not out.is_dir():
+        raise BadInput("exists and is not a directory; --force replaces directories only", out)
     if not out.parent.is_dir():
         raise BadInput("parent directory does not exist", out)
+    if not os.access(out.parent, os.W_OK):
+        raise BadInput("parent directory is not writable", out)
 
 
 @contextmanager
@@ -52,8 +59,6 @@ def copy_side_files(src: Path, dst: Path, skip: set[str]) -> None:
     :func:`~gac_check.checkpoint.link_target` allows: ``notes.txt -> ~/.ssh/id_rsa`` must not
     land in OUT, at the top level or in a sub-folder.
     """
-    from gac_check.checkpoint import link_target  # kept local: this function alone needs it
-
     def escaping(folder: str, names: list[str]) -> set[str]:
         return {n for n in names if link_target(src, Path(folder) / n) is None}
 
@@ -70,3 +75,13 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def weight_file_names(model_dir: Path) -> set[str]:
+    """The files a rewritten checkpoint replaces (weights and shard indexes): never copied
+    beside the new ones, or a stale index would point at shards that are not there."""
+    return {p.name for p in Path(model_dir).iterdir()
+            if p.suffix in WEIGHT_SUFFIXES or p.name.endswith(".index.json")}

@@ -29,8 +29,9 @@ class Outputs:
     junit: Path | None
 
 
-def plan(report: str | None, junit: Path | None) -> Outputs:
-    """Validate the requested paths before any work is done."""
+def plan(report: str | None, junit: Path | None, model_dir: Path) -> Outputs:
+    """Validate the requested paths before any work is done; nothing may land in the model
+    directory (the run JSON beside ``x.html`` would replace a model's ``x.json``)."""
     default = report == DEFAULT_REPORT
     path = None
     if report is not None and not default:
@@ -40,7 +41,20 @@ def plan(report: str | None, junit: Path | None) -> Outputs:
                            "written beside it)", path)
         if path.with_suffix(".json").is_dir():
             raise BadInput("is a directory, not a file", path.with_suffix(".json"))
-    return Outputs(path, default, check_writable(junit) if junit is not None else None)
+    junit_path = check_writable(junit) if junit is not None else None
+    if default and REPORTS_DIR.exists() and not REPORTS_DIR.is_dir():
+        raise BadInput("is not a directory; --report without a file writes into it",
+                       REPORTS_DIR)
+    for out in (path, junit_path, REPORTS_DIR if default else None):
+        if out is not None and _inside(out, model_dir):
+            raise BadInput("is inside the model directory, which gac-check never writes to",
+                           out)
+    return Outputs(path, default, junit_path)
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    target, root = path.resolve(), directory.resolve()
+    return target == root or root in target.parents
 
 
 def default_report_path(check: dict) -> Path:
