@@ -22,7 +22,12 @@ from torch import nn
 from gac_check.checkpoint import Checkpoint, open_checkpoint
 from gac_check.errors import BadInput
 from gac_check.lowrank import match_prefix, tied_names
-from gac_check.outdir import atomic_output_dir, check_output_dir, copy_side_files
+from gac_check.outdir import (
+    atomic_output_dir,
+    check_output_dir,
+    copy_side_files,
+    weight_file_names,
+)
 
 #: Linears inside the repeated blocks; embeddings, poolers and lm_head stay dense (as in ASVD).
 LAYER_LINEAR = re.compile(r"(^|\.)(layers|layer|h|blocks)\.\d+\.")
@@ -110,15 +115,9 @@ def save_low_rank(model: nn.Module, state: dict[str, torch.Tensor], ranks: dict[
     config["truncation_ranks"] = ranks
     with atomic_output_dir(out, force) as tmp:
         if src is not None:
-            copy_side_files(src, tmp, skip=_weight_files(src) | {"config.json"})
+            copy_side_files(src, tmp, skip=weight_file_names(src) | {"config.json"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-
-
-def _weight_files(src: Path) -> set[str]:
-    weights = (".safetensors", ".bin", ".pt", ".pth")
-    return {p.name for p in src.iterdir()
-            if p.suffix in weights or p.name.endswith(".index.json")}
 
 
 def compress_dir(src: Path, out: Path, ratio: float, force: bool = False) -> dict[str, int]:

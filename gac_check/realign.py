@@ -21,7 +21,12 @@ from gac_check.checkpoint import Checkpoint, open_checkpoint
 from gac_check.contract import ERROR, WARNING, Contract
 from gac_check.errors import BadInput
 from gac_check.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
-from gac_check.outdir import atomic_output_dir, check_output_dir, copy_side_files
+from gac_check.outdir import (
+    atomic_output_dir,
+    check_output_dir,
+    copy_side_files,
+    weight_file_names,
+)
 from gac_check.sites import Role
 
 B_SUFFIX, A_SUFFIX = ".BLinear.weight", ".ALinear.weight"
@@ -184,9 +189,12 @@ def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: s
     matrices = [Matrix(s.module, s.m, s.n, sv=s.S.numpy()) for s in srcs]
     old = {s.module: s.rank for s in srcs}
     spent = budget_from_spec(budget, matrices, old)
+    # Without the dense weights the factors' product is all there is: a matrix can go down to
+    # an aligned rank within its own (or up to the alignment, zero-padded, if it is below it),
+    # or be stored dense (exactly A @ B).
     candidates = None if base else {
-        s.module: [r for r in range(align, s.rank + 1, align)] or [align] for s in srcs}
-    plan = realign_plan(matrices, spent, align, candidates, allow_dense=base is not None)
+        s.module: [*range(align, max(s.rank, align) + 1, align), DENSE] for s in srcs}
+    plan = realign_plan(matrices, spent, align, candidates)
     old_error = (sum(s.current_error for s in srcs) if base else 0.0)
     report = RealignReport(Path(out), plan, align, old, sum(old[m.name] * (m.m + m.n)
                            for m in matrices), old_error, base is not None)
@@ -207,15 +215,15 @@ def _write(ckpt: Checkpoint, srcs: list[Source], plan: RankPlan, out: Path, forc
 
     state = read_state(ckpt.path)
     ranks = plan.ranks
-    dtype = next(iter(state.values())).dtype
     for s in srcs:
+        dtype = state[s.module + A_SUFFIX].dtype  # each matrix keeps its own dtype
         for suffix in (A_SUFFIX, B_SUFFIX, ".ALinear.bias"):
             state.pop(s.module + suffix, None)
         state.update(_factors(s, ranks[s.module], dtype))
     config = dict(ckpt.config)
     config["truncation_ranks"] = {m: int(r) for m, r in ranks.items() if r != DENSE}
     with atomic_output_dir(out, force) as tmp:
-        copy_side_files(ckpt.path, tmp, skip={p.name for p in ckpt.files} | {"config.json"})
+        copy_side_files(ckpt.path, tmp, skip=weight_file_names(ckpt.path) | {"config.json"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
@@ -228,9 +236,15 @@ def _factors(s: Source, rank, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         if s.bias is not None:
             out[f"{s.module}.bias"] = s.bias
         return out
-    root = s.S[:rank].sqrt()
-    out = {f"{s.module}{A_SUFFIX}": (s.U[:, :rank] * root).to(dtype),
-           f"{s.module}{B_SUFFIX}": (root[:, None] * s.Vh[:rank]).to(dtype)}
+    # Without --base a rank below the alignment can only go up to it by zero padding: the
+    # product has fewer singular values than the rank, and the rest of the factors are zeros.
+    k = min(rank, s.S.numel())
+    root = s.S[:k].sqrt()
+    a = s.U.new_zeros(s.m, rank)
+    b = s.Vh.new_zeros(rank, s.n)
+    a[:, :k] = s.U[:, :k] * root
+    b[:k] = root[:, None] * s.Vh[:k]
+    out = {f"{s.module}{A_SUFFIX}": a.to(dtype), f"{s.module}{B_SUFFIX}": b.to(dtype)}
     if s.bias is not None:
         out[f"{s.module}.ALinear.bias"] = s.bias
     return out

@@ -27,7 +27,12 @@ from pathlib import Path
 from gac_check.checkpoint import SAFETENSORS_DTYPES, Checkpoint, TensorInfo
 from gac_check.contract import ERROR, WARNING, Contract, Finding
 from gac_check.errors import BadInput
-from gac_check.outdir import atomic_output_dir, check_output_dir, copy_side_files
+from gac_check.outdir import (
+    atomic_output_dir,
+    check_output_dir,
+    copy_side_files,
+    weight_file_names,
+)
 from gac_check.sites import AxisKind, DimSite, Role
 
 STRATEGIES = {"minimal": (ERROR,), "optimal": (ERROR, WARNING)}
@@ -464,7 +469,7 @@ def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
         for name, data in sidecars.items():
             (tmp / name).write_text(json.dumps(data, indent=2) + "\n")
         files += sorted(sidecars)
-        skip = set(files) | {"config.json", PROVENANCE} | _weight_files(ckpt)
+        skip = set(files) | {"config.json", PROVENANCE} | weight_file_names(ckpt.path)
         copy_side_files(ckpt.path, tmp, skip)
         if (ckpt.path / "config.json").exists():
             config = _edited_config(ckpt.config, repair_plan.config_edits)
@@ -496,14 +501,6 @@ def _nbytes(info: TensorInfo) -> int:
     from gac_check.torchzip import DTYPE_ITEMSIZE
 
     return info.numel * DTYPE_ITEMSIZE.get(info.dtype, 1)
-
-
-def _weight_files(ckpt: Checkpoint) -> set[str]:
-    names = {f.name for f in ckpt.files}
-    names |= {p.name for p in ckpt.path.iterdir() if p.name.endswith(".index.json")}
-    if ckpt.container != "safetensors":
-        names |= {p.name for p in ckpt.path.iterdir() if p.suffix in (".bin", ".pt", ".pth")}
-    return names
 
 
 def _edited_sidecars(repair_plan: RepairPlan, ckpt: Checkpoint) -> dict[str, dict]:
