@@ -221,9 +221,15 @@ def check_fingerprint(baseline: Baseline, present: Fingerprint) -> list[str]:
 
 # -------------------------------------------------------------------------------- files
 def default_dir() -> Path:
-    """``$GAC_BASELINES_DIR`` or the repository's ``baselines/`` next to the package."""
+    """Where baselines live: ``$GAC_BASELINES_DIR``; else ``./baselines`` of the project being
+    tested (a compressor repository commits its own); else gac-check's own ``baselines/`` when
+    running from a checkout; else ``./baselines``, created by the first update."""
     env = os.environ.get("GAC_BASELINES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "baselines"
+    if env:
+        return Path(env)
+    here = Path.cwd() / "baselines"
+    ours = Path(__file__).resolve().parent.parent / "baselines"
+    return ours if not here.is_dir() and ours.is_dir() else here
 
 
 def path_for(profile_key: str, directory: Path | None = None) -> Path:
@@ -292,18 +298,6 @@ def load(path: Path) -> Baseline:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadInput(f"baseline is not valid JSON ({exc})", path) from exc
     return from_document(doc, Path(path))
-
-
-def load_for(profile_key: str, present: Fingerprint | None = None,
-             directory: Path | None = None) -> Baseline | None:
-    """The profile's baseline, checked against the present device; None when none is stored."""
-    path = path_for(profile_key, directory)
-    if not path.exists():
-        return None
-    baseline = load(path)
-    if present is not None:
-        check_fingerprint(baseline, present)
-    return baseline
 
 
 def save(baseline: Baseline, path: Path) -> None:

@@ -25,7 +25,3 @@ class BadInput(GacError):
 
 class UnsafeCheckpoint(BadInput):
     """A pickle that would import or call something other than tensor storage."""
-
-
-class RepairRefused(GacError):
-    """A site whose zero padding would not be exact in the stock architecture."""

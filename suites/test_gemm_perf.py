@@ -34,8 +34,8 @@ REGRESSION = {
 @pytest.mark.parametrize("case", list(REGRESSION))
 def test_no_regression_against_baseline(gac_bench, case):
     m, n, dtype = SHAPE[gac_bench.device]
-    verdict = gac_bench.regression(REGRESSION[case](m, n, dtype, gac_bench.device == "cuda"))
-    assert not verdict.regressed
+    # regression() fails the test itself on a significant slowdown and skips without a baseline
+    gac_bench.regression(REGRESSION[case](m, n, dtype, gac_bench.device == "cuda"))
 
 
 @GENERATED

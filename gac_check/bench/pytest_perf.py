@@ -27,7 +27,6 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
@@ -229,9 +228,3 @@ def session_finish(session: Session | None) -> None:
     t = session.target
     baselines.update(baselines.path_for(t.key), t.key, baselines.present_fingerprint(t.device),
                      session.recorded, peak(t.device).as_dict())
-
-
-def baseline_path(session: Session) -> Path:
-    from gac_check import baselines
-
-    return baselines.path_for(session.target.key)
