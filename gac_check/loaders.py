@@ -28,6 +28,7 @@ from gac_check.lowrank import (
     swap_low_rank,
     tied_names,
 )
+from gac_check.tensors import read_state
 
 PALU_VT = re.compile(r"^(.*)\.VT\.weight$")
 SVDLLM_U = re.compile(r"^(.*)\.(\w+)_u_proj\.weight$")
@@ -61,21 +62,6 @@ class _Chain(nn.Module):
         return self._pair[1](self._pair[0](x))
 
 
-def read_state(model_dir: Path | str) -> dict[str, torch.Tensor]:
-    """All tensors of a directory: safetensors, or torch zip read without unpickling."""
-    ckpt = open_checkpoint(model_dir)
-    if ckpt.container == "safetensors":
-        from safetensors.torch import load_file
-
-        state: dict[str, torch.Tensor] = {}
-        for f in ckpt.files:
-            state.update(load_file(str(f)))
-        return state
-    from gac_check.torchzip import read_tensor
-
-    return {n: read_tensor(i).contiguous() for n, i in ckpt.tensors.items()}
-
-
 def load_any(model_dir: Path | str) -> nn.Module:
     """A ready-to-run model (eval, fp32) from a dense, ASVD, PaLU, SVD-LLM or pruned checkpoint.
 
@@ -87,7 +73,7 @@ def load_any(model_dir: Path | str) -> nn.Module:
     ckpt = open_checkpoint(model_dir)
     model = build_skeleton(model_dir, causal_lm_names(ckpt.tensors))
     swap_low_rank(model, ckpt.config.get("truncation_ranks") or {})
-    state = match_prefix(model, read_state(model_dir))
+    state = match_prefix(model, read_state(ckpt))
     _swap_palu(model, state)
     _swap_svdllm(model, state)
     _resize_linears(model, state)

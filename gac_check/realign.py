@@ -28,6 +28,7 @@ from gac_check.outdir import (
     weight_file_names,
 )
 from gac_check.sites import Role
+from gac_check.tensors import read_state, tensor
 
 B_SUFFIX, A_SUFFIX = ".BLinear.weight", ".ALinear.weight"
 
@@ -45,6 +46,7 @@ class Source:
     Vh: torch.Tensor
     bias: torch.Tensor | None
     current_error: float  # ||W - A B||_F^2 against the reference weight
+    dtype: torch.dtype  # the factors' dtype, which the rewritten ones keep
 
 
 @dataclass
@@ -92,42 +94,32 @@ def rank_alignment(contract: Contract, strategy: str = "minimal") -> int:
     return align
 
 
-def load_tensor(ckpt: Checkpoint, name: str) -> torch.Tensor:
-    from safetensors import safe_open
-
-    info = ckpt.tensors.get(name)
-    if info is None:
-        raise BadInput(f"has no tensor {name!r}", ckpt.path)
-    if ckpt.container != "safetensors":
-        from gac_check.torchzip import read_tensor
-
-        return read_tensor(info)
-    with safe_open(str(info.file), framework="pt") as fh:
-        return fh.get_tensor(name)
-
-
-def sources(result: CheckResult, base: Checkpoint | None,
-            scales: dict[str, torch.Tensor] | None = None) -> list[Source]:
-    ckpt = result.checkpoint
+def rank_modules(result: CheckResult) -> list[str]:
+    """The modules whose rank is a site: what realign re-selects."""
     modules = [s.module for s in result.sites if s.role == Role.RANK]
     if not modules:
         raise BadInput("has no low-rank sites: nothing to realign (it is not a low-rank "
-                       "compressed model in a format gac-check can rewrite)", ckpt.path)
+                       "compressed model in a format gac-check can rewrite)",
+                       result.checkpoint.path)
+    return modules
+
+
+def sources(state: dict[str, torch.Tensor], modules: list[str], base: Checkpoint | None,
+            scales: dict[str, torch.Tensor] | None = None) -> list[Source]:
     out = []
     for i, module in enumerate(modules, 1):
         _progress(i, len(modules), module)
-        out.append(_source(ckpt, base, module, (scales or {}).get(module)))
+        out.append(_source(state, base, module, (scales or {}).get(module)))
     return out
 
 
-def _source(ckpt: Checkpoint, base: Checkpoint | None, module: str,
+def _source(state: dict[str, torch.Tensor], base: Checkpoint | None, module: str,
             scale: torch.Tensor | None = None) -> Source:
     """SVD of the reference weight; with ``scale`` (activation-aware) of ``W diag(scale)``,
     unscaled again in Vh so the factors still multiply to an approximation of W."""
-    a = load_tensor(ckpt, module + A_SUFFIX).double()
-    b = load_tensor(ckpt, module + B_SUFFIX).double()
-    bias_name = f"{module}.ALinear.bias"
-    bias = load_tensor(ckpt, bias_name) if bias_name in ckpt.tensors else None
+    a = state[module + A_SUFFIX].double()
+    b = state[module + B_SUFFIX].double()
+    bias = state.get(f"{module}.ALinear.bias")
     m, n = a.shape[0], b.shape[1]
     if base is not None:
         w = _base_weight(base, module, (m, n)).double()
@@ -138,7 +130,8 @@ def _source(ckpt: Checkpoint, base: Checkpoint | None, module: str,
     else:
         U, S, Vh = _svd_of_product(a, b)
         err = 0.0
-    return Source(module, m, n, a.shape[1], U, S, Vh, bias, err)
+    return Source(module, m, n, a.shape[1], U, S, Vh, bias, err,
+                  state[module + A_SUFFIX].dtype)
 
 
 def _base_weight(base: Checkpoint, module: str, shape: tuple[int, int]) -> torch.Tensor:
@@ -149,7 +142,7 @@ def _base_weight(base: Checkpoint, module: str, shape: tuple[int, int]) -> torch
     if base.tensors[name].shape != shape:
         raise BadInput(f"{name} is {list(base.tensors[name].shape)}, the compressed model's "
                        f"factors make {list(shape)}: not the same model", base.path)
-    return load_tensor(base, name)
+    return tensor(base, name)
 
 
 def _svd_of_product(a: torch.Tensor, b: torch.Tensor):
@@ -176,15 +169,16 @@ def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: s
         raise BadInput(f"is in {result.format.name} format; --realign writes ASVD-layout "
                        "low-rank models (ours and ASVD's)", result.checkpoint.path)
     base = open_checkpoint(base_dir) if base_dir else None
+    modules = rank_modules(result)
     scales = None
     if calib is not None:
         if base_dir is None:
             raise BadInput("--calib needs --base: activations come from the dense model")
         from gac_check.calibration import input_scales
 
-        modules = [s.module for s in result.sites if s.role == Role.RANK]
         scales = input_scales(Path(base_dir), modules, Path(calib))
-    srcs = sources(result, base, scales)
+    state = read_state(result.checkpoint)
+    srcs = sources(state, modules, base, scales)
     align = rank_alignment(result.contract, strategy)
     matrices = [Matrix(s.module, s.m, s.n, sv=s.S.numpy()) for s in srcs]
     old = {s.module: s.rank for s in srcs}
@@ -202,24 +196,23 @@ def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: s
         report.notes.append(f"activation-aware objective from {calib}: errors are "
                             "activation-weighted (ASVD scaling, alpha 0.5)")
     if base is None:
-        report.notes.append("no --base given: ranks could only go down within the existing "
-                            "factors; the error shown is relative to the compressed model")
-    _write(result.checkpoint, srcs, plan, Path(out), force)
+        report.notes.append("no --base given: only the existing factors were available (ranks "
+                            "go down within them, up only to the alignment by zero padding); "
+                            "the error shown is relative to the compressed model")
+    _write(result.checkpoint, state, srcs, plan, Path(out), force)
     return report
 
 
-def _write(ckpt: Checkpoint, srcs: list[Source], plan: RankPlan, out: Path, force: bool) -> None:
+def _write(ckpt: Checkpoint, state: dict[str, torch.Tensor], srcs: list[Source], plan: RankPlan,
+           out: Path, force: bool) -> None:
+    """The input's tensors with every factor pair replaced; ``state`` is consumed."""
     from safetensors.torch import save_file
 
-    from gac_check.loaders import read_state
-
-    state = read_state(ckpt.path)
     ranks = plan.ranks
     for s in srcs:
-        dtype = state[s.module + A_SUFFIX].dtype  # each matrix keeps its own dtype
         for suffix in (A_SUFFIX, B_SUFFIX, ".ALinear.bias"):
             state.pop(s.module + suffix, None)
-        state.update(_factors(s, ranks[s.module], dtype))
+        state.update(_factors(s, ranks[s.module], s.dtype))
     config = dict(ckpt.config)
     config["truncation_ranks"] = {m: int(r) for m, r in ranks.items() if r != DENSE}
     with atomic_output_dir(out, force) as tmp:

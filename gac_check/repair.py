@@ -650,7 +650,9 @@ def _write_tensor(out, e: _Entry) -> None:
         else:
             _write_pieces(out, info, e.edit.byte_pieces(_nbytes(info) // max(info.numel, 1)))
         return
-    tensor = _load(info)
+    from gac_check.tensors import read_tensor
+
+    tensor = read_tensor(info)
     if e.edit is not None:
         tensor = e.edit.apply(tensor)
     data = tensor.contiguous().reshape(-1)
@@ -713,25 +715,6 @@ def _write_zeros(out, n: int) -> None:
         k = min(n, WRITE_CHUNK)
         out.write(_zeros(k))
         n -= k
-
-
-def _load(info: TensorInfo):
-    """One tensor's data, read from its byte range (safetensors) or archive member (zip)."""
-    import torch
-
-    if info.storage is not None:
-        from gac_check.torchzip import read_tensor
-
-        return read_tensor(info)
-    buf = bytearray(info.end - info.begin)
-    with info.file.open("rb") as fh:
-        fh.seek(info.begin)
-        if fh.readinto(buf) != len(buf):
-            raise BadInput(f"is truncated inside tensor {info.name!r}", info.file)
-    dtype = getattr(torch, info.dtype)
-    if not buf:
-        return torch.empty(info.shape, dtype=dtype)
-    return torch.frombuffer(buf, dtype=dtype).reshape(info.shape)
 
 
 def _copy_range(src: Path, begin: int, length: int, out) -> None:

@@ -14,8 +14,8 @@ from gac_check.analysis import check
 from gac_check.checkpoint import open_checkpoint
 from gac_check.compress import asvd_rank, compress_dir, factorize, layer_linears
 from gac_check.errors import BadInput
-from gac_check.loaders import read_state
 from gac_check.lowrank import load_model
+from gac_check.tensors import read_state
 
 
 @pytest.mark.parametrize(("out", "inp", "ratio", "rank"), [
@@ -119,7 +119,7 @@ def test_bf16_model_compresses_to_a_bf16_checkpoint(tiny_llama, tmp_path):
     ranks = json.loads((tmp_path / "c16" / "config.json").read_text())["truncation_ranks"]
     name = "model.layers.0.mlp.down_proj"
     f = factorize(copy.get_submodule(name).weight.float(), ranks[name], torch.bfloat16)
-    written = read_state(tmp_path / "c16")
+    written = read_state(open_checkpoint(tmp_path / "c16"))
     assert torch.equal(written[f"{name}.BLinear.weight"], f.B)
     with torch.no_grad():
         logits = load_model(tmp_path / "c16")(torch.randint(0, 128, (1, 5))).logits
