@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gac_check.errors import BadInput
-from gac_check.hardware import CHOICES
+from gac_check.hardware import CHOICES, resolve_profile
 from gac_check.report.outputs import DEFAULT_REPORT
 from gac_check.report.outputs import plan as plan_outputs
 from gac_check.report.outputs import write as write_outputs
@@ -100,8 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from gac_check.report.json_report import to_json
     from gac_check.report.text import render_text
 
-    if args.gpu not in CHOICES:
-        raise BadInput(f"--gpu must be one of {', '.join(CHOICES)}, not {args.gpu!r}")
+    resolve_profile(args.gpu)  # an unknown --gpu is bad input before anything is read
     if args.base and not args.realign:
         raise BadInput("--base is only used with --realign")
     if args.repair and args.realign:
