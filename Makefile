@@ -26,11 +26,13 @@ demo: $(STAMP)
 # wider than the default (1.08, trusted on a quiet machine): it catches gross regressions only.
 PERF_FACTOR ?= 1.25
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -p no:cacheprovider -n 2 -m "not perf" tests suites --gpu cpu
 	$(PY) -m pytest -p no:cacheprovider -m perf suites --gpu cpu --gac-perf-factor $(PERF_FACTOR)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR)

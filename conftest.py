@@ -2,5 +2,5 @@
 is not installed (when it is, the pytest11 entry point already loads it)."""
 from importlib.metadata import entry_points
 
-if not any(ep.value == "gac_check.plugin" for ep in entry_points(group="pytest11")):
-    pytest_plugins = ["gac_check.plugin"]
+if not any(ep.value == "gac_check.plugin.hooks" for ep in entry_points(group="pytest11")):
+    pytest_plugins = ["gac_check.plugin.hooks"]

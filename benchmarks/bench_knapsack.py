@@ -19,14 +19,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gac_check.knapsack import (
-    Matrix,
-    budget_from_ranks,
-    build_options,
-    realign_plan,
-    round_down,
-    solve_milp,
-)
+from gac_check.realign.knapsack import Matrix, budget_from_ranks, build_options, realign_plan
+from gac_check.testing.knapsack import round_down, solve_milp
 
 SHAPES = {"q_proj": (8192, 8192), "k_proj": (1024, 8192), "v_proj": (1024, 8192),
           "o_proj": (8192, 8192), "gate_proj": (28672, 8192), "up_proj": (28672, 8192),

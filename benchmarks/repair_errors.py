@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gac_check.compress import compress_dir
-from gac_check.loaders import load_any
-from gac_check.strategies import LayerShape, TinyModel
+from gac_check.models.compress import compress_dir
+from gac_check.models.loaders import load_model
+from gac_check.testing.strategies import LayerShape, TinyModel
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("suite", ROOT / "suites" /
@@ -69,9 +69,9 @@ def bf16_case() -> str:
     compress_dir(suite.save_model(model, root / "dense"), root / "asvd", 0.7)
     suite.repaired(root / "asvd", root / "fixed", "optimal")
     ids = suite.inputs(64)
-    ref32 = suite.run(load_any(root / "asvd"), ids)
-    ref = suite.run(load_any(root / "asvd"), ids, torch.bfloat16)
-    got = suite.run(load_any(root / "fixed"), ids, torch.bfloat16)
+    ref32 = suite.run(load_model(root / "asvd"), ids)
+    ref = suite.run(load_model(root / "asvd"), ids, torch.bfloat16)
+    got = suite.run(load_model(root / "fixed"), ids, torch.bfloat16)
     a, r = suite.errors(ref, got)
     return f"| Qwen2 ASVD 0.7 optimal, bf16 | {a:.2g} | {r:.2g} (bf16 vs fp32: " \
            f"{suite.errors(ref32, ref)[1]:.2g}) |"
@@ -86,8 +86,8 @@ def minilm_case() -> str:
     suite.repaired(root / "asvd", root / "fixed", "minimal")
     batch = AutoTokenizer.from_pretrained(src)(suite.SENTENCES, padding=True,
                                                return_tensors="pt")
-    ref = suite.mean_pooled(load_any(root / "asvd"), batch)
-    got = suite.mean_pooled(load_any(root / "fixed"), batch)
+    ref = suite.mean_pooled(load_model(root / "asvd"), batch)
+    got = suite.mean_pooled(load_model(root / "fixed"), batch)
     a, r = suite.errors(ref, got)
     cos = F.cosine_similarity(ref, got).min().item()
     return f"| all-MiniLM-L6-v2, ASVD 0.8, embeddings | {a:.2g} | {r:.2g} (cosine {cos:.8f}) |"

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from gac_check.checkpoint import Checkpoint, open_checkpoint
-from gac_check.contract import Contract, Finding, for_hardware
+from gac_check.checkpoint.index import Checkpoint, open_checkpoint
+from gac_check.contract.rules import Contract, Finding
+from gac_check.contract.select import for_hardware
 from gac_check.formats import Format, detect
-from gac_check.hardware import resolve_profile
-from gac_check.repair import RepairPlan, plan
+from gac_check.profiles import resolve_profile
+from gac_check.repair.plan import RepairPlan, plan
 from gac_check.sites import DimSite
 
 

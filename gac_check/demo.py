@@ -42,7 +42,7 @@ def embeddings(model_dir: Path, tokenizer_dir: Path):
     import torch
     from transformers import AutoTokenizer
 
-    from gac_check.lowrank import load_model
+    from gac_check.models.loaders import load_model
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     batch = tok(SENTENCES, padding=True, return_tensors="pt")
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     dense = bundled_model()
     compressed = out / "minilm-asvd-0.8"
     print(f"bundled model: all-MiniLM-L6-v2 at {dense}")
-    sh(py, "-m", "gac_check.compress", dense, compressed, "--ratio", "0.8", "--force")
+    sh(py, "-m", "gac_check.models.compress", dense, compressed, "--ratio", "0.8", "--force")
     check = (py, "-m", "gac_check.cli")
     sh(*check, dense, "--gpu", "a100", "--dtype", "float16")
     report = out / "a100.html"

@@ -25,3 +25,12 @@ class BadInput(GacError):
 
 class UnsafeCheckpoint(BadInput):
     """A pickle that would import or call something other than tensor storage."""
+
+
+class HardwareMissing(GacError):
+    """Perf tests were asked to measure on a device this machine does not have."""
+
+
+class Unsupported(GacError):
+    """This device or stack cannot run a workload (a backend refused the shape, a package is
+    missing); the message says why, so a test can skip with it."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings
 
 from gac_check.bench.timing import TimingConfig
-from gac_check.contract import Contract, elements_per_16_bytes, for_hardware
+from gac_check.contract.rules import Contract, elements_per_16_bytes
+from gac_check.contract.select import for_hardware
 from gac_check.sites import DimSite, Role
 
 #: Slack for "the repaired size is not slower than the original / is within reach of the aligned

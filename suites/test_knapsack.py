@@ -12,35 +12,24 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 
 from gac_check.errors import BadInput
-from gac_check.knapsack import (
-    DENSE,
-    budget_from_ranks,
+from gac_check.realign.knapsack import DENSE, budget_from_ranks, realign_plan
+from gac_check.testing.knapsack import (
+    Instance,
+    instances,
     nearest,
-    realign_plan,
     round_down,
     round_up,
     solve_bruteforce,
     solve_milp,
 )
-from gac_check.knapsack_strategies import Instance, instances
+from gac_check.testing.settings import register_profiles
 
-
-def _ci() -> settings:
-    """The plugin registers "ci"; without it (plugin not loaded) register the same here."""
-    try:
-        return settings.get_profile("ci")
-    except InvalidArgument:
-        settings.register_profile("ci", deadline=None, derandomize=True, max_examples=25,
-                                  suppress_health_check=[HealthCheck.too_slow])
-        return settings.get_profile("ci")
-
-
-CI = _ci()
+register_profiles()
+CI = settings.get_profile("ci")
 REL = 1e-9
 
 

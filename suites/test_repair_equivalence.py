@@ -2,13 +2,13 @@
 
 Every test here builds something real (stock transformers modules with random weights, or the
 bundled all-MiniLM-L6-v2), compresses or prunes it into a real checkpoint of some format,
-repairs it with :func:`gac_check.repair.repair_dir` (or pads module weights with the same
-:mod:`gac_check.repair` edits), loads the result back and compares outputs against the
+repairs it with :func:`gac_check.planner.plan.repair_dir` (or pads module weights with the same
+:mod:`gac_check.planner.plan` edits), loads the result back and compares outputs against the
 unrepaired model, reporting the measured max abs and relative error. The ``check_*`` functions
 hold the comparisons; tests/test_repair.py runs them against deliberately broken repairs
 ("mutants") to show this suite goes red for each plausible padding bug.
 
-What "equivalent" means (DESIGN.md, Exactness): within the dtype's tolerance below. A padded
+What "equivalent" means (docs/design.md, "Exactness"): within the dtype's tolerance below. A padded
 GEMM may sum in another order, so bit-exactness is not claimed; the measured errors are in
 the README ("Exact repair").
 """
@@ -25,13 +25,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from gac_check import repair
 from gac_check.analysis import check
-from gac_check.compress import compress_dir, factorize
-from gac_check.contract import for_hardware
-from gac_check.loaders import load_any, palu_state, prune_intermediate, svdllm_state
+from gac_check.cli.repair import repair_dir
+from gac_check.contract.select import for_hardware
+from gac_check.models.compress import compress_dir
+from gac_check.models.loaders import load_model, palu_state, prune_intermediate, svdllm_state
+from gac_check.models.lowrank import factorize
+from gac_check.repair import plan as planner
+from gac_check.repair import write as writer
+from gac_check.report.repair import render_repair
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
-from gac_check.strategies import (
+from gac_check.testing.strategies import (
     TinyModel,
     compress_ratios,
     layer_shapes,
@@ -104,13 +108,13 @@ def write_layout(model: nn.Module, state: dict[str, torch.Tensor], path: Path,
     return path
 
 
-def repaired(src: Path, out: Path, strategy: str) -> repair.RepairReport:
+def repaired(src: Path, out: Path, strategy: str) -> writer.RepairReport:
     """Repair and assert what every repair must: input untouched, repaired sites clean."""
     before = {p.name: p.stat().st_mtime_ns for p in src.iterdir()}
-    report = repair.repair_dir(src, out, PROFILE, strategy, DTYPE)
+    report = repair_dir(src, out, PROFILE, strategy, DTYPE)
     assert {p.name: p.stat().st_mtime_ns for p in src.iterdir()} == before, "input modified"
     still = {f.site.name for f in check(out, PROFILE, DTYPE).findings
-             if f.severity in repair.STRATEGIES[strategy]}
+             if f.severity in planner.STRATEGIES[strategy]}
     fixed = {r.site.name for r in report.plan.repairs}
     assert not fixed & still, f"repaired sites still misaligned: {sorted(fixed & still)[:3]}"
     return report
@@ -124,8 +128,8 @@ def check_asvd(tiny: TinyModel, ratio: float, strategy: str, tmp: Path) -> tuple
     compress_dir(dense, tmp / "asvd", ratio)
     report = repaired(tmp / "asvd", tmp / "fixed", strategy)
     ids = inputs(tiny.kwargs["vocab_size"])
-    ref = run(load_any(tmp / "asvd"), ids)
-    got = run(load_any(tmp / "fixed"), ids)
+    ref = run(load_model(tmp / "asvd"), ids)
+    got = run(load_model(tmp / "fixed"), ids)
     ranks = json.loads((tmp / "fixed" / "config.json").read_text())["truncation_ranks"]
     padded = [r for r in report.plan.repairs if r.site.role is Role.RANK]
     assert all(ranks[r.site.module] == r.target for r in padded), "truncation_ranks not updated"
@@ -170,7 +174,7 @@ def check_palu(tiny: TinyModel, group_size: int, ranks: list[list[int]],
     report = repaired(src, tmp / "fixed", "optimal")
     assert any(r.site.role is Role.KV_LATENT for r in report.plan.repairs)
     ids = inputs(tiny.kwargs["vocab_size"])
-    return assert_equivalent(run(load_any(src), ids), run(load_any(tmp / "fixed"), ids),
+    return assert_equivalent(run(load_model(src), ids), run(load_model(tmp / "fixed"), ids),
                              f"PaLU group ranks {per_module}")
 
 
@@ -186,7 +190,7 @@ def check_svdllm(tiny: TinyModel, rank: int, tmp: Path, pickle: bool) -> tuple[f
     assert report.container_out.startswith("safetensors")
     assert not list((tmp / "fixed").glob("*.bin"))
     ids = inputs(tiny.kwargs["vocab_size"])
-    return assert_equivalent(run(load_any(src), ids), run(load_any(tmp / "fixed"), ids),
+    return assert_equivalent(run(load_model(src), ids), run(load_model(tmp / "fixed"), ids),
                              f"SVD-LLM rank {rank} ({'pickle' if pickle else 'safetensors'})")
 
 
@@ -201,7 +205,7 @@ def check_llm_pruner(tiny: TinyModel, sizes: dict[int, int], tmp: Path) -> tuple
     torch.save({"model": model}, src / "pytorch_model.bin")
     repaired(src, tmp / "fixed", "minimal")
     ids = inputs(tiny.kwargs["vocab_size"])
-    return assert_equivalent(run(model, ids), run(load_any(tmp / "fixed"), ids),
+    return assert_equivalent(run(model, ids), run(load_model(tmp / "fixed"), ids),
                              f"LLM-Pruner intermediates {sizes}")
 
 
@@ -210,7 +214,7 @@ def pad_weights(sites: list[DimSite], state: dict[str, torch.Tensor],
                 strategy: str = "minimal") -> dict[str, torch.Tensor]:
     """Pad a module's weights with the repair's own plan and edits (no checkpoint needed)."""
     shapes = {k: tuple(v.shape) for k, v in state.items()}
-    p = repair.plan(sites, for_hardware(PROFILE, DTYPE), strategy, shapes=shapes)
+    p = planner.plan(sites, for_hardware(PROFILE, DTYPE), strategy, shapes=shapes)
     assert not p.refused, [r.reason for r in p.refused]
     return {k: p.edits[k].apply(v) if k in p.edits else v for k, v in state.items()}
 
@@ -375,9 +379,9 @@ def test_bf16_repaired_matches_unrepaired_within_bf16_tolerance(tmp_path):
     compress_dir(save_model(model, tmp_path / "dense"), tmp_path / "asvd", 0.7)
     repaired(tmp_path / "asvd", tmp_path / "fixed", "optimal")
     ids = inputs(64)
-    ref32 = run(load_any(tmp_path / "asvd"), ids)
-    ref = run(load_any(tmp_path / "asvd"), ids, torch.bfloat16)
-    got = run(load_any(tmp_path / "fixed"), ids, torch.bfloat16)
+    ref32 = run(load_model(tmp_path / "asvd"), ids)
+    ref = run(load_model(tmp_path / "asvd"), ids, torch.bfloat16)
+    got = run(load_model(tmp_path / "fixed"), ids, torch.bfloat16)
     assert_equivalent(ref, got, "Qwen2 ASVD repaired, bf16", torch.bfloat16)
     # the tolerance is bf16's own: the unrepaired model's bf16 error against fp32 is as large
     assert errors(ref32, ref)[1] <= TOLERANCE[torch.bfloat16]
@@ -395,8 +399,8 @@ def test_minilm_embeddings_unchanged_by_repair(tmp_path):
     assert report.plan.repairs, "the compressed MiniLM should have misaligned ranks"
     tok = AutoTokenizer.from_pretrained(src)
     batch = tok(SENTENCES, padding=True, return_tensors="pt")
-    ref = mean_pooled(load_any(tmp_path / "asvd"), batch)
-    got = mean_pooled(load_any(tmp_path / "fixed"), batch)
+    ref = mean_pooled(load_model(tmp_path / "asvd"), batch)
+    got = mean_pooled(load_model(tmp_path / "fixed"), batch)
     assert_equivalent(ref, got, "all-MiniLM-L6-v2 embeddings")
     cos = F.cosine_similarity(ref, got).min().item()
     assert cos > 1 - 1e-6, f"embedding cosine similarity {cos}"
@@ -473,4 +477,4 @@ def test_rope_head_dim_padding_is_not_exact_so_repair_refuses_it(tmp_path):
     report = repaired(src, tmp_path / "fixed", "minimal")
     assert [r.site.role for r in report.plan.refused] == [Role.HEAD_DIM]
     assert "RoPE" in report.plan.refused[0].reason
-    assert "RoPE" in report.render_text()
+    assert "RoPE" in render_repair(report)

@@ -1,8 +1,8 @@
 """Bad model directories through the real CLI: exit 2, one line naming the file, nothing else.
 
-Each case is a directory a stranger could hand us. The contract (DESIGN.md): exit code 2, exactly
-one line on stderr that names the offending file and the problem, no traceback, nothing
-executed, and the directory left exactly as it was.
+Each case is a directory a stranger could hand us. The contract (docs/design.md, "Exit
+codes"): exit code 2, exactly one line on stderr that names the offending file and the
+problem, no traceback, nothing executed, and the directory left exactly as it was.
 """
 from __future__ import annotations
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from gac_check import baselines, measured_contract
-from gac_check.baselines import Baseline, Fingerprint, Measurement, Provenance
-from gac_check.bench import workloads
-from gac_check.contract import for_hardware
+from gac_check import profiles
+from gac_check.bench import baselines, workloads
+from gac_check.bench.baselines import Baseline, Fingerprint, Measurement, Provenance
+from gac_check.contract import measured as measured_contract
+from gac_check.contract.select import for_hardware
 from gac_check.errors import BadInput
 from gac_check.sites import DimSite, Role
 
@@ -135,7 +136,7 @@ def test_update_refuses_another_devices_file(tmp_path):
 
 
 def test_cpu_profile_key_scheme():
-    key = baselines.cpu_profile_key()
+    key = profiles.cpu_profile_key()
     assert key.startswith("cpu-") and key.count("-") == 2
 
 

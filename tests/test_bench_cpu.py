@@ -130,7 +130,7 @@ def test_perf_suite_on_absent_gpu_is_a_session_error_not_passes():
 
 
 def test_cli_bench_times_the_models_sites(tmp_path):
-    from gac_check.compress import compress_dir
+    from gac_check.models.compress import compress_dir
 
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=64, intermediate_size=150, num_hidden_layers=1,

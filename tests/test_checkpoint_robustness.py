@@ -26,9 +26,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from gac_check.checkpoint import open_checkpoint, read_json
+from gac_check.checkpoint.index import open_checkpoint, read_json
+from gac_check.checkpoint.outdir import copy_side_files
 from gac_check.errors import BadInput
-from gac_check.outdir import copy_side_files
 
 SMALL = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
          "num_attention_heads": 4, "max_position_embeddings": 64}

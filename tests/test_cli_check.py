@@ -105,7 +105,7 @@ def test_cpu_profile_only_when_asked(models) -> None:
 
 def test_llm_pruner_odd_mlp_is_flagged(tmp_path: Path) -> None:
     """A pickled LLM-Pruner model: its 141-wide MLPs (like 8806) are errors on a GPU."""
-    pytest.importorskip("gac_check.torchzip")
+    pytest.importorskip("gac_check.checkpoint.torchzip")
     from tests.test_formats import llm_pruner
 
     model = llm_pruner(range(1, 3), 0.2, drop_heads=1)

@@ -11,11 +11,12 @@ import torch
 from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
 
 from gac_check.analysis import check
-from gac_check.checkpoint import open_checkpoint
-from gac_check.compress import asvd_rank, compress_dir, factorize, layer_linears
+from gac_check.checkpoint.index import open_checkpoint
+from gac_check.checkpoint.tensors import read_state
 from gac_check.errors import BadInput
-from gac_check.lowrank import load_model
-from gac_check.tensors import read_state
+from gac_check.models.compress import asvd_rank, compress_dir, layer_linears
+from gac_check.models.loaders import load_model
+from gac_check.models.lowrank import factorize
 
 
 @pytest.mark.parametrize(("out", "inp", "ratio", "rank"), [
@@ -70,7 +71,7 @@ def test_checker_sees_the_ranks_the_compressor_chose(tiny_llama, tmp_path):
 def test_cli_refuses_existing_output_and_bad_ratio(tiny_llama, tmp_path):
     _, src = tiny_llama
     (tmp_path / "exists").mkdir()
-    cmd = [sys.executable, "-m", "gac_check.compress", str(src)]
+    cmd = [sys.executable, "-m", "gac_check.models.compress", str(src)]
     r = subprocess.run([*cmd, str(tmp_path / "exists")], capture_output=True, text=True)
     assert r.returncode == 2 and "already exists" in r.stderr and len(r.stderr.splitlines()) == 1
     r = subprocess.run([*cmd, str(tmp_path / "new"), "--ratio", "1.5"],
@@ -94,7 +95,7 @@ def test_factors_reconstruct_the_weight_at_full_rank():
 
 
 def _run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gac_check.compress", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "gac_check.models.compress", *map(str, args)],
                           capture_output=True, text=True)
 
 

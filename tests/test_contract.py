@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from gac_check.contract import ERROR, WARNING, for_hardware
+from gac_check.contract.rules import ERROR, WARNING
+from gac_check.contract.select import for_hardware
 from gac_check.errors import BadInput
-from gac_check.hardware import resolve_profile
+from gac_check.profiles import resolve_profile
 from gac_check.sites import DimSite, Role
 
 

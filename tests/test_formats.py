@@ -26,7 +26,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from gac_check.checkpoint import open_checkpoint
+from gac_check.checkpoint.index import open_checkpoint
 from gac_check.formats import FORMATS, detect
 from gac_check.sites import AxisKind, DimSite, Role
 
@@ -299,7 +299,7 @@ def test_svd_llm_safetensors(tmp_path: Path) -> None:
 
 def test_svd_llm_pickled_whole_model(tmp_path: Path) -> None:
     """SVD-LLM's own output: torch.save({'model': model, 'tokenizer': ...}), no config.json."""
-    pytest.importorskip("gac_check.torchzip")
+    pytest.importorskip("gac_check.checkpoint.torchzip")
     model = svd_llm("llama", 0.6)
     torch.save({"model": model, "tokenizer": None}, tmp_path / "svdllm_0.6.pt")
     by = assert_svd_llm_sites(tmp_path, model)
@@ -341,7 +341,7 @@ def llm_pruner(layers: range, ratio: float, drop_heads: int) -> nn.Module:
 
 @pytest.mark.parametrize("with_config", [True, False])
 def test_llm_pruner(tmp_path: Path, with_config: bool) -> None:
-    pytest.importorskip("gac_check.torchzip")
+    pytest.importorskip("gac_check.checkpoint.torchzip")
     model = llm_pruner(range(1, 3), 0.2, drop_heads=1)
     assert model(torch.randint(0, 96, (1, 5))).logits.shape == (1, 5, 96)  # still runs
     torch.save({"model": model, "tokenizer": None}, tmp_path / "pytorch_model.bin")
@@ -380,7 +380,7 @@ def test_llm_pruner_head_dim_from_gcd(tmp_path: Path) -> None:
 
 def test_dense_not_mistaken_for_llm_pruner(tmp_path: Path) -> None:
     """Uniform layers whose sizes match config.json are dense, whatever the container."""
-    pytest.importorskip("gac_check.torchzip")
+    pytest.importorskip("gac_check.checkpoint.torchzip")
     model = tiny("llama")
     torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
     model.config.save_pretrained(tmp_path)
@@ -452,7 +452,7 @@ def slicegpt(model: nn.Module, dims: dict[str, int]) -> tuple[dict, dict]:
 
 
 def write_slicegpt(path: Path, dims: dict[str, int], save_config: bool = True) -> dict:
-    pytest.importorskip("gac_check.torchzip")
+    pytest.importorskip("gac_check.checkpoint.torchzip")
     model = tiny("llama", num_hidden_layers=3)
     sd, conf = slicegpt(model, dims)
     torch.save(sd, path / "tiny-llama_0.3.pt")  # run_slicegpt.py: model.state_dict()

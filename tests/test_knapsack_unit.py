@@ -1,4 +1,4 @@
-"""Worked examples and edge cases of gac_check.knapsack (the properties live in
+"""Worked examples and edge cases of gac_check.realign.knapsack (the properties live in
 suites/test_knapsack.py)."""
 from __future__ import annotations
 
@@ -8,20 +8,16 @@ import numpy as np
 import pytest
 
 from gac_check.errors import BadInput
-from gac_check.knapsack import (
+from gac_check.realign.knapsack import (
     DENSE,
     Matrix,
     budget_from_fraction,
     budget_from_ranks,
     budget_from_spec,
     candidate_ranks,
-    nearest,
     realign_plan,
-    round_down,
-    round_up,
-    solve_bruteforce,
-    solve_milp,
 )
+from gac_check.testing.knapsack import nearest, round_down, round_up, solve_bruteforce, solve_milp
 
 
 def _pair() -> list[Matrix]:

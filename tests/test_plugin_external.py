@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-if not any(ep.value == "gac_check.plugin" for ep in entry_points(group="pytest11")):
+if not any(ep.value == "gac_check.plugin.hooks" for ep in entry_points(group="pytest11")):
     pytest.skip("gac-check is not installed (pip install -e .), so its pytest11 entry point "
                 "is not active", allow_module_level=True)
 
@@ -29,9 +29,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from gac_check.report.collect import record_perf
+from gac_check.plugin.collect import record_perf
 from gac_check.sites import DimSite, Role
-from gac_check.strategies import misaligned_dims
+from gac_check.testing.strategies import misaligned_dims
 
 
 def test_session_fixtures(gac_profile, gac_contract, gac_models):
@@ -69,7 +69,7 @@ def test_matmul_latency(request, k):
 BUGGY_PROPERTY = '''
 from hypothesis import given
 
-from gac_check.strategies import misaligned_dims
+from gac_check.testing.strategies import misaligned_dims
 
 
 @given(dim=misaligned_dims(modulus=8, max_value=512))

@@ -10,10 +10,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from gac_check.analysis import check
-from gac_check.compress import compress_dir, layer_linears
-from gac_check.knapsack import DENSE
-from gac_check.lowrank import load_model
-from gac_check.realign import realign_dir
+from gac_check.cli.realign import realign_dir
+from gac_check.models.compress import compress_dir, layer_linears
+from gac_check.models.loaders import load_model
+from gac_check.realign.knapsack import DENSE
 
 CFG = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
            num_key_value_heads=2, vocab_size=96)
@@ -154,7 +154,7 @@ def test_sharded_input_realigns_to_a_loadable_single_file(tmp_path):
     compress_dir(tmp_path / "dense", tmp_path / "c", 0.7)
     from safetensors.torch import load_file
 
-    from gac_check.outdir import weight_file_names
+    from gac_check.checkpoint.outdir import weight_file_names
 
     state = load_file(str(tmp_path / "c" / "model.safetensors"))
     (tmp_path / "c" / "model.safetensors").unlink()

@@ -1,4 +1,4 @@
-"""repair.plan / repair.apply units, and proof that the equivalence suite catches padding bugs.
+"""planner.plan / writer.apply units, and proof that the equivalence suite catches padding bugs.
 
 The mutant tests inject one plausible bug at a time into the padding code (scale compensation
 dropped, consumer padding filled with noise, a bias left unpadded, a PaLU group boundary off
@@ -21,12 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from gac_check import repair
-from gac_check.checkpoint import open_checkpoint
-from gac_check.contract import for_hardware
+from gac_check.checkpoint.index import open_checkpoint
+from gac_check.contract.select import for_hardware
 from gac_check.errors import BadInput
+from gac_check.repair import plan as planner
+from gac_check.repair import write as writer
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
-from gac_check.strategies import LayerShape, TinyModel
+from gac_check.testing.strategies import LayerShape, TinyModel
 
 ROOT = Path(__file__).resolve().parents[1]
 FP16 = for_hardware("gpu", "float16")
@@ -63,7 +64,7 @@ def _latent_sites(histogram: dict[int, int]) -> tuple[list[DimSite], dict]:
 @pytest.mark.parametrize(("strategy", "expected"), [("minimal", 0.0372), ("optimal", 0.0720)])
 def test_published_palu_histogram_overhead(strategy, expected):
     sites, shapes = _latent_sites(PALU_HISTOGRAM)
-    p = repair.plan(sites, FP16, strategy, shapes=shapes)
+    p = planner.plan(sites, FP16, strategy, shapes=shapes)
     assert round(p.overhead_fraction, 4) == expected
     assert len(p.repairs) == sum(n for v, n in PALU_HISTOGRAM.items()
                                  if v % (8 if strategy == "minimal" else 16))
@@ -84,7 +85,7 @@ def _vt_sites(ranks: list[int]) -> tuple[list[DimSite], dict]:
 
 def test_groups_on_one_axis_compose_into_one_index_map():
     sites, shapes = _vt_sites([5, 7, 3])
-    p = repair.plan(sites, FP16, "minimal", shapes=shapes)
+    p = planner.plan(sites, FP16, "minimal", shapes=shapes)
     edit = p.edits["VT"]
     assert edit.new_shape == (24, 10)
     vt = torch.arange(15 * 10, dtype=torch.float32).reshape(15, 10) + 1
@@ -100,11 +101,11 @@ def test_groups_on_one_axis_compose_into_one_index_map():
 def tensor_edits(draw):
     """A small tensor of 1-3 dims with zero-insertions at random places on random axes."""
     shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
-    edit = repair.TensorEdit("t", shape)
+    edit = planner.TensorEdit("t", shape)
     for axis in draw(st.sets(st.integers(0, len(shape) - 1), min_size=1)):
         positions = draw(st.lists(st.integers(0, shape[axis]), min_size=1, max_size=3,
                                   unique=True))
-        edit.axes[axis] = repair.AxisEdit(shape[axis], [(p, draw(st.integers(1, 3)))
+        edit.axes[axis] = planner.AxisEdit(shape[axis], [(p, draw(st.integers(1, 3)))
                                                         for p in positions])
     return edit
 
@@ -130,7 +131,7 @@ def test_head_dim_site_scales_query_rows_and_bias_only():
                        AxisKind.CONSUMER if t == "o" else AxisKind.BIAS if t == "qb"
                        else AxisKind.PRODUCER, blocks=heads, stride=d) for t in shapes]
     site = DimSite("hd", Role.HEAD_DIM, d, axes, attrs={"softmax_scale_rows": ("q", "qb")})
-    p = repair.plan([site], FP16, "minimal", shapes=shapes)
+    p = planner.plan([site], FP16, "minimal", shapes=shapes)
     assert p.repairs[0].target == 8
     q, k = torch.ones(12, 4), torch.ones(12, 4)
     factor = (8 / 6) ** 0.5
@@ -142,15 +143,15 @@ def test_head_dim_site_scales_query_rows_and_bias_only():
 
 def test_head_dim_without_named_query_rows_is_refused():
     site = DimSite("hd", Role.HEAD_DIM, 6, [TensorAxis("q", 0, AxisKind.PRODUCER)])
-    p = repair.plan([site], FP16, "minimal", shapes={"q": (6, 4)})
-    assert not p.repairs and p.refused[0].reason == repair.NO_SCALE_ROWS
+    p = planner.plan([site], FP16, "minimal", shapes={"q": (6, 4)})
+    assert not p.repairs and p.refused[0].reason == planner.NO_SCALE_ROWS
 
 
 def test_inexact_sites_are_refused_with_their_reason_and_the_rest_repaired():
     exact = DimSite("r", Role.RANK, 13, [TensorAxis("a", 0, AxisKind.PRODUCER)])
     hidden = DimSite("hidden", Role.HIDDEN, 13, [TensorAxis("b", 0, AxisKind.PRODUCER)],
                      inexact="norm statistics change")
-    p = repair.plan([exact, hidden], FP16, "minimal", shapes={"a": (13, 2), "b": (13, 2)})
+    p = planner.plan([exact, hidden], FP16, "minimal", shapes={"a": (13, 2), "b": (13, 2)})
     assert [r.site.name for r in p.repairs] == ["r"]
     assert [(r.site.name, r.reason) for r in p.refused] == [("hidden", "norm statistics change")]
 
@@ -163,22 +164,22 @@ def test_sites_sharing_a_config_value_must_agree():
     b = DimSite("l1", Role.INTERMEDIATE, 37, [TensorAxis("w1", 0, AxisKind.PRODUCER)],
                 config_field=("intermediate_size",), inexact="not exact here")
     shapes = {"w0": (37, 4), "w1": (37, 4)}
-    p = repair.plan([a, b], FP16, "minimal", shapes=shapes, config={"intermediate_size": 37})
+    p = planner.plan([a, b], FP16, "minimal", shapes=shapes, config={"intermediate_size": 37})
     assert not p.repairs and {r.site.name for r in p.refused} == {"l0", "l1"}
     assert "records one intermediate_size" in next(r.reason for r in p.refused
                                                    if r.site.name == "l0")
-    ok = repair.plan([a], FP16, "minimal", shapes=shapes, config={"intermediate_size": 37})
-    assert ok.config_edits == [repair.ConfigEdit(("intermediate_size",), None, 37, 40)]
-    pruned = repair.plan([a], FP16, "minimal", shapes=shapes,
+    ok = planner.plan([a], FP16, "minimal", shapes=shapes, config={"intermediate_size": 37})
+    assert ok.config_edits == [planner.ConfigEdit(("intermediate_size",), None, 37, 40)]
+    pruned = planner.plan([a], FP16, "minimal", shapes=shapes,
                          config={"intermediate_size": 11008})
     assert pruned.repairs and not pruned.config_edits  # LLM-Pruner: config keeps dense sizes
 
 
 def test_list_config_values_are_edited_per_group():
     sites, shapes = _vt_sites([5, 8, 3])
-    p = repair.plan(sites, FP16, "minimal", shapes=shapes, config={"head_wise_ranks":
+    p = planner.plan(sites, FP16, "minimal", shapes=shapes, config={"head_wise_ranks":
                                                                      {"m": [5, 8, 3]}})
-    edited = repair._edited_config({"head_wise_ranks": {"m": [5, 8, 3]}}, p.config_edits)
+    edited = writer._edited_config({"head_wise_ranks": {"m": [5, 8, 3]}}, p.config_edits)
     assert edited == {"head_wise_ranks": {"m": [8, 8, 8]}}
 
 
@@ -186,7 +187,7 @@ def test_overlapping_and_out_of_bounds_sites_are_refused():
     a = DimSite("a", Role.RANK, 10, [TensorAxis("t", 0, AxisKind.PRODUCER)])
     b = DimSite("b", Role.RANK, 5, [TensorAxis("t", 0, AxisKind.PRODUCER, start=7)])
     c = DimSite("c", Role.RANK, 30, [TensorAxis("u", 0, AxisKind.PRODUCER)])
-    p = repair.plan([a, b, c], FP16, "minimal", shapes={"t": (12, 3), "u": (20, 3)})
+    p = planner.plan([a, b, c], FP16, "minimal", shapes={"t": (12, 3), "u": (20, 3)})
     reasons = {r.site.name: r.reason for r in p.refused}
     assert [r.site.name for r in p.repairs] == ["a"]
     assert "overlaps" in reasons["b"] and "disagree" in reasons["c"]
@@ -194,7 +195,7 @@ def test_overlapping_and_out_of_bounds_sites_are_refused():
 
 def test_unknown_strategy_is_bad_input():
     with pytest.raises(BadInput, match="--strategy"):
-        repair.plan([], FP16, "fastest", shapes={})
+        planner.plan([], FP16, "fastest", shapes={})
 
 
 def _write_st(path: Path, tensors: dict, metadata: dict | None = None) -> None:
@@ -217,8 +218,8 @@ def test_writer_keeps_untouched_bytes_metadata_order_and_dtypes(tmp_path):
                                             TensorAxis("x.ALinear.weight", 1,
                                                        AxisKind.CONSUMER)],
                    config_field=("truncation_ranks", "x"))
-    p = repair.plan([site], FP16, "minimal", shapes=ckpt.shapes, config=ckpt.config)
-    report = repair.apply(p, ckpt, tmp_path / "out")
+    p = planner.plan([site], FP16, "minimal", shapes=ckpt.shapes, config=ckpt.config)
+    report = writer.apply(p, ckpt, tmp_path / "out")
     out = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert out["x.BLinear.weight"].dtype == torch.bfloat16
     assert torch.equal(out["x.BLinear.weight"][:13], tensors["x.BLinear.weight"])
@@ -231,7 +232,7 @@ def test_writer_keeps_untouched_bytes_metadata_order_and_dtypes(tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["truncation_ranks"] == \
         {"x": 16}
     assert (tmp_path / "out" / "tokenizer.json").exists()
-    provenance = json.loads((tmp_path / "out" / repair.PROVENANCE).read_text())
+    provenance = json.loads((tmp_path / "out" / writer.PROVENANCE).read_text())
     assert provenance["repaired"][0]["to"] == 16 and report.files
 
 
@@ -248,7 +249,7 @@ def test_sidecar_sizes_are_rewritten_with_the_tensors(tmp_path):
                           "sidecar_fields": [["embedding_dimensions", "0"],
                                              ["head_dimension", ""]]})
     ckpt = open_checkpoint(src)
-    repair.apply(repair.plan([site], FP16, "minimal", shapes=ckpt.shapes), ckpt,
+    writer.apply(planner.plan([site], FP16, "minimal", shapes=ckpt.shapes), ckpt,
                  tmp_path / "out")
     assert json.loads((tmp_path / "out" / "slicing.json").read_text()) == {
         "embedding_dimensions": {"0": 32}, "head_dimension": 32, "other": {"0": 30}}
@@ -260,15 +261,15 @@ def test_apply_refuses_a_plan_for_other_tensors_and_leaves_nothing(tmp_path):
     src.mkdir()
     _write_st(src / "model.safetensors", {"w": torch.zeros(5, 3)})
     site = DimSite("w", Role.RANK, 6, [TensorAxis("w", 0, AxisKind.PRODUCER)])
-    p = repair.plan([site], FP16, "minimal", shapes={"w": (6, 3)})
+    p = planner.plan([site], FP16, "minimal", shapes={"w": (6, 3)})
     with pytest.raises(BadInput, match="expects tensor 'w'"):
-        repair.apply(p, open_checkpoint(src), tmp_path / "out")
+        writer.apply(p, open_checkpoint(src), tmp_path / "out")
     assert sorted(x.name for x in tmp_path.iterdir()) == ["src"]
 
 
 def test_progress_reports_on_stderr_after_a_while():
     stream = io.StringIO()
-    progress = repair.Progress(2_000_000_000, stream, after=0.0)
+    progress = writer.Progress(2_000_000_000, stream, after=0.0)
     progress.advance(1_000_000_000, "layer.0.weight (model-00001-of-00002.safetensors)")
     assert stream.getvalue().startswith("gac-check repair:  50.0% (1.00 of 2.00 GB) layer.0")
 
@@ -289,19 +290,19 @@ SHAPE_BUGS = (AssertionError, RuntimeError, ValueError, BadInput)
 
 def _patch_edits(monkeypatch, mutate) -> None:
     """Run ``mutate(edits, repairs)`` on every plan's tensor edits."""
-    original = repair._tensor_edits
+    original = planner._tensor_edits
 
     def mutant(repairs, shapes):
         edits = original(repairs, shapes)
         mutate(edits, repairs)
         return edits
 
-    monkeypatch.setattr(repair, "_tensor_edits", mutant)
+    monkeypatch.setattr(planner, "_tensor_edits", mutant)
 
 
 def _noise_in_padding(monkeypatch, tensors: set[str] | None) -> None:
     """Padding filled with noise instead of zeros (for ``tensors``, or all when None)."""
-    original = repair.TensorEdit.apply
+    original = planner.TensorEdit.apply
 
     def apply(self, tensor):
         out = original(self, tensor)
@@ -310,10 +311,10 @@ def _noise_in_padding(monkeypatch, tensors: set[str] | None) -> None:
             out = torch.where(real, out, torch.randn(out.shape).to(out.dtype))
         return out
 
-    monkeypatch.setattr(repair.TensorEdit, "apply", apply)
+    monkeypatch.setattr(planner.TensorEdit, "apply", apply)
     # the streaming writer pads without apply(): its zero pieces get the same noise
     writing = {"name": ""}
-    write_pieces = repair._write_pieces
+    write_pieces = writer._write_pieces
 
     def pieces(out, info, byte_pieces):
         writing["name"] = info.name
@@ -324,8 +325,8 @@ def _noise_in_padding(monkeypatch, tensors: set[str] | None) -> None:
             return torch.randn(n // 4 + 1).numpy().tobytes()[:n]
         return bytes(n)
 
-    monkeypatch.setattr(repair, "_write_pieces", pieces)
-    monkeypatch.setattr(repair, "_zeros", zeros)
+    monkeypatch.setattr(writer, "_write_pieces", pieces)
+    monkeypatch.setattr(writer, "_zeros", zeros)
 
 
 def test_mutant_scale_compensation_missing_is_caught(monkeypatch):

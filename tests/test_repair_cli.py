@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gac_check.compress import compress_dir
-from gac_check.strategies import TinyModel
+from gac_check.models.compress import compress_dir
+from gac_check.testing.strategies import TinyModel
 
 #: head_dim 16, hidden 64, vocab 64: only the compressor's ranks and the intermediate (37)
 #: are misaligned, so a repaired model re-checks with no errors.

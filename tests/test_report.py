@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gac_check.plugin.collect import hypothesis_failure
 from gac_check.report import charts
-from gac_check.report.collect import hypothesis_failure
 from gac_check.report.html import render_html, run_verdict
 
 LAYERS = 3

@@ -14,7 +14,7 @@ import scipy.stats
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gac_check import stats
+from gac_check.bench import stats
 
 samples = st.lists(st.integers(1, 40).map(lambda x: x / 8), min_size=1, max_size=25)
 

@@ -17,10 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from gac_check import torchzip
-from gac_check.checkpoint import open_checkpoint
+from gac_check.checkpoint import torchzip
+from gac_check.checkpoint.index import open_checkpoint
+from gac_check.checkpoint.torchzip import read_tensor, read_torch_zip
 from gac_check.errors import BadInput, UnsafeCheckpoint
-from gac_check.torchzip import read_tensor, read_torch_zip
 
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)

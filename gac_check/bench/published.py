@@ -12,8 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gac_check import baselines
-from gac_check.bench import workloads
+from gac_check.bench import baselines, workloads
 from gac_check.errors import BadInput
 
 CITATION = ("'When Smaller Is Slower: Dimensional Collapse in Compressed LLMs' (EuroMLSys "

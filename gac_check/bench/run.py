@@ -1,8 +1,8 @@
 """Run a workload on a device and turn its timing into a :class:`Measurement`."""
 from __future__ import annotations
 
-from gac_check.baselines import Measurement, Provenance
 from gac_check.bench import timing
+from gac_check.bench.baselines import Measurement, Provenance
 from gac_check.bench.peak import peak
 from gac_check.bench.workloads import Prepared, Workload
 

@@ -17,12 +17,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gac_check import baselines
-from gac_check.bench import timing, workloads
+from gac_check.bench import baselines, timing, workloads
 from gac_check.bench.peak import peak
 from gac_check.bench.run import present_device, run_interleaved
 from gac_check.errors import BadInput
-from gac_check.hardware import cuda_profile
+from gac_check.profiles import cpu_profile_key, cuda_profile
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _device_for(profile: str) -> tuple[str, str]:
     if profile == "cpu":
-        return "cpu", baselines.cpu_profile_key()
+        return "cpu", cpu_profile_key()
     present = cuda_profile()
     if present != profile:
         raise BadInput(f"--profile {profile} asks for a device that is not present "

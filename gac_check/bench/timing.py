@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from gac_check import stats
+from gac_check.bench import stats
 
 
 @dataclass(frozen=True)

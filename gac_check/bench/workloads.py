@@ -13,14 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gac_check.bench.cases import case_key
+from gac_check.errors import Unsupported
 
 SEED = 1234
 SDPA_BACKENDS = ("default", "flash", "efficient", "cudnn", "math", "flash_attn")
-
-
-class Unsupported(Exception):
-    """This device or stack cannot run the workload (a backend refused the shape, a package is
-    missing); the message says why, so a test can skip with it."""
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Checkpoint formats: detect which compressor wrote a directory and describe its DimSites."""
 from __future__ import annotations
 
-from gac_check.checkpoint import Checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
 from gac_check.formats.asvd import ASVD
 from gac_check.formats.base import Format

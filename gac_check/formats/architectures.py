@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gac_check.checkpoint import Checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.layout import Linear, Shapes
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 

@@ -5,7 +5,7 @@ Each compressed linear ``X`` becomes ``X.BLinear`` (weight [r, in]) followed by 
 """
 from __future__ import annotations
 
-from gac_check.checkpoint import Checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
 from gac_check.formats.base import Format
 from gac_check.formats.layout import Linear, dense_linear

@@ -1,7 +1,7 @@
 """The Format interface every checkpoint adapter implements."""
 from __future__ import annotations
 
-from gac_check.checkpoint import Checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.architectures import family_sites, find_family
 from gac_check.formats.layout import Linear, dense_linear
 from gac_check.sites import DimSite

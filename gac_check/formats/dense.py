@@ -1,7 +1,7 @@
 """Dense Hugging Face checkpoints (Llama, Mistral, Qwen2, BERT): only family sites."""
 from __future__ import annotations
 
-from gac_check.checkpoint import Checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.architectures import find_family
 from gac_check.formats.base import Format
 

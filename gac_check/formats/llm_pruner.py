@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import reduce
 from math import gcd
 
-from gac_check.checkpoint import Checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.architectures import family_sites, find_family, head_dim_of
 from gac_check.formats.base import Format
 from gac_check.formats.layout import dense_linear

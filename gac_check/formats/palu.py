@@ -8,7 +8,7 @@ a GEMM dimension (the latent cache is r_g wide); the attention head_dim is uncha
 """
 from __future__ import annotations
 
-from gac_check.checkpoint import Checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.base import Format
 from gac_check.formats.layout import Linear, dense_linear
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis, layer_of, natural_key

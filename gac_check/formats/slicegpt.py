@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gac_check.checkpoint import Checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.architectures import (
     HIDDEN_INEXACT,
     Family,

@@ -8,7 +8,7 @@ shapes; the usual container is a pickled whole model (``torch.save({'model': m, 
 """
 from __future__ import annotations
 
-from gac_check.checkpoint import Checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.base import Format
 from gac_check.formats.layout import Linear, dense_linear
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis, layer_of, natural_key

@@ -1,4 +1,5 @@
-"""The ``--format json`` object (schema ``gac-check/1``), whose keys DESIGN.md fixes."""
+"""The ``--format json`` object (schema ``gac-check/1``), whose keys docs/design.md fixes
+("The check JSON")."""
 from __future__ import annotations
 
 from gac_check.analysis import CheckResult

@@ -3,7 +3,7 @@
 ``--report`` writes the HTML and, beside it, the run document as ``FILE.json`` (what
 ``gac-check report merge`` reads); the file's stem labels the run in merged reports. With no
 value it writes ``reports/<model>-<profile>.html`` under the current directory, creating
-``reports/`` (DESIGN.md: where reports land by default); an explicit path must be in an
+``reports/`` (docs/design.md, "Where reports land"); an explicit path must be in an
 existing directory. Paths are checked before the model is read, and all files are rendered in
 memory before the first is written, so a bad path or a failed check leaves nothing behind.
 """
@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gac_check.checkpoint.atomic import write_atomic
 from gac_check.errors import BadInput
-from gac_check.report.run import check_writable, dumps, new_run, write_atomic
+from gac_check.report.run import check_writable, dumps, new_run
 
 #: The value argparse gives ``--report`` when it is passed without a file name.
 DEFAULT_REPORT = "<default>"

@@ -10,7 +10,7 @@ merged side by side. One run holds:
 ``environment``  the fingerprint of the machine that ran it (:func:`environment`)
 ``checks``       ``gac-check/1`` objects, one per checked model directory
 ``tests``        pytest outcomes: counts and the non-passing tests (empty for the CLI)
-``perf``         performance verdicts (records shaped as :mod:`gac_check.report.collect` says)
+``perf``         performance verdicts (records shaped as :mod:`gac_check.plugin.collect` says)
 ``equivalence``  failing property tests with hypothesis' example and a reproduce command
 """
 from __future__ import annotations
@@ -19,12 +19,11 @@ import json
 import os
 import platform
 import sys
-import tempfile
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from gac_check.checkpoint import read_json
+from gac_check.checkpoint.index import read_json
 from gac_check.errors import BadInput
 from gac_check.report.json_report import SCHEMA as CHECK_SCHEMA
 
@@ -172,20 +171,6 @@ def check_writable(path: Path) -> Path:
     if not path.parent.resolve().is_dir():
         raise BadInput("directory does not exist", path)
     return path
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary sibling and rename, so a reader never sees half a report."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            os.fchmod(fh.fileno(), 0o644)  # mkstemp's 0600 would hide a report from CI viewers
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def dumps(run: dict) -> str:

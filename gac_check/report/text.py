@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from gac_check.analysis import CheckResult
-from gac_check.contract import Finding
+from gac_check.contract.rules import Finding
 
 _LAYER = re.compile(r"(?<=\.)\d+(?=\.)")
 

@@ -1,0 +1,1 @@
+"""Reading checkpoints (headers only, never unpickling) and writing outputs all-or-nothing."""

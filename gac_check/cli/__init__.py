@@ -1,0 +1,1 @@
+"""The ``gac-check`` command: :mod:`.main` parses and dispatches, one module per job."""

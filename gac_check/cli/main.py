@@ -1,0 +1,124 @@
+"""``gac-check``: the command line, its options and its exit codes; one module per job.
+
+Exit codes are a contract (docs/design.md, "Exit codes"; :mod:`gac_check.cli.exits`): bad
+input is one line on stderr and exit 2, any other crash exit 3, never 1.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gac_check.cli.exits import EXIT_BAD_INPUT, EXIT_INTERNAL
+from gac_check.errors import BadInput
+from gac_check.plugin.options import add_gpu_option
+from gac_check.profiles import resolve_profile
+from gac_check.report.outputs import DEFAULT_REPORT
+
+DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn", "int8")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"gac-check: error: {message}\n")
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="gac-check", description="Find, repair and gate GPU-hostile dimensions "
+                "in a compressed model checkpoint.")
+    p.add_argument("model_dir", type=Path, help="model directory (config.json + weights)")
+    add_gpu_option(p.add_argument, default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="dtype the model will be served in (default: config.json's dtype, "
+                   "else the weights')")
+    p.add_argument("--format", choices=("text", "json"), default="text", dest="output")
+    p.add_argument("--fail-on", choices=("error", "warning", "never"), default="error")
+    p.add_argument("--report", nargs="?", const=DEFAULT_REPORT, metavar="FILE.html",
+                   help="write the HTML alignment report (and its run JSON beside it); "
+                   "without FILE: reports/<model>-<profile>.html")
+    p.add_argument("--junit", type=Path, metavar="FILE.xml",
+                   help="write one JUnit testcase per site; gated sites fail")
+    p.add_argument("--bench", action="store_true",
+                   help="time the misaligned sites against their repaired sizes on the "
+                   "device present and print the measured speedups")
+    fix = p.add_argument_group("fixing")
+    fix.add_argument("--strategy", choices=("minimal", "optimal"), default="minimal",
+                     help="minimal: the required multiple; optimal: the fastest one "
+                     "(for --repair and --realign)")
+    fix.add_argument("--force", action="store_true", help="replace an existing OUT")
+    fix.add_argument("--repair", type=Path, metavar="OUT",
+                     help="write the exact zero-padded repair of the model to OUT")
+    fix.add_argument("--realign", type=Path, metavar="OUT",
+                     help="write a model with aligned ranks re-selected under the same "
+                     "parameter budget (exact multi-choice knapsack)")
+    fix.add_argument("--base", type=Path, metavar="DENSE_DIR",
+                     help="the dense original, so --realign can choose any aligned rank")
+    fix.add_argument("--calib", type=Path, metavar="TEXT_FILE",
+                     help="--realign objective: activation-aware (ASVD scaling) from this "
+                     "calibration text run through the --base model")
+    fix.add_argument("--budget", default="same", metavar="same|FLOAT",
+                     help="--realign budget: the input's parameter count (same) or a "
+                     "fraction of the dense matrices' parameters")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["report"]:  # `gac-check report merge ...`; MODEL_DIR is positional
+        return _report_command(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except BadInput as exc:
+        sys.stderr.write(f"gac-check: {exc}\n")
+        return EXIT_BAD_INPUT
+    except OSError as exc:  # the filesystem said no: still the user's input, still one line
+        where = f"{exc.filename}: " if exc.filename else ""
+        sys.stderr.write(f"gac-check: {where}{exc.strerror or exc}\n")
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        # A bug, not a finding: never exit 1 (which a CI gate reads as "findings").
+        if os.environ.get("GAC_DEBUG"):
+            raise
+        sys.stderr.write(f"gac-check: internal error ({type(exc).__name__}: {exc}); "
+                         "rerun with GAC_DEBUG=1 for the traceback and please report it\n")
+        return EXIT_INTERNAL
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch to the job the options ask for; each job module runs one."""
+    resolve_profile(args.gpu)  # an unknown --gpu is bad input before anything is read
+    if args.base and not args.realign:
+        raise BadInput("--base is only used with --realign")
+    if args.repair and args.realign:
+        raise BadInput("--repair and --realign write different models; choose one")
+    if args.repair:
+        from gac_check.cli.repair import run_repair
+
+        return run_repair(args)
+    if args.realign:
+        from gac_check.cli.realign import run_realign
+
+        return run_realign(args)
+    from gac_check.cli.check import run_check
+
+    return run_check(args)
+
+
+def _report_command(argv: list[str]) -> int:
+    from gac_check.cli.report import main as report_main
+
+    try:
+        return report_main(argv, _Parser)
+    except BadInput as exc:
+        sys.stderr.write(f"gac-check: {exc}\n")
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

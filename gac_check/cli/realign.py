@@ -1,0 +1,40 @@
+"""``gac-check MODEL_DIR --realign OUT``: re-select aligned ranks, then re-check OUT."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from gac_check.analysis import check
+from gac_check.checkpoint.outdir import check_output_dir
+from gac_check.cli.exits import exit_code
+from gac_check.errors import BadInput
+from gac_check.realign.factors import RealignReport, realign
+from gac_check.report.realign import render_realign
+
+
+def run_realign(args: argparse.Namespace) -> int:
+    """Realign, then gate on the re-check of OUT (like --repair)."""
+    report = realign_dir(args.model_dir, args.realign, args.base, args.gpu, args.dtype,
+                         args.budget, args.strategy, args.force, args.calib)
+    remaining = check(args.realign, args.gpu, args.dtype).findings
+    if args.output == "json":
+        counts = {sev: sum(f.severity == sev for f in remaining) for sev in ("error", "warning")}
+        print(json.dumps({**report.to_json(), "remaining": counts}, indent=2))
+    else:
+        print(render_realign(report))
+    return exit_code(remaining, args.fail_on)
+
+
+def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: str = "auto",
+                dtype: str | None = None, budget: str = "same", strategy: str = "minimal",
+                force: bool = False, calib: Path | None = None) -> RealignReport:
+    """Check ``model_dir`` and write its realigned model to ``out`` (ASVD layout only)."""
+    inputs = [Path(model_dir)] + ([Path(base_dir)] if base_dir else [])
+    check_output_dir(Path(out), force, *inputs)
+    result = check(model_dir, gpu, dtype)
+    if result.format.name != "asvd":
+        raise BadInput(f"is in {result.format.name} format; --realign writes ASVD-layout "
+                       "low-rank models (ours and ASVD's)", result.checkpoint.path)
+    return realign(result.checkpoint, result.sites, result.contract, Path(out), base_dir,
+                   budget, strategy, force, calib)

@@ -1,0 +1,43 @@
+"""``gac-check MODEL_DIR --repair OUT``: check, plan, write, then re-check OUT."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from gac_check.analysis import check
+from gac_check.checkpoint.outdir import check_output_dir
+from gac_check.cli.exits import exit_code
+from gac_check.errors import BadInput
+from gac_check.repair.plan import STRATEGIES, plan
+from gac_check.repair.write import RepairReport, apply
+from gac_check.report.repair import render_repair
+
+
+def run_repair(args: argparse.Namespace) -> int:
+    """Repair, then gate on what the re-check of OUT still finds (refused sites remain)."""
+    report = repair_dir(args.model_dir, args.repair, args.gpu, args.strategy, args.dtype,
+                        args.force)
+    print(json.dumps(report.to_json(), indent=2) if args.output == "json"
+          else render_repair(report))
+    return exit_code(report.remaining, args.fail_on)
+
+
+def repair_dir(model_dir: Path | str, out: Path | str, gpu: str = "auto",
+               strategy: str = "minimal", dtype: str | None = None,
+               force: bool = False) -> RepairReport:
+    """Check ``model_dir`` against ``gpu``'s contract and write its exact repair to ``out``.
+
+    Refuses exactly what the checker refuses (BadInput before anything is written), and an
+    existing ``out`` unless ``force``.
+    """
+    if strategy not in STRATEGIES:
+        raise BadInput(f"--strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    result = check(model_dir, gpu, dtype)
+    ckpt = result.checkpoint
+    check_output_dir(Path(out), force, ckpt.path)
+    repair_plan = plan(result.sites, result.contract, strategy, shapes=ckpt.shapes,
+                       config=ckpt.config)
+    report = apply(repair_plan, ckpt, out, force=force)
+    report.remaining = check(report.out, gpu, result.contract.dtype).findings
+    return report

@@ -1,0 +1,1 @@
+"""The Shape Contract: published rules, rules measured from a stored sweep, and the choice."""

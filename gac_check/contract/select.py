@@ -1,0 +1,25 @@
+"""Which contract a check uses: measured rules where a stored sweep exists, else published ones.
+
+Kept apart from :mod:`gac_check.contract.rules` so the published rules need nothing from the
+measuring side, and the measured rules can build on the published ones without a circle.
+"""
+from __future__ import annotations
+
+from gac_check.contract.measured import measured_rules
+from gac_check.contract.rules import Contract, cpu_rules, gpu_rules
+
+
+def for_hardware(profile: str, dtype: str) -> Contract:
+    """The contract for a profile: measured where a sweep exists, else published rules.
+
+    A measured sweep (baselines/<profile>.json; for "cpu" the present CPU's file) replaces the
+    published rules of the roles it covers; hard limits (head_dim <= 256) always stay, and roles
+    the sweep does not cover keep their published rules.
+    """
+    rules = cpu_rules(dtype) if profile == "cpu" else gpu_rules(dtype, profile)
+    measured = measured_rules(profile, dtype)
+    if measured is None:
+        return Contract(profile, dtype, rules)
+    derived, covered = measured
+    kept = [r for r in rules if r.max_value is not None or not r.roles & covered]
+    return Contract(profile, dtype, kept + derived, source="measured")

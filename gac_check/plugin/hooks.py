@@ -1,0 +1,96 @@
+"""The pytest plugin (entry point ``pytest11``): options, markers, fixtures, hypothesis profiles.
+
+Installed with the package, so any compressor repository gets ``--gpu``/``--model`` and the
+``gac_*`` fixtures. Heavy imports (torch, the bench engine) happen inside fixtures, never at
+plugin load, so ``pytest --help`` stays fast.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gac_check.plugin.options import OPTION_GPU, OPTION_MODEL, add_options
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser.getgroup("gac-check", "gac-check alignment regression").addoption)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with a reason else")
+    config.addinivalue_line("markers", "perf: a timing test; serialized per device under xdist")
+    from gac_check.testing import settings as hypothesis_settings
+
+    hypothesis_settings.register_profiles()
+    hypothesis_settings.load_default_profile()
+    from gac_check.plugin import collect, workers
+
+    workers.register(config)  # xdist: pin workers to devices, serialise perf tests per device
+    collect.register(config)  # --gac-report: collect on the controller, write at session end
+
+
+@pytest.fixture(scope="session")
+def gac_profile(request: pytest.FixtureRequest) -> str:
+    """The hardware profile key this session checks against (``--gpu``, default auto)."""
+    from gac_check.profiles import resolve_profile
+
+    return resolve_profile(request.config.getoption(OPTION_GPU) or "auto")
+
+
+@pytest.fixture(scope="session")
+def gac_models(request: pytest.FixtureRequest) -> list[Path]:
+    """The model directories given with ``--model`` (possibly none)."""
+    return [Path(p) for p in request.config.getoption(OPTION_MODEL)]
+
+
+@pytest.fixture(scope="session")
+def gac_contract(gac_profile: str):
+    """A factory: ``gac_contract(dtype)`` is the Shape Contract of this session's profile."""
+    from gac_check.contract.select import for_hardware
+
+    return lambda dtype="float16": for_hardware(gac_profile, dtype)
+
+
+# ------------------------------------------------------------ perf: gac_check/plugin/perf.py
+_PERF = pytest.StashKey["object"]()
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: only tests that will run count
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from gac_check.plugin import perf as pytest_perf
+
+    pytest_perf.collection_modifyitems(config, items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from gac_check.plugin import perf as pytest_perf
+
+    pytest_perf.session_finish(session.config.stash.get(_PERF, None))
+
+
+@pytest.fixture(scope="session")
+def _gac_perf_session(request: pytest.FixtureRequest):
+    from gac_check.plugin import perf as pytest_perf
+
+    config = request.config
+    if _PERF not in config.stash:
+        config.stash[_PERF] = pytest_perf.make_session(config)
+    return config.stash[_PERF]
+
+
+@pytest.fixture(scope="session")
+def gac_baseline(_gac_perf_session):
+    """The stored Baseline for the device perf tests measure on, or None when there is no
+    matching one (``gac_bench.regression`` then skips with the reason; never a pass)."""
+    return _gac_perf_session.baseline()
+
+
+@pytest.fixture
+def gac_bench(request: pytest.FixtureRequest, _gac_perf_session):
+    """Measure workloads on the present device (``.measure``, ``.interleaved``) or check one
+    against the baseline (``.regression``); results go to the report and, with
+    --gac-update-baselines, to the baseline file."""
+    from gac_check.plugin.perf import Bench
+
+    return Bench(_gac_perf_session, request.node)

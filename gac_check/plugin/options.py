@@ -1,0 +1,40 @@
+"""The options gac-check's pytest plugin adds, defined once.
+
+Option names are constants so the perf session, the report collector and the reproduce command
+never spell them twice; :func:`add_gpu_option` is shared with the ``gac-check`` CLI, so
+``pytest --gpu X`` and ``gac-check --gpu X`` accept exactly the same profiles. ``addoption``
+is either pytest's ``group.addoption`` or argparse's ``add_argument``: both take the same
+arguments.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gac_check.profiles import CHOICES, CPU_PERF_FACTOR, GPU_PERF_FACTOR
+
+OPTION_GPU = "--gpu"
+OPTION_MODEL = "--model"
+OPTION_REPORT = "--gac-report"
+OPTION_UPDATE_BASELINES = "--gac-update-baselines"
+OPTION_PERF_FACTOR = "--gac-perf-factor"
+
+
+def add_gpu_option(addoption: Callable[..., object], default: str | None) -> None:
+    """``--gpu PROFILE``: the hardware the model will be served on."""
+    addoption(OPTION_GPU, default=default, metavar="PROFILE", type=str.lower, choices=CHOICES,
+              help=f"hardware profile to check (and measure) against: {', '.join(CHOICES)} "
+              "(default auto: the GPU present, else the generic published GPU contract)")
+
+
+def add_options(addoption: Callable[..., object]) -> None:
+    """Every option of the pytest plugin, in its ``gac-check`` group."""
+    add_gpu_option(addoption, default=None)
+    addoption(OPTION_MODEL, action="append", default=[], metavar="DIR",
+              help="model directory the suites check (repeatable)")
+    addoption(OPTION_REPORT, action="store", default=None, metavar="FILE.html",
+              help="write the alignment-regression HTML report here")
+    addoption(OPTION_UPDATE_BASELINES, action="store_true", default=False,
+              help="store this run's measurements as the profile's new baseline")
+    addoption(OPTION_PERF_FACTOR, action="store", type=float, default=None, metavar="X",
+              help="perf regression threshold as a time ratio (default "
+              f"{GPU_PERF_FACTOR} on a GPU, {CPU_PERF_FACTOR} on a CPU)")

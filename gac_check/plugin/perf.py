@@ -1,0 +1,216 @@
+"""The perf side of the pytest plugin: where perf tests measure, against which baseline, and how.
+
+Decisions (the README's "Measuring" section explains them to users):
+
+* Perf tests measure on the device present. ``--gpu a100|h100|h200`` asks to measure on that
+  GPU; when it is not present and perf tests were collected, the session stops at collection
+  with a usage error (exit 4) naming what is present. Structure and equivalence suites use
+  ``--gpu`` only to pick the contract, so they stay runnable: deselect the perf tests
+  (``-m "not perf"``) or run only those files. ``--gpu cpu`` measures on the CPU; ``auto``
+  measures on whatever is present.
+* A baseline is used only when its fingerprint matches this device. No file for the device, a
+  file from another device, or a case missing from the file all give "no baseline": the test is
+  SKIPPED with that reason (never passed; a skip is visible in the summary and in the report,
+  and an xfail would read as a known bug). A corrupted or wrong-schema file is an error naming it.
+* The verdict is asv's: slower than the baseline by more than a factor AND significantly so
+  (Mann-Whitney on the samples). GPUs compare medians; CPUs compare minima, because on a
+  shared CPU interference only ever adds time (on this project's loaded 2-core machine the
+  median moved 1.3-3x between runs while the minimum stayed within a few %). The factor
+  defaults to ``gac_check.profiles``' GPU_PERF_FACTOR or CPU_PERF_FACTOR (benchmarks/bench_trust.py
+  measured the noise); ``--gac-perf-factor`` overrides it.
+* ``--gac-update-baselines`` records every regression case measured; each worker merges its
+  cases into the device's file under a lock at the end of its session.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from gac_check.errors import HardwareMissing, Unsupported
+from gac_check.plugin.options import OPTION_GPU, OPTION_PERF_FACTOR, OPTION_UPDATE_BASELINES
+from gac_check.profiles import CPU_PERF_FACTOR, GPU_PERF_FACTOR, cpu_profile_key, cuda_profile
+
+#: The statistic compared on a CPU: the minimum (interference only adds time); GPUs: median.
+CPU_Q, GPU_Q = 0.0, 0.5
+
+
+@dataclass(frozen=True)
+class PerfTarget:
+    """The device perf tests measure on and the baseline file key for it."""
+
+    device: str  # "cpu" or "cuda"
+    key: str  # baseline profile key: a100, h100, cpu-amd-avx2, ...
+
+
+def perf_target(requested: str | None) -> PerfTarget:
+    req = (requested or "auto").lower()
+    if req == "cpu":
+        return PerfTarget("cpu", cpu_profile_key())
+    present = cuda_profile()
+    if req == "auto":
+        if present is None:
+            return PerfTarget("cpu", cpu_profile_key())
+        return PerfTarget("cuda", present if present != "gpu" else _gpu_key())
+    if present != req:
+        have = f"a {present.upper()}" if present not in (None, "gpu") else (
+            "no CUDA device" if present is None else f"a {_gpu_key()}")
+        raise HardwareMissing(
+            f"--gpu {req} asks the perf tests to measure on an {req.upper()}, but this machine "
+            f"has {have}. Perf tests measure on the device present: run them on an "
+            f"{req.upper()}, use --gpu cpu or --gpu auto here, or deselect them with "
+            "-m 'not perf' (structure and equivalence suites accept any --gpu).")
+    return PerfTarget("cuda", req)
+
+
+def _gpu_key() -> str:
+    import torch
+
+    return "gpu-" + re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(0).lower()).strip("-")
+
+
+# --------------------------------------------------------------------------------- hooks
+def collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``gpu`` tests without CUDA (with the reason); refuse perf tests whose requested
+    hardware is absent (an error at session start, not a row of skips)."""
+    gpu_items = [i for i in items if i.get_closest_marker("gpu")]
+    perf_items = [i for i in items if i.get_closest_marker("perf")]
+    if not (gpu_items or perf_items):
+        return
+    import torch
+
+    if gpu_items and not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device; none is present "
+                                "(torch.cuda.is_available() is False)")
+        for item in gpu_items:
+            item.add_marker(skip)
+    if perf_items and not hasattr(config, "workerinput"):
+        try:
+            perf_target(config.getoption(OPTION_GPU))
+        except HardwareMissing as exc:
+            pytest.exit(f"gac-check: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    # Under xdist a worker cannot stop the session without an internal error; there every
+    # perf test ERRORS at setup with the same message instead (see make_session).
+
+
+@dataclass
+class Session:
+    """Per-process perf state: the target, its baseline, and what to store at the end."""
+
+    target: PerfTarget
+    factor: float
+    update: bool
+    q: float
+    recorded: list = field(default_factory=list)
+    _baseline: object = None
+    _refused: str | None = None
+
+    def baseline(self):
+        """The matching Baseline, or None with ``refused`` saying why."""
+        from gac_check.bench import baselines
+        from gac_check.errors import BadInput
+
+        if self._baseline is None and self._refused is None:
+            path = baselines.path_for(self.target.key)
+            present = baselines.present_fingerprint(self.target.device)
+            if not path.exists():
+                self._refused = (f"no baseline for this device: {path} does not exist "
+                                 "(record it with --gac-update-baselines)")
+                return None
+            loaded = baselines.load(path)  # corrupted / wrong schema: BadInput, an error
+            try:
+                baselines.check_fingerprint(loaded, present)
+            except BadInput as exc:
+                self._refused = f"no matching baseline: {exc}"
+                return None
+            self._baseline = loaded
+        return self._baseline
+
+    @property
+    def refused(self) -> str | None:
+        self.baseline()
+        return self._refused
+
+
+def make_session(config: pytest.Config) -> Session:
+    try:
+        target = perf_target(config.getoption(OPTION_GPU))
+    except HardwareMissing as exc:
+        pytest.fail(f"gac-check: {exc}", pytrace=False)
+    factor = config.getoption(OPTION_PERF_FACTOR) or (
+        GPU_PERF_FACTOR if target.device == "cuda" else CPU_PERF_FACTOR)
+    q = GPU_Q if target.device == "cuda" else CPU_Q
+    return Session(target, factor, bool(config.getoption(OPTION_UPDATE_BASELINES)), q)
+
+
+class Bench:
+    """What ``gac_bench`` hands a test: measure workloads, or check one against the baseline."""
+
+    def __init__(self, session: Session, node: pytest.Item) -> None:
+        self.session, self.node = session, node
+
+    @property
+    def device(self) -> str:
+        return self.session.target.device
+
+    def _prepare_check(self, works):
+        for w in works:
+            try:
+                w.prepare(self.device)
+            except Unsupported as exc:
+                pytest.skip(f"{w.key}: {exc}")
+
+    def measure(self, work, config=None):
+        return self.interleaved([work], config)[0]
+
+    def interleaved(self, works, config=None):
+        """Measure several workloads trial by trial in turn (for within-test comparisons)."""
+        from gac_check.bench import timing
+        from gac_check.bench.run import run_interleaved
+
+        self._prepare_check(works)
+        return run_interleaved(works, self.device, config or timing.DEFAULT_CONFIG,
+                               _command(), with_peak=True)
+
+    def regression(self, work, config=None):
+        """Measure, record, and compare with the baseline; skip on "no baseline", fail on a
+        regression. Returns the Verdict otherwise."""
+        from gac_check.bench import stats
+        from gac_check.plugin.collect import perf_record, record_perf
+
+        m = self.measure(work, config)
+        self.session.recorded.append(m)
+        base = self.session.baseline()
+        if base is None:
+            verdict = stats.Verdict(stats.NO_BASELINE, factor=self.session.factor,
+                                    reason=self.session.refused or "")
+            stored = None
+        else:
+            verdict = base.compare(m, self.session.factor, q=self.session.q)
+            stored = base.get(m.case)
+        record_perf(self.node, perf_record(m, verdict, stored, device=self.device))
+        if verdict.status == stats.NO_BASELINE:
+            pytest.skip(f"{m.case}: no baseline: {verdict.reason}")
+        if verdict.regressed:
+            pytest.fail(f"{m.case} regressed on {self.session.target.key}: "
+                        f"{verdict.describe()}", pytrace=False)
+        return verdict
+
+
+def _command() -> str:
+    return "pytest " + shlex.join(sys.argv[1:]) if sys.argv else "pytest"
+
+
+def session_finish(session: Session | None) -> None:
+    """``--gac-update-baselines``: merge this process's cases into the device's file."""
+    if session is None or not session.update or not session.recorded:
+        return
+    from gac_check.bench import baselines
+    from gac_check.bench.peak import peak
+
+    t = session.target
+    baselines.update(baselines.path_for(t.key), t.key, baselines.present_fingerprint(t.device),
+                     session.recorded, peak(t.device).as_dict())

@@ -1,0 +1,218 @@
+"""``--realign``'s engine: re-select aligned ranks under the compressor's own budget (GAC).
+
+Zero padding costs memory; re-selection keeps the memory and moves the approximation error to
+where it costs least. With ``--base DENSE_DIR`` the candidates are truncated SVDs of the dense
+weights (any aligned rank up to the useful maximum, or keeping the matrix dense). Without it
+only the existing factors are available, so a matrix can only go *down* to an aligned rank
+within its current one; we do that and say so.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gac_check.checkpoint.index import Checkpoint, open_checkpoint
+from gac_check.checkpoint.outdir import (
+    atomic_output_dir,
+    copy_side_files,
+    weight_file_names,
+)
+from gac_check.checkpoint.tensors import read_state, tensor
+from gac_check.contract.rules import ERROR, WARNING, Contract
+from gac_check.errors import BadInput
+from gac_check.realign.calibration import input_scales
+from gac_check.realign.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
+from gac_check.sites import DimSite, Role
+
+B_SUFFIX, A_SUFFIX = ".BLinear.weight", ".ALinear.weight"
+
+
+@dataclass
+class Source:
+    """One low-rank matrix: its shape, SVD (of the dense weight or of the current product)."""
+
+    module: str
+    m: int
+    n: int
+    rank: int
+    U: torch.Tensor
+    S: torch.Tensor
+    Vh: torch.Tensor
+    bias: torch.Tensor | None
+    current_error: float  # ||W - A B||_F^2 against the reference weight
+    dtype: torch.dtype  # the factors' dtype, which the rewritten ones keep
+
+
+@dataclass
+class RealignReport:
+    """What changed: the plan, the budget it kept, and what went in and came out."""
+
+    out: Path
+    plan: RankPlan
+    align: int
+    old_ranks: dict[str, int]
+    old_params: int
+    old_error: float
+    with_base: bool
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"out": str(self.out), "align": self.align, "with_base": self.with_base,
+                "old_ranks": self.old_ranks, "old_params": self.old_params,
+                "old_error": self.old_error, "plan": self.plan.as_dict(), "notes": self.notes}
+
+
+def rank_alignment(contract: Contract, strategy: str = "minimal") -> int:
+    """The multiple every rank must be: the lcm of the contract's rank rules' moduli."""
+    severities = (ERROR,) if strategy == "minimal" else (ERROR, WARNING)
+    align = 1
+    for rule in contract.rules:
+        if Role.RANK in rule.roles and rule.severity in severities and not rule.allowed:
+            align = math.lcm(align, rule.modulus)
+    return align
+
+
+def rank_modules(sites: list[DimSite], path: Path) -> list[str]:
+    """The modules whose rank is a site: what realign re-selects."""
+    modules = [s.module for s in sites if s.role == Role.RANK]
+    if not modules:
+        raise BadInput("has no low-rank sites: nothing to realign (it is not a low-rank "
+                       "compressed model in a format gac-check can rewrite)", path)
+    return modules
+
+
+def sources(state: dict[str, torch.Tensor], modules: list[str], base: Checkpoint | None,
+            scales: dict[str, torch.Tensor] | None = None) -> list[Source]:
+    out = []
+    for i, module in enumerate(modules, 1):
+        _progress(i, len(modules), module)
+        out.append(_source(state, base, module, (scales or {}).get(module)))
+    return out
+
+
+def _source(state: dict[str, torch.Tensor], base: Checkpoint | None, module: str,
+            scale: torch.Tensor | None = None) -> Source:
+    """SVD of the reference weight; with ``scale`` (activation-aware) of ``W diag(scale)``,
+    unscaled again in Vh so the factors still multiply to an approximation of W."""
+    a = state[module + A_SUFFIX].double()
+    b = state[module + B_SUFFIX].double()
+    bias = state.get(f"{module}.ALinear.bias")
+    m, n = a.shape[0], b.shape[1]
+    if base is not None:
+        w = _base_weight(base, module, (m, n)).double()
+        s = torch.ones(n, dtype=torch.float64) if scale is None else scale
+        U, S, Vh = torch.linalg.svd(w * s, full_matrices=False)
+        Vh = Vh / s
+        err = float((((w - a @ b) * s) ** 2).sum())
+    else:
+        U, S, Vh = _svd_of_product(a, b)
+        err = 0.0
+    return Source(module, m, n, a.shape[1], U, S, Vh, bias, err,
+                  state[module + A_SUFFIX].dtype)
+
+
+def _base_weight(base: Checkpoint, module: str, shape: tuple[int, int]) -> torch.Tensor:
+    name = f"{module}.weight"
+    if name not in base.tensors:
+        raise BadInput(f"has no {name!r}: it is not the dense original of the compressed "
+                       "model", base.path)
+    if base.tensors[name].shape != shape:
+        raise BadInput(f"{name} is {list(base.tensors[name].shape)}, the compressed model's "
+                       f"factors make {list(shape)}: not the same model", base.path)
+    return tensor(base, name)
+
+
+def _svd_of_product(a: torch.Tensor, b: torch.Tensor):
+    """SVD of A @ B through two thin QRs: O((m + n) r^2), never the m x n product."""
+    qa, ra = torch.linalg.qr(a)
+    qb, rb = torch.linalg.qr(b.T)
+    u, s, vh = torch.linalg.svd(ra @ rb.T)
+    return qa @ u, s, vh @ qb.T
+
+
+def _progress(i: int, total: int, module: str) -> None:
+    if total >= 50 and (i == total or i % max(1, total // 20) == 0):
+        print(f"  factorizing {i}/{total} ({module})", file=sys.stderr, flush=True)
+
+
+def realign(ckpt: Checkpoint, sites: list[DimSite], contract: Contract, out: Path,
+            base_dir: Path | None = None, budget: str = "same", strategy: str = "minimal",
+            force: bool = False, calib: Path | None = None) -> RealignReport:
+    """Solve the knapsack for an ASVD-layout checkpoint and write the re-selected model."""
+    base = open_checkpoint(base_dir) if base_dir else None
+    modules = rank_modules(sites, ckpt.path)
+    scales = None
+    if calib is not None:
+        if base_dir is None:
+            raise BadInput("--calib needs --base: activations come from the dense model")
+        scales = input_scales(Path(base_dir), modules, Path(calib))
+    state = read_state(ckpt)
+    srcs = sources(state, modules, base, scales)
+    align = rank_alignment(contract, strategy)
+    matrices = [Matrix(s.module, s.m, s.n, sv=s.S.numpy()) for s in srcs]
+    old = {s.module: s.rank for s in srcs}
+    spent = budget_from_spec(budget, matrices, old)
+    # Without the dense weights the factors' product is all there is: a matrix can go down to
+    # an aligned rank within its own (or up to the alignment, zero-padded, if it is below it),
+    # or be stored dense (exactly A @ B).
+    candidates = None if base else {
+        s.module: [*range(align, max(s.rank, align) + 1, align), DENSE] for s in srcs}
+    plan = realign_plan(matrices, spent, align, candidates)
+    old_error = (sum(s.current_error for s in srcs) if base else 0.0)
+    report = RealignReport(Path(out), plan, align, old, sum(old[m.name] * (m.m + m.n)
+                           for m in matrices), old_error, base is not None)
+    if scales is not None:
+        report.notes.append(f"activation-aware objective from {calib}: errors are "
+                            "activation-weighted (ASVD scaling, alpha 0.5)")
+    if base is None:
+        report.notes.append("no --base given: only the existing factors were available (ranks "
+                            "go down within them, up only to the alignment by zero padding); "
+                            "the error shown is relative to the compressed model")
+    _write(ckpt, state, srcs, plan, Path(out), force)
+    return report
+
+
+def _write(ckpt: Checkpoint, state: dict[str, torch.Tensor], srcs: list[Source], plan: RankPlan,
+           out: Path, force: bool) -> None:
+    """The input's tensors with every factor pair replaced; ``state`` is consumed."""
+    from safetensors.torch import save_file
+
+    ranks = plan.ranks
+    for s in srcs:
+        for suffix in (A_SUFFIX, B_SUFFIX, ".ALinear.bias"):
+            state.pop(s.module + suffix, None)
+        state.update(_factors(s, ranks[s.module], s.dtype))
+    config = dict(ckpt.config)
+    config["truncation_ranks"] = {m: int(r) for m, r in ranks.items() if r != DENSE}
+    with atomic_output_dir(out, force) as tmp:
+        copy_side_files(ckpt.path, tmp, skip=weight_file_names(ckpt.path) | {"config.json"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+
+
+def _factors(s: Source, rank, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    if rank == DENSE:
+        weight = (s.U * s.S) @ s.Vh
+        out = {f"{s.module}.weight": weight.to(dtype)}
+        if s.bias is not None:
+            out[f"{s.module}.bias"] = s.bias
+        return out
+    # Without --base a rank below the alignment can only go up to it by zero padding: the
+    # product has fewer singular values than the rank, and the rest of the factors are zeros.
+    k = min(rank, s.S.numel())
+    root = s.S[:k].sqrt()
+    a = s.U.new_zeros(s.m, rank)
+    b = s.Vh.new_zeros(rank, s.n)
+    a[:, :k] = s.U[:, :k] * root
+    b[:k] = root[:, None] * s.Vh[:k]
+    out = {f"{s.module}{A_SUFFIX}": a.to(dtype), f"{s.module}{B_SUFFIX}": b.to(dtype)}
+    if s.bias is not None:
+        out[f"{s.module}.ALinear.bias"] = s.bias
+    return out
+

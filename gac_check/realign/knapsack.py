@@ -1,0 +1,646 @@
+"""Multi-choice knapsack rank re-selection (GAC) under a parameter budget.
+
+A compressor picks per-matrix ranks such as 107 or 1131 that GPUs run slowly. Padding them to
+an aligned size spends memory; re-selecting aligned ranks under the compressor's own parameter
+budget keeps the memory and moves the approximation error to where it costs least. Per matrix
+``i`` (shape ``m x n``) we choose one candidate: an aligned rank ``r`` (cost ``r (m + n)``
+parameters, error = the discarded squared singular values ``sum_{k > r} s_k^2``) or keeping the
+matrix dense (cost ``m n``, error 0), minimising the total error subject to the total cost
+staying within the budget.
+
+Rank 0 is never a candidate: a rank must be at least ``align``. Deleting a matrix changes the
+architecture (most loaders cannot build a zero-width factor), which is not a re-selection.
+Ranks whose factors hold at least as many parameters as the dense matrix are not candidates
+either when the dense option is allowed: dense is then cheaper and exact.
+
+The solver is exact. The error of a rank is convex in its cost (singular values are sorted), so
+(1) a Lagrangian relaxation gives a lower bound and, with a greedy repair, a near-optimal
+feasible solution; (2) reduced-cost fixing removes every candidate that cannot be part of a
+solution better than that incumbent, leaving a narrow band per matrix; (3) matrices whose band is
+an evenly spaced convex run (the usual case) are merged exactly, per step size, by sorting their
+marginal gains (separable convex allocation: greedy is optimal); (4) a dynamic programme over the
+budget, in units of the gcd of all candidate costs and restricted to the window the bound allows,
+combines those merged groups with the few irregular matrices (a band that holds the dense
+option, a custom candidate set). Every elimination is a proof, so the result is optimal; scipy's
+MILP (HiGHS) and brute force are the cross-checks; they live in
+:mod:`gac_check.testing.knapsack`, which only tests and benchmarks need.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gac_check.errors import BadInput
+
+DENSE = "dense"
+DEFAULT_ALIGN = 8
+
+Rank = int | str  # an int rank, or DENSE
+
+
+@dataclass(eq=False)
+class Matrix:
+    """One low-rank site: its dense shape and how much value each rank keeps.
+
+    Give either ``sv`` (singular values of the dense weight, or of an activation-scaled weight
+    for an activation-aware objective) or ``retained`` (the value kept at each rank
+    ``0..min(m, n)``, nondecreasing, ``retained[0] == 0``). Values beyond ``len(sv)`` are zero.
+    """
+
+    name: str
+    m: int
+    n: int
+    sv: np.ndarray | None = None
+    retained: np.ndarray | None = None
+    error_curve: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.m, int) and isinstance(self.n, int)) or self.m < 1 or self.n < 1:
+            raise BadInput(f"matrix {self.name!r}: shape must be positive ints, got "
+                           f"{self.m!r} x {self.n!r}")
+        if (self.sv is None) == (self.retained is None):
+            raise BadInput(f"matrix {self.name!r}: give exactly one of sv or retained")
+        self.error_curve = (self._curve_from_sv() if self.sv is not None
+                            else self._curve_from_retained())
+
+    @property
+    def full_rank(self) -> int:
+        return min(self.m, self.n)
+
+    @property
+    def dense_params(self) -> int:
+        return self.m * self.n
+
+    def params(self, rank: Rank) -> int:
+        return self.dense_params if rank == DENSE else int(rank) * (self.m + self.n)
+
+    def error(self, rank: Rank) -> float:
+        """Discarded value at ``rank`` (0 when dense or at full rank)."""
+        if rank == DENSE:
+            return 0.0
+        return float(self.error_curve[min(int(rank), self.full_rank)])
+
+    @property
+    def energy(self) -> float:
+        """Total value (the error of rank 0); retained = energy - error."""
+        return float(self.error_curve[0])
+
+    def max_useful_rank(self) -> int:
+        """Largest rank whose factors are still smaller than the dense matrix."""
+        return min(self.full_rank, (self.dense_params - 1) // (self.m + self.n))
+
+    def _curve_from_sv(self) -> np.ndarray:
+        s = np.asarray(self.sv, dtype=np.float64).ravel()
+        if s.size > self.full_rank or not np.all(np.isfinite(s)) or np.any(s < 0):
+            raise BadInput(f"matrix {self.name!r}: singular values must be finite, >= 0 and at "
+                           f"most min(m, n) = {self.full_rank} of them")
+        energy = np.zeros(self.full_rank, dtype=np.float64)
+        energy[: s.size] = np.sort(s)[::-1] ** 2
+        # Suffix sums directly (not total - prefix) so small tails keep their precision.
+        curve = np.zeros(self.full_rank + 1, dtype=np.float64)
+        curve[:-1] = np.cumsum(energy[::-1])[::-1]
+        return curve
+
+    def _curve_from_retained(self) -> np.ndarray:
+        v = np.asarray(self.retained, dtype=np.float64).ravel()
+        if (v.size != self.full_rank + 1 or not np.all(np.isfinite(v)) or v[0] != 0
+                or np.any(np.diff(v) < 0)):
+            raise BadInput(f"matrix {self.name!r}: retained must have min(m, n) + 1 = "
+                           f"{self.full_rank + 1} finite nondecreasing values starting at 0")
+        return v[-1] - v
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What one matrix became: a rank (or DENSE), its parameters and its error."""
+
+    name: str
+    m: int
+    n: int
+    rank: Rank
+    params: int
+    error: float
+    retained: float
+
+    @property
+    def dense(self) -> bool:
+        return self.rank == DENSE
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """A rank per matrix, with the budget it was chosen under and how it was chosen.
+
+    ``lower_bound`` is a proven bound on the best objective (the Lagrangian bound for the exact
+    solver); ``optimal`` says whether the method proves this plan is a best one.
+    """
+
+    choices: tuple[Choice, ...]
+    budget: int
+    method: str
+    optimal: bool
+    lower_bound: float | None = None
+
+    @property
+    def total_params(self) -> int:
+        return sum(c.params for c in self.choices)
+
+    @property
+    def objective(self) -> float:
+        """Total discarded value (sum of per-matrix errors): what the knapsack minimises."""
+        return math.fsum(c.error for c in self.choices)
+
+    @property
+    def retained(self) -> float:
+        return math.fsum(c.retained for c in self.choices)
+
+    @property
+    def within_budget(self) -> bool:
+        return self.total_params <= self.budget
+
+    @property
+    def ranks(self) -> dict[str, Rank]:
+        return {c.name: c.rank for c in self.choices}
+
+    def aligned(self, align: int) -> bool:
+        return all(c.dense or c.rank % align == 0 for c in self.choices)
+
+    def as_dict(self) -> dict:
+        return {
+            "method": self.method, "budget": self.budget, "total_params": self.total_params,
+            "objective": self.objective, "lower_bound": self.lower_bound,
+            "optimal": self.optimal,
+            "choices": [{"name": c.name, "m": c.m, "n": c.n, "rank": c.rank,
+                         "params": c.params, "error": c.error} for c in self.choices],
+        }
+
+
+# ----------------------------------------------------------------------------- budgets
+
+def budget_from_ranks(matrices: Sequence[Matrix], ranks: Mapping[str, Rank]) -> int:
+    """Parameter count of the given ranks (``--budget same``: the compressor's own choice)."""
+    missing = [mat.name for mat in matrices if mat.name not in ranks]
+    if missing:
+        raise BadInput(f"no rank given for matrix {missing[0]!r} ({len(missing)} missing)")
+    for mat in matrices:
+        r = ranks[mat.name]
+        if r != DENSE and (not isinstance(r, int | np.integer) or r < 1):
+            raise BadInput(f"matrix {mat.name!r}: rank must be a positive int or "
+                           f"{DENSE!r}, got {r!r}")
+    return sum(mat.params(ranks[mat.name]) for mat in matrices)
+
+
+def budget_from_fraction(matrices: Sequence[Matrix], fraction: float) -> int:
+    """A fraction of the dense parameter count (``--budget 0.5``)."""
+    if not math.isfinite(fraction) or fraction <= 0:
+        raise BadInput(f"budget fraction must be a positive number, got {fraction!r}")
+    return math.floor(fraction * sum(mat.dense_params for mat in matrices))
+
+
+def budget_from_spec(spec: str, matrices: Sequence[Matrix],
+                     ranks: Mapping[str, Rank] | None = None) -> int:
+    """Parse ``--budget same|FLOAT``: ``same`` needs the compressor's ranks."""
+    if spec == "same":
+        if ranks is None:
+            raise BadInput("--budget same needs the input model's ranks")
+        return budget_from_ranks(matrices, ranks)
+    try:
+        fraction = float(spec)
+    except ValueError:
+        raise BadInput(f"--budget must be 'same' or a fraction of the dense model, got "
+                       f"{spec!r}") from None
+    return budget_from_fraction(matrices, fraction)
+
+
+# ----------------------------------------------------------------------------- candidates
+
+def candidate_ranks(matrix: Matrix, align: int = DEFAULT_ALIGN,
+                    allow_dense: bool = True) -> list[Rank]:
+    """Aligned ranks from ``align`` up to the largest useful one, then DENSE if allowed."""
+    top = matrix.max_useful_rank() if allow_dense else matrix.full_rank
+    ranks: list[Rank] = list(range(align, top + 1, align))
+    if allow_dense:
+        ranks.append(DENSE)
+    return ranks
+
+
+DENSE_CODE = -1
+
+
+@dataclass(frozen=True)
+class _Options:
+    """One matrix's candidates as arrays: what the solvers actually see."""
+
+    ranks: np.ndarray  # int64, DENSE_CODE for the dense option
+    costs: np.ndarray  # int64 parameters
+    errors: np.ndarray  # float64
+
+    def rank(self, j: int) -> Rank:
+        return DENSE if self.ranks[j] == DENSE_CODE else int(self.ranks[j])
+
+
+def _check_custom(matrix: Matrix, ranks: Sequence[Rank], align: int) -> list[Rank]:
+    checked: list[Rank] = []
+    for r in ranks:
+        if r == DENSE:
+            checked.append(DENSE)
+        elif (isinstance(r, int | np.integer) and not isinstance(r, bool)
+              and 1 <= r <= matrix.full_rank and r % align == 0):
+            checked.append(int(r))
+        else:
+            raise BadInput(f"matrix {matrix.name!r}: candidate {r!r} is not {DENSE!r} or a "
+                           f"multiple of {align} in 1..{matrix.full_rank}")
+    if not checked:
+        raise BadInput(f"matrix {matrix.name!r}: empty candidate set")
+    return list(dict.fromkeys(checked))
+
+
+def build_options(matrices: Sequence[Matrix], align: int = DEFAULT_ALIGN,
+                  candidates: Mapping[str, Sequence[Rank]] | None = None,
+                  allow_dense: bool = True) -> list[_Options]:
+    """The instance every solver receives: per matrix, candidate ranks, costs and errors."""
+    if not isinstance(align, int) or align < 1:
+        raise BadInput(f"alignment must be a positive int, got {align!r}")
+    names = [mat.name for mat in matrices]
+    if len(set(names)) != len(names):
+        raise BadInput("matrix names must be unique")
+    if candidates is not None and set(candidates) - set(names):
+        raise BadInput(f"candidates given for unknown matrix "
+                       f"{sorted(set(candidates) - set(names))[0]!r}")
+    out = []
+    for mat in matrices:
+        if candidates is not None and mat.name in candidates:
+            custom = _check_custom(mat, candidates[mat.name], align)
+            ranks = np.array([DENSE_CODE if r == DENSE else r for r in custom], np.int64)
+        else:
+            top = mat.max_useful_rank() if allow_dense else mat.full_rank
+            ranks = np.arange(align, top + 1, align, dtype=np.int64)
+            if allow_dense:
+                ranks = np.append(ranks, DENSE_CODE)
+        if not len(ranks):
+            raise BadInput(f"matrix {mat.name!r} ({mat.m} x {mat.n}) has no rank that is a "
+                           f"multiple of {align} and the dense option is off")
+        out.append(options_for(mat, ranks))
+    return out
+
+
+def options_for(mat: Matrix, ranks: np.ndarray) -> _Options:
+    dense = ranks == DENSE_CODE
+    costs = np.where(dense, mat.dense_params, ranks * (mat.m + mat.n)).astype(np.int64)
+    errors = np.where(dense, 0.0, mat.error_curve[np.where(dense, 0, ranks)])
+    return _Options(ranks, costs, errors.astype(np.float64))
+
+
+def plan_from_picks(matrices: Sequence[Matrix], options: Sequence[_Options], picks: Sequence[int],
+          budget: int, method: str, optimal: bool, lower_bound: float | None = None) -> RankPlan:
+    choices = []
+    for mat, opt, j in zip(matrices, options, picks, strict=True):
+        err = float(opt.errors[j])
+        choices.append(Choice(mat.name, mat.m, mat.n, opt.rank(j), int(opt.costs[j]), err,
+                              mat.energy - err))
+    return RankPlan(tuple(choices), int(budget), method, optimal, lower_bound)
+
+
+def cost_unit(options: Sequence[_Options]) -> int:
+    """gcd of every candidate cost: the budget unit in which the DP and the MILP count."""
+    return int(np.gcd.reduce(np.concatenate([o.costs for o in options])))
+
+
+def check_budget(options: Sequence[_Options], budget: int) -> None:
+    cheapest = sum(int(o.costs.min()) for o in options)
+    if budget < cheapest:
+        raise BadInput(f"budget {budget} parameters is below the smallest feasible choice "
+                       f"({cheapest} parameters, every matrix at its smallest candidate)")
+
+
+# ----------------------------------------------------------------------------- exact solver
+
+def realign_plan(matrices: Sequence[Matrix], budget: int, align: int = DEFAULT_ALIGN,
+                 candidates: Mapping[str, Sequence[Rank]] | None = None,
+                 allow_dense: bool = True) -> RankPlan:
+    """Provably optimal aligned ranks: least total error with total parameters <= budget.
+
+    ``candidates`` replaces the default set for the matrices it names (e.g. the sizes a
+    latency table says are fast); each entry is a multiple of ``align`` or DENSE.
+    """
+    options = build_options(matrices, align, candidates, allow_dense)
+    check_budget(options, budget)
+    picks, bound = _solve_exact(options, int(budget))
+    return plan_from_picks(matrices, options, picks, budget, "knapsack", True, bound)
+
+
+@dataclass
+class _Padded:
+    """Dominance-filtered candidates in a rectangle: rows = matrices, columns by cost."""
+
+    cost: np.ndarray  # float64 budget units (exact integers), padding = beyond every real cost
+    err: np.ndarray  # float64, padding = +inf
+    keep: list[np.ndarray]  # per row: original option index of each column
+    width: np.ndarray  # per row: number of real columns
+
+    def picked(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.arange(len(idx))
+        return self.cost[rows, idx], self.err[rows, idx]
+
+
+def _pad(options: Sequence[_Options], unit: int) -> _Padded:
+    """Sort by cost and drop dominated candidates (no cheaper-or-equal one is as good)."""
+    keep = []
+    for opt in options:
+        order = np.lexsort((opt.errors, opt.costs))
+        errs = opt.errors[order]
+        best_before = np.minimum.accumulate(np.concatenate(([np.inf], errs[:-1])))
+        keep.append(order[errs < best_before])
+    width = np.array([len(k) for k in keep])
+    n_rows, n_cols = len(options), int(width.max())
+    cost = np.empty((n_rows, n_cols))
+    err = np.full((n_rows, n_cols), np.inf)
+    top = max(int(o.costs.max()) for o in options) // unit + 1
+    for i, (opt, k) in enumerate(zip(options, keep, strict=True)):
+        cost[i, : len(k)] = opt.costs[k] // unit
+        cost[i, len(k):] = top
+        err[i, : len(k)] = opt.errors[k]
+    return _Padded(cost, err, keep, width)
+
+
+def _solve_exact(options: Sequence[_Options], budget: int) -> tuple[list[int], float]:
+    """Optimal option index per matrix, and the Lagrangian lower bound that was used."""
+    unit = cost_unit(options)
+    pad = _pad(options, unit)
+    cap = budget // unit  # all costs are multiples of unit, so this loses nothing
+    rows = np.arange(len(options))
+    last = pad.width - 1
+    if pad.cost[rows, last].sum() <= cap:  # everything at its best fits: nothing to trade
+        best = pad.err[rows, last]
+        return _original(pad, last), float(best.sum())
+    lam, incumbent = _lagrange(pad, cap)
+    reduced = pad.err + lam * pad.cost
+    best = reduced.min(axis=1, keepdims=True)
+    bound = float(best.sum() - lam * cap)  # L(lam): a lower bound whatever lam is
+    reduced -= best
+    gap = max(float(pad.picked(incumbent)[1].sum()) - bound, 0.0)
+    tol = 1e-9 * (abs(bound) + gap) + 1e-300
+    alive = reduced <= gap + tol
+    idx = np.argmax(alive, axis=1)  # lowest surviving column: final for single-survivor rows
+    items = _items(pad, alive, reduced, lam, gap + tol)
+    room = cap - int(pad.picked(idx)[0].sum())
+    # The objective is L(lam) + sum of reduced costs + lam * (unspent units), so a plan that
+    # leaves more than (gap / lam) units unspent cannot beat the incumbent.
+    lowest = max(0, math.ceil(room - (gap + tol) / lam) - 1)
+    picks = _dp(items, room, lowest)
+    for item, k in zip(items, picks, strict=True):
+        for row, col in item.expand(k):
+            idx[row] = col
+    return _original(pad, idx), bound
+
+
+def _original(pad: _Padded, idx: np.ndarray) -> list[int]:
+    return [int(pad.keep[i][j]) for i, j in enumerate(idx)]
+
+
+def _lagrange(pad: _Padded, cap: int) -> tuple[float, np.ndarray]:
+    """The LP relaxation's multiplier, and a greedy feasible incumbent (column per row).
+
+    The LP of a multi-choice knapsack walks every row's lower convex hull: segments taken in
+    order of falling efficiency (error saved per unit) until the budget splits one. That
+    split efficiency is the optimal multiplier lam, and L(lam) = sum_i min_j (e_ij + lam c_ij)
+    - lam cap is the LP value, the best Lagrangian bound.
+    """
+    row, head, tail = _hull_segments(pad)
+    d_cost = pad.cost[row, tail] - pad.cost[row, head]
+    d_err = pad.err[row, head] - pad.err[row, tail]
+    # Efficiencies fall along each row's hull; clamp rounding noise so that the stable sort
+    # never puts a row's later segment before its earlier one.
+    eff = d_err / d_cost
+    bounds = np.flatnonzero(np.r_[True, row[1:] != row[:-1], True])
+    for a, b in itertools.pairwise(bounds):
+        eff[a:b] = np.minimum.accumulate(eff[a:b])
+    order = np.argsort(-eff, kind="stable")
+    left = cap - pad.cost[:, 0].sum() - np.cumsum(d_cost[order])
+    split = int(np.argmax(left < 0))  # the caller has checked that not everything fits
+    lam = float(eff[order[split]])
+    idx = np.zeros(pad.cost.shape[0], dtype=np.int64)
+    taken = order[:split]
+    np.maximum.at(idx, row[taken], tail[taken])
+    hull = _Hull(row, head, tail, d_cost, order, split)
+    tries = [np.zeros_like(idx)]  # all cheapest: feasible, the caller checked
+    if pad.picked(idx)[0].sum() <= cap:
+        tries.append(_greedy_fill(pad, hull, idx, int(cap - pad.picked(idx)[0].sum())))
+    dropped = _drop_to_fit(pad, hull, idx, cap)
+    if dropped is not None:
+        tries.append(_greedy_fill(pad, hull, *dropped))
+    feasible = [t for t in tries if pad.picked(t)[0].sum() <= cap]
+    return lam, min(feasible, key=lambda t: pad.picked(t)[1].sum())
+
+
+@dataclass
+class _Hull:
+    """Hull segments (row, from column, to column, cost) and their order of efficiency."""
+
+    row: np.ndarray
+    head: np.ndarray
+    tail: np.ndarray
+    d_cost: np.ndarray
+    order: np.ndarray
+    split: int
+
+
+def _drop_to_fit(pad: _Padded, hull: _Hull, idx: np.ndarray, cap: int
+                 ) -> tuple[np.ndarray, int] | None:
+    """The other rounding of the LP: take the split segment whole, then give back the least
+    efficient segments taken (each row's last first) until the budget holds again."""
+    s = hull.order[hull.split]
+    idx = idx.copy()
+    idx[hull.row[s]] = hull.tail[s]
+    over = pad.picked(idx)[0].sum() - cap
+    back = hull.order[: hull.split][::-1]
+    back = back[hull.row[back] != hull.row[s]]
+    freed = np.cumsum(hull.d_cost[back])
+    enough = int(np.searchsorted(freed, over))  # first prefix that frees `over` units
+    if enough >= len(back):
+        return None
+    for t in back[: enough + 1]:
+        idx[hull.row[t]] = hull.head[t]
+    return idx, int(cap - pad.picked(idx)[0].sum())
+
+
+def _hull_segments(pad: _Padded) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, from column, to column) of every lower-convex-hull segment.
+
+    Rows whose points are convex, or convex but for the last one (aligned ranks then the dense
+    option: the common case), are done in bulk; any other row by a monotone chain. A vertex that
+    is off the hull by rounding noise only moves the bound by as much, which the 1e-9 tolerance
+    of the fixing step absorbs.
+    """
+    n_rows, n_cols = pad.cost.shape
+    rows = np.arange(n_rows)
+    last = pad.width - 1
+    on_hull = np.zeros((n_rows, n_cols), dtype=bool)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eff = (pad.err[:, :-1] - pad.err[:, 1:]) / (pad.cost[:, 1:] - pad.cost[:, :-1])
+        to_last = (pad.err - pad.err[rows, last][:, None]) / (
+            pad.cost[rows, last][:, None] - pad.cost)
+    cols = np.arange(n_cols)
+    real_step = cols[None, :-1] < last[:, None] - 1  # steps among columns 0..last-1
+    rising = (eff[:, 1:] > eff[:, :-1] * (1 + 1e-12)) & real_step[:, 1:]
+    convex_head = ~rising.any(axis=1)
+    to_last = np.where(cols[None, :] < last[:, None], to_last, np.inf)
+    knee = np.argmin(to_last, axis=1)  # last hull vertex before the final point
+    for i in rows:
+        if convex_head[i]:
+            on_hull[i, : knee[i] + 1] = True
+            on_hull[i, last[i]] = True
+        else:
+            end = last[i] + 1
+            on_hull[i, _monotone_chain(pad.cost[i, :end], pad.err[i, :end])] = True
+    r, c = np.nonzero(on_hull)
+    same = r[1:] == r[:-1]
+    return r[1:][same], c[:-1][same], c[1:][same]
+
+
+def _monotone_chain(cost: np.ndarray, err: np.ndarray) -> list[int]:
+    """Lower hull of points sorted by cost (Andrew's monotone chain)."""
+    hull: list[int] = []
+    for j in range(len(cost)):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            turn = (cost[b] - cost[a]) * (err[j] - err[a]) - (err[b] - err[a]) * (cost[j] - cost[a])
+            if turn > 0:
+                break
+            hull.pop()
+        hull.append(j)
+    return hull
+
+
+def _greedy_fill(pad: _Padded, hull: _Hull, idx: np.ndarray, slack: int) -> np.ndarray:
+    """The classic MCKP greedy: keep taking a row's next hull segment, best efficiency first,
+    while one fits. Only the solver's speed (never its optimum) depends on this incumbent."""
+    idx = idx.copy()
+    nxt = np.full(pad.cost.shape, -1)
+    nxt[hull.row, hull.head] = np.arange(len(hull.row))
+    eff = np.empty(len(hull.row))
+    eff[hull.order] = -np.arange(len(hull.order), dtype=np.float64)  # rank by efficiency
+    rows = np.arange(len(idx))
+    for _ in range(10_000):
+        seg = nxt[rows, idx]
+        ok = (seg >= 0) & (hull.d_cost[seg] <= slack)
+        if not ok.any():
+            break
+        i = int(np.argmax(np.where(ok, eff[seg], -np.inf)))
+        slack -= int(hull.d_cost[seg[i]])
+        idx[i] = hull.tail[seg[i]]
+    return idx
+
+
+# ----------------------------------------------------------------------------- DP items
+
+@dataclass
+class _Item:
+    """A unit of the final DP: options with costs relative to a base, and how to expand one."""
+
+    costs: np.ndarray  # int64 units above the base
+    errors: np.ndarray
+    rows: np.ndarray  # the matrices it decides
+    base_cols: np.ndarray  # column of each row at option 0
+    order: np.ndarray | None = None  # group: row position of each successive step
+
+    def expand(self, k: int) -> list[tuple[int, int]]:
+        if self.order is None:  # a single irregular matrix: option k is a column list entry
+            return [(int(self.rows[0]), int(self.base_cols[k]))]
+        steps = np.bincount(self.order[:k], minlength=len(self.rows))
+        return [(int(r), int(c + s)) for r, c, s in zip(self.rows, self.base_cols, steps,
+                                                        strict=True)]
+
+
+def _items(pad: _Padded, alive: np.ndarray, reduced: np.ndarray, lam: float,
+           limit: float) -> list[_Item]:
+    """Rows with more than one surviving column, as DP items: evenly spaced convex runs merge
+    per step size; any other band stays a one-row item. Costs are above the lowest survivor."""
+    groups: dict[int, list[int]] = {}
+    items: list[_Item] = []
+    for i in np.flatnonzero(alive.sum(axis=1) > 1):
+        cols = np.flatnonzero(alive[i])
+        c, e = pad.cost[i, cols].astype(np.int64), pad.err[i, cols]
+        steps, gains = np.diff(c), -np.diff(e)
+        if np.all(np.diff(cols) == 1) and np.all(steps == steps[0]) and np.all(
+                np.diff(gains) <= 0):
+            groups.setdefault(int(steps[0]), []).append(i)
+        else:
+            items.append(_Item(c - c[0], e, np.array([i]), cols))
+    for step, members in groups.items():
+        items.append(_group(pad, alive, reduced, members, step, lam, limit))
+    # Small items first: the DP window is widest in the middle, so the big merged groups
+    # go last, where the window has narrowed to what the bound allows.
+    items.sort(key=lambda it: int(it.costs[-1]))
+    return items
+
+
+def _group(pad: _Padded, alive: np.ndarray, reduced: np.ndarray, members: list[int],
+           step: int, lam: float, limit: float) -> _Item:
+    """Exact merge of convex, equal-step matrices: k steps are best spent on the k largest
+    marginal gains overall (separable convex allocation), so the group is one DP item."""
+    base_cols, gains, owner = [], [], []
+    base_err = 0.0
+    base_reduced = 0.0
+    for pos, i in enumerate(members):
+        cols = np.flatnonzero(alive[i])
+        base_cols.append(cols[0])
+        base_err += pad.err[i, cols[0]]
+        base_reduced += reduced[i, cols[0]]
+        g = -np.diff(pad.err[i, cols])
+        gains.append(g)
+        owner.append(np.full(len(g), pos))
+    g_all, owner_all = np.concatenate(gains), np.concatenate(owner)
+    order = np.argsort(-g_all, kind="stable")
+    errors = base_err - np.concatenate(([0.0], np.cumsum(g_all[order])))
+    k = np.arange(len(errors))
+    # Reduced-cost fixing at group level: a group total whose bound exceeds the incumbent
+    # cannot be optimal. Its reduced cost is base + lam * k * step - gains, relative to the
+    # members' minima.
+    group_reduced = base_reduced + lam * step * k - (base_err - errors)
+    usable = np.flatnonzero(group_reduced <= limit)
+    lo_k, hi_k = int(usable.min()), int(usable.max())
+    if lo_k > 0:  # rebase on the first usable total
+        base_cols = [c + s for c, s in zip(base_cols, np.bincount(owner_all[order[:lo_k]],
+                                                                  minlength=len(members)),
+                                           strict=True)]
+    return _Item(step * k[lo_k: hi_k + 1], errors[lo_k: hi_k + 1],
+                 np.array(members), np.array(base_cols), owner_all[order[lo_k:]])
+
+
+def _dp(items: list[_Item], room: int, lowest: int) -> list[int]:
+    """Min-plus DP over spent units, kept to the window that can still end in [lowest, room]."""
+    widest = np.array([int(it.costs[-1]) for it in items])
+    after = np.concatenate((np.cumsum(widest[::-1])[::-1][1:], [0]))
+    before = np.cumsum(widest)
+    f = np.zeros(1)
+    f_lo = 0
+    choices: list[tuple[int, np.ndarray]] = []
+    for t, it in enumerate(items):
+        lo, hi = max(0, lowest - int(after[t])), min(int(before[t]), room)
+        g = np.full(hi - lo + 1, np.inf)
+        arg = np.zeros(hi - lo + 1, dtype=np.int64)
+        f_hi = f_lo + len(f) - 1
+        for j, (w, e) in enumerate(zip(it.costs.tolist(), it.errors.tolist(), strict=True)):
+            a, b = max(lo, f_lo + w), min(hi, f_hi + w)  # targets reachable with option j
+            if a > b:
+                continue
+            cand = f[a - w - f_lo: b - w - f_lo + 1] + e
+            seg = g[a - lo: b - lo + 1]
+            better = cand < seg
+            seg[better] = cand[better]
+            arg[a - lo: b - lo + 1][better] = j
+        choices.append((lo, arg))
+        f, f_lo = g, lo
+    end = int(np.argmin(f)) + f_lo
+    assert np.isfinite(f[end - f_lo]), "DP found no feasible completion (bound too tight)"
+    picks = []
+    for it, (lo, arg) in zip(reversed(items), reversed(choices), strict=True):
+        j = int(arg[end - lo])
+        picks.append(j)
+        end -= int(it.costs[j])
+    return picks[::-1]

@@ -1,0 +1,23 @@
+"""The text summary of a realign: ranks changed, parameters kept, error moved, solver used."""
+from __future__ import annotations
+
+from gac_check.realign.factors import RealignReport
+from gac_check.realign.knapsack import DENSE
+
+
+def render_realign(report: RealignReport) -> str:
+    """The text summary ``gac-check --realign`` prints."""
+    p = report.plan
+    changed = sum(1 for m, r in p.ranks.items() if r != report.old_ranks[m])
+    dense = sum(1 for r in p.ranks.values() if r == DENSE)
+    lines = [
+        f"realigned {len(p.choices)} low-rank matrices to multiples of {report.align} "
+        f"({changed} changed, {dense} kept dense) -> {report.out}",
+        f"  parameters in low-rank matrices: {report.old_params:,} -> {p.total_params:,} "
+        f"(budget {p.budget:,})",
+        f"  weight-space error (sum of discarded s^2): {report.old_error:.6g} -> "
+        f"{p.objective:.6g}" + (f" ({p.objective / report.old_error:.3f}x)"
+                                if report.old_error else ""),
+        "  solver: exact knapsack (proved optimal)" if p.optimal else "  solver: heuristic",
+    ]
+    return "\n".join(lines + [f"  note: {n}" for n in report.notes])
