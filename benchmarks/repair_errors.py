@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import tempfile
 from pathlib import Path
 
@@ -13,13 +12,8 @@ import torch.nn.functional as F
 
 from gac_check.models.compress import compress_dir
 from gac_check.models.loaders import load_model
+from gac_check.testing import equivalence as suite
 from gac_check.testing.strategies import LayerShape, TinyModel
-
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("suite", ROOT / "suites" /
-                                              "test_repair_equivalence.py")
-suite = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(suite)
 
 
 def tmp() -> Path:

@@ -26,10 +26,8 @@ from gac_check.testing.knapsack import (
     solve_bruteforce,
     solve_milp,
 )
-from gac_check.testing.settings import register_profiles
 
-register_profiles()
-CI = settings.get_profile("ci")
+CI = settings.get_profile("ci")  # registered by the repository's conftest.py
 REL = 1e-9
 
 

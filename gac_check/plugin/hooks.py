@@ -20,10 +20,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with a reason else")
     config.addinivalue_line("markers", "perf: a timing test; serialized per device under xdist")
-    from gac_check.testing import settings as hypothesis_settings
-
-    hypothesis_settings.register_profiles()
-    hypothesis_settings.load_default_profile()
     from gac_check.plugin import collect, workers
 
     workers.register(config)  # xdist: pin workers to devices, serialise perf tests per device
