@@ -179,7 +179,7 @@ def default_dir() -> Path:
     if env:
         return Path(env)
     here = Path.cwd() / "baselines"
-    ours = Path(__file__).resolve().parent.parent / "baselines"
+    ours = Path(__file__).resolve().parents[2] / "baselines"  # gac_check/bench/ -> checkout
     return ours if not here.is_dir() and ours.is_dir() else here
 
 
