@@ -1,13 +1,17 @@
-"""How far the perf suite can be trusted (issue 4, item 6), measured on the device present.
+"""How far the perf gate can be trusted, measured on the device present.
 
-    python benchmarks/bench_trust.py --runs 20            # CPU here: --gpu cpu
+    python benchmarks/bench_trust.py --runs 20 --load 2   # CPU, both cores busy beside it
     python benchmarks/bench_trust.py --runs 20 --gpu h100 # on an H100
 
 1. False regressions: the regression tests of suites/test_gemm_perf.py and test_sdpa_perf.py
    run ``--runs`` times on an unchanged stack against the stored baseline; every failure is a
    false alarm (goal: 0).
-2. Detection: the same runs with a real 10% slowdown injected into every timed call
-   (benchmarks/inject_slowdown.py); every case not failing is a miss (goal: >= 95% detected).
+2. Detection: the same runs with a real 10% slowdown injected into every timed kernel but the
+   gate's reference kernel (benchmarks/inject_slowdown.py); every case not failing is a miss
+   (goal: >= 90% detected).
+
+``--load N`` starts N busy-loop processes for the whole measurement (a shared CI runner);
+``--factor`` is the gate's ``--gac-perf-factor``.
 
 Each run is a fresh pytest process (as in CI). Besides the suite's own verdicts at its default
 factor, the per-case ratios and p-values from the JUnit XML give the rates at other factors.
@@ -25,14 +29,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ["suites/test_gemm_perf.py", "suites/test_sdpa_perf.py"]
-FACTORS = (1.05, 1.06, 1.07, 1.08, 1.10, 1.20, 1.30)
+FACTORS = (1.03, 1.04, 1.05, 1.06, 1.07, 1.08, 1.10, 1.20)
 ALPHA = 0.05
 
 
-def one_run(gpu: str, inject: float | None, xml: Path) -> list[dict]:
+def one_run(gpu: str, inject: float | None, xml: Path, factor: float | None) -> list[dict]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITES,
            "--gpu", gpu, "-k", "regression", f"--junitxml={xml}", "-o",
            "junit_logging=no"]
+    if factor is not None:
+        cmd += ["--gac-perf-factor", str(factor)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if inject is not None:
         cmd += ["-p", "benchmarks.inject_slowdown"]
@@ -66,19 +72,36 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--gpu", default="cpu")
     p.add_argument("--slowdown", type=float, default=0.10)
+    p.add_argument("--factor", type=float, default=None, help="--gac-perf-factor for the runs")
+    p.add_argument("--load", type=int, default=0, help="busy-loop processes to run beside")
     args = p.parse_args()
+    load = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(args.load)]
+    try:
+        clean, slow = measure(args)
+    finally:
+        for proc in load:
+            proc.kill()
+    report(args, clean, slow)
+    return 0
+
+
+def measure(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     with tempfile.TemporaryDirectory() as tmp:
         clean, slow = [], []
         for i in range(args.runs):
-            clean += one_run(args.gpu, None, Path(tmp) / f"clean{i}.xml")
-            slow += one_run(args.gpu, args.slowdown, Path(tmp) / f"slow{i}.xml")
+            clean += one_run(args.gpu, None, Path(tmp) / f"clean{i}.xml", args.factor)
+            slow += one_run(args.gpu, args.slowdown, Path(tmp) / f"slow{i}.xml", args.factor)
             print(f"run {i + 1}/{args.runs}: false alarms so far "
                   f"{sum(r['failed'] for r in clean)}/{len(clean)}, detected "
                   f"{sum(r['failed'] for r in slow)}/{len(slow)}", flush=True)
+    return clean, slow
+
+
+def report(args: argparse.Namespace, clean: list[dict], slow: list[dict]) -> None:
     fa, det = sum(r["failed"] for r in clean), sum(r["failed"] for r in slow)
     print(f"\nsuite verdicts (its default factor): false regressions {fa}/{len(clean)} "
           f"(goal 0); {args.slowdown:.0%} slowdown detected {det}/{len(slow)} "
-          f"({det / max(len(slow), 1):.0%}, goal >= 95%)")
+          f"({det / max(len(slow), 1):.0%}, goal >= 90%)")
     fr, dr = rates(clean), rates(slow)
     print("factor | false regressions | detections of the injected slowdown")
     for f in FACTORS:
@@ -89,7 +112,6 @@ def main() -> int:
     if ratios:
         print(f"unchanged-stack ratios: min {ratios[0]:.3f} median "
               f"{ratios[len(ratios) // 2]:.3f} max {ratios[-1]:.3f}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """pytest plugin for benchmarks/bench_trust.py: makes every timed call really slower.
 
 ``-p benchmarks.inject_slowdown`` with ``GAC_INJECT_SLOWDOWN=0.10`` wraps each prepared
-workload so that a call spins after the real work for 10% of the work's own duration: the
-slowdown is spent inside the timed region, exactly like slower code, and never touches the
-package's code paths outside this benchmark.
+workload except the perf gate's reference kernel so that a call spins after the real work for
+10% of the work's own duration: the slowdown is spent inside the timed region, exactly like
+slower code in one kernel, and never touches the package's code paths outside this benchmark.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 
 from gac_check.bench import run as bench_run
 from gac_check.bench.workloads import Prepared
+from gac_check.plugin.perf import reference_workload
 
 FRACTION = float(os.environ.get("GAC_INJECT_SLOWDOWN", "0.10"))
 _original = bench_run.run_interleaved
@@ -42,8 +43,12 @@ def _slowed_work(work):
     return work
 
 
+REFERENCES = {reference_workload(d).key for d in ("cpu", "cuda")}
+
+
 def run_interleaved(works, *args, **kwargs):
-    return _original([_slowed_work(w) for w in works], *args, **kwargs)
+    return _original([w if w.key in REFERENCES else _slowed_work(w) for w in works],
+                     *args, **kwargs)
 
 
 bench_run.run_interleaved = run_interleaved

@@ -24,10 +24,18 @@ from gac_check.errors import BadInput
 from gac_check.profiles import cpu_isa, cpu_name, driver_version
 
 SCHEMA = "gac-check-baseline"
-VERSION = 1
+VERSION = 2
+
+
+def _v1_to_v2(doc: dict) -> dict:
+    """Version 2 adds a case's optional ``reference`` and ``relative`` (times relative to a
+    reference kernel measured in the same trials); a version-1 case has neither."""
+    return doc
+
+
 #: ``MIGRATIONS[n]`` turns a version-n document into version n+1. Add one whenever VERSION
 #: grows; loading walks the chain, so every old file keeps loading.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
 #: Fields whose difference means a different device (refused); the rest is stack drift.
 DEVICE_FIELDS = ("kind", "device", "capability", "isa")
 STACK_FIELDS = ("torch", "cuda", "cudnn", "driver", "flash_attn", "threads")
@@ -65,6 +73,10 @@ class Measurement:
     tflops: float | None = None
     peak_fraction: float | None = None  # of the session's measured GEMM peak
     backend: str | None = None  # the SDPA kernel that actually ran
+    #: The reference kernel timed in the same trials, and per trial this case's time over the
+    #: reference's: machine load slows both, so the ratio survives a busy runner.
+    reference: str | None = None
+    relative: list[float] | None = None
 
     @classmethod
     def from_samples(cls, case: str, samples: list[float], provenance: Provenance,
@@ -114,12 +126,24 @@ class Baseline:
     def compare(self, current: Measurement, factor: float = 1.10,
                 alpha: float = 0.05, q: float = 0.5) -> stats.Verdict:
         """The verdict for a fresh measurement; a case not stored is "no baseline", never a
-        pass."""
+        pass. A measurement relative to a reference kernel is judged on those ratios, against a
+        stored case measured relative to the same kernel (published figures: absolute)."""
         stored = self.cases.get(current.case)
         if stored is None:
             where = self.path or self.profile
             return stats.Verdict(stats.NO_BASELINE, factor=factor,
                                  reason=f"no baseline for {current.case} in {where}")
+        if current.relative and stored.provenance.kind == "measured" and (
+                not stored.relative or stored.reference != current.reference):
+            return stats.Verdict(stats.NO_BASELINE, factor=factor, reason=(
+                f"the stored {current.case} has no times relative to {current.reference} "
+                "(recorded before relative gating); re-record it with --gac-update-baselines"))
+        if current.relative and stored.relative:
+            verdict = stats.compare(stored.relative, current.relative, factor, alpha, q=0.5)
+            return stats.Verdict(verdict.status, verdict.ratio, verdict.p_value, factor,
+                                 "; ".join(filter(None, [verdict.reason, "relative to "
+                                                         f"{current.reference} in the same "
+                                                         "trials"])))
         verdict = stats.compare(stored.samples, current.samples, factor, alpha,
                                 baseline_median=stored.median_s, q=q)
         if stored.provenance.kind == "published":
