@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gac-check", description="Find, repair and gate GPU-hostile dimensions "
                 "in a compressed model checkpoint.")
     p.add_argument("model_dir", type=Path, help="model directory (config.json + weights)")
-    add_gpu_option(p.add_argument, default="auto")
+    add_gpu_option(p.add_argument, "--gpu", default="auto", dest="gpu")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="dtype the model will be served in (default: config.json's dtype, "
                    "else the weights')")

@@ -10,11 +10,32 @@ from pathlib import Path
 
 import pytest
 
-from gac_check.plugin.options import OPTION_GPU, OPTION_MODEL, add_options
+from gac_check.plugin.options import ALIASES, OPTION_GPU, OPTION_MODEL, add_aliases, add_options
+
+GROUP = "gac-check"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    add_options(parser.getgroup("gac-check", "gac-check alignment regression").addoption)
+    add_options(parser.getgroup(GROUP, "gac-check alignment regression").addoption)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser):
+    """After the project's own conftests have added their options, take ``--gpu`` and
+    ``--model`` as aliases where nobody else did (options are parsed after this hook)."""
+    result = yield
+    add_aliases(parser.getgroup(GROUP).addoption, _registered_options(parser))
+    return result
+
+
+def _registered_options(parser: pytest.Parser) -> frozenset[str]:
+    """Every option string registered so far. pytest offers no public query, so this reads
+    its option groups; should that ever fail, the aliases are not claimed at all."""
+    try:
+        groups = [*parser._groups, parser._anonymous]
+        return frozenset(n for g in groups for o in g.options for n in o.names())
+    except AttributeError:
+        return frozenset(ALIASES.values())
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -12,24 +12,28 @@ from collections.abc import Callable
 
 from gac_check.profiles import CHOICES, CPU_PERF_FACTOR, GPU_PERF_FACTOR
 
-OPTION_GPU = "--gpu"
-OPTION_MODEL = "--model"
+OPTION_GPU = "--gac-gpu"
+OPTION_MODEL = "--gac-model"
 OPTION_REPORT = "--gac-report"
 OPTION_UPDATE_BASELINES = "--gac-update-baselines"
 OPTION_PERF_FACTOR = "--gac-perf-factor"
+#: Short spellings the plugin also answers to, unless another plugin already owns them.
+ALIASES = {OPTION_GPU: "--gpu", OPTION_MODEL: "--model"}
 
 
-def add_gpu_option(addoption: Callable[..., object], default: str | None) -> None:
+def add_gpu_option(addoption: Callable[..., object], *names: str, default: str | None,
+                   dest: str) -> None:
     """``--gpu PROFILE``: the hardware the model will be served on."""
-    addoption(OPTION_GPU, default=default, metavar="PROFILE", type=str.lower, choices=CHOICES,
+    addoption(*names, dest=dest, default=default, metavar="PROFILE", type=str.lower,
+              choices=CHOICES,
               help=f"hardware profile to check (and measure) against: {', '.join(CHOICES)} "
               "(default auto: the GPU present, else the generic published GPU contract)")
 
 
 def add_options(addoption: Callable[..., object]) -> None:
-    """Every option of the pytest plugin, in its ``gac-check`` group."""
-    add_gpu_option(addoption, default=None)
-    addoption(OPTION_MODEL, action="append", default=[], metavar="DIR",
+    """Every option of the pytest plugin, by its ``--gac-`` name, in its ``gac-check`` group."""
+    add_gpu_option(addoption, OPTION_GPU, default=None, dest="gac_gpu")
+    addoption(OPTION_MODEL, dest="gac_model", action="append", default=[], metavar="DIR",
               help="model directory the suites check (repeatable)")
     addoption(OPTION_REPORT, action="store", default=None, metavar="FILE.html",
               help="write the alignment-regression HTML report here")
@@ -38,3 +42,17 @@ def add_options(addoption: Callable[..., object]) -> None:
     addoption(OPTION_PERF_FACTOR, action="store", type=float, default=None, metavar="X",
               help="perf regression threshold as a time ratio (default "
               f"{GPU_PERF_FACTOR} on a GPU, {CPU_PERF_FACTOR} on a CPU)")
+
+
+def add_aliases(addoption: Callable[..., object], taken: frozenset[str]) -> list[str]:
+    """``--gpu`` and ``--model``, the short spellings, for every one no other plugin or
+    conftest has claimed (``taken``); the ``--gac-`` names always work. Returns those added."""
+    added = []
+    if ALIASES[OPTION_GPU] not in taken:
+        add_gpu_option(addoption, ALIASES[OPTION_GPU], default=None, dest="gac_gpu")
+        added.append(ALIASES[OPTION_GPU])
+    if ALIASES[OPTION_MODEL] not in taken:
+        addoption(ALIASES[OPTION_MODEL], dest="gac_model", action="append", default=[],
+                  metavar="DIR", help=f"same as {OPTION_MODEL}")
+        added.append(ALIASES[OPTION_MODEL])
+    return added
