@@ -46,7 +46,7 @@ def test_roundtrip(tmp_path):
     ('{"schema": "something-else"}', "not a gac-check baseline"),
     ('{"schema": "gac-check-baseline", "version": 99}', "newer"),
     ('{"schema": "gac-check-baseline", "version": 0}', "no valid schema version"),
-    ('{"schema": "gac-check-baseline", "version": 1, "profile": "x"}', "schema version 1"),
+    ('{"schema": "gac-check-baseline", "version": 1, "profile": "x"}', "schema version 2"),
     ('{"schema": "gac-check-baseline", "version": 1, "profile": "x", "fingerprint": '
      '{"kind": "cpu", "device": "x"}, "cases": {"a/b=1": {"median_s": -1, "samples": [], '
      '"provenance": {"kind": "measured"}}}}', "median_s must be positive"),
@@ -62,13 +62,14 @@ def test_bad_files_name_the_file(tmp_path, text, match):
 def test_migrations_run_in_order(tmp_path, monkeypatch):
     b = Baseline("h100", H100, {"k/a=1": meas("k/a=1", 1.0)})
     doc = baselines.to_document(b)
-    monkeypatch.setattr(baselines, "VERSION", 2)
-    monkeypatch.setitem(baselines.MIGRATIONS, 1, lambda d: {**d, "profile": d["profile"] + "!"})
+    old = baselines.VERSION
+    monkeypatch.setattr(baselines, "VERSION", old + 1)
+    monkeypatch.setitem(baselines.MIGRATIONS, old, lambda d: {**d, "profile": d["profile"] + "!"})
     path = tmp_path / "old.json"
     path.write_text(json.dumps(doc))
     assert baselines.load(path).profile == "h100!"
-    monkeypatch.delitem(baselines.MIGRATIONS, 1)
-    with pytest.raises(BadInput, match="no migration from baseline schema version 1"):
+    monkeypatch.delitem(baselines.MIGRATIONS, old)
+    with pytest.raises(BadInput, match=f"no migration from baseline schema version {old}"):
         baselines.load(path)
 
 

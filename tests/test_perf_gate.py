@@ -1,0 +1,106 @@
+"""The perf gate judges a case by its time relative to a reference kernel timed in the same
+trials, so a busy runner (which slows both) does not read as a regression, while a slower
+kernel does; and the plugin's options never clash with a project's own."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gac_check.bench import baselines, stats
+from gac_check.bench.baselines import Baseline, Fingerprint, Measurement, Provenance
+from gac_check.plugin.perf import relative_times
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = Fingerprint("cpu", "AMD EPYC", isa=("avx2",), torch="2.13.0", threads=1)
+REF = "gemm/M=64,K=768,N=1024,dtype=float32"
+CASE = "gemm/M=64,K=1001,N=1024,dtype=float32"
+
+
+def relative(values: list[float], seconds: float = 1e-3, kind: str = "measured",
+             reference: str | None = REF) -> Measurement:
+    samples = [seconds * v for v in values]
+    return Measurement(CASE, stats.median(samples), stats.iqr(samples), samples,
+                       Provenance(kind), reference=reference, relative=list(values))
+
+
+STORED = [1.30, 1.31, 1.29, 1.30, 1.32, 1.30, 1.31, 1.29, 1.30, 1.31, 1.30, 1.30]
+
+
+def baseline(stored: Measurement) -> Baseline:
+    return Baseline("cpu-amd-avx2", CPU, {CASE: stored})
+
+
+def test_relative_times_pair_each_trial_with_its_own_reference():
+    # trial 1 ran on a quiet machine, trial 2 under load that doubled both kernels' times
+    case = [2.0, 2.2, 4.0, 4.4]
+    ref = [1.0, 1.1, 2.0, 2.2]
+    assert relative_times(case, ref, per_trial=2, q=0.0) == [2.0, 2.0]
+    assert relative_times(case, ref, per_trial=2, q=0.5) == [2.0, 2.0]
+
+
+def test_machine_load_that_slows_everything_is_not_a_regression():
+    """Absolute times 2x the baseline's, ratios unchanged: UNCHANGED, not REGRESSED."""
+    current = relative([r * 1.002 for r in STORED], seconds=2e-3)
+    verdict = baseline(relative(STORED)).compare(current, factor=1.08)
+    assert verdict.status == stats.UNCHANGED and verdict.ratio == pytest.approx(1.002, abs=1e-3)
+    assert "relative to" in verdict.reason
+
+
+def test_one_kernel_ten_percent_slower_is_a_regression():
+    current = relative([r * 1.10 for r in STORED])
+    verdict = baseline(relative(STORED)).compare(current, factor=1.08)
+    assert verdict.status == stats.REGRESSED and verdict.ratio == pytest.approx(1.10, abs=0.01)
+    assert verdict.p_value is not None and verdict.p_value < 0.05
+
+
+def test_a_stored_case_without_ratios_is_no_baseline_not_an_absolute_comparison():
+    """Comparing relative ratios with a file of absolute times would compare two different
+    quantities: the test skips with the way out instead."""
+    old = Measurement(CASE, 1e-3, 1e-5, [1e-3] * 12, Provenance("measured"))
+    verdict = baseline(old).compare(relative([r * 1.5 for r in STORED]), factor=1.08)
+    assert verdict.status == stats.NO_BASELINE
+    assert "--gac-update-baselines" in verdict.reason
+
+
+def test_a_published_figure_is_still_compared_on_absolute_time():
+    published = Measurement(CASE, 1e-3, None, [], Provenance("published", citation="paper"))
+    verdict = baseline(published).compare(relative(STORED, seconds=1.5e-3 / 1.3), factor=1.10)
+    assert verdict.status == stats.REGRESSED and verdict.ratio == pytest.approx(1.5, rel=0.02)
+
+
+def test_ratios_survive_the_file_and_old_files_still_load(tmp_path):
+    path = tmp_path / "cpu.json"
+    baselines.save(baseline(relative(STORED)), path)
+    doc = json.loads(path.read_text())
+    assert doc["version"] == baselines.VERSION == 2
+    back = baselines.load(path).get(CASE)
+    assert back.reference == REF and back.relative == STORED
+    v1 = baselines.load(ROOT / "baselines" / "cpu-amd-avx2.json")  # written at version 1
+    assert v1.cases and all(m.relative is None for m in v1.cases.values())
+
+
+PROJECT_CONFTEST = '''
+def pytest_addoption(parser):
+    parser.addoption("--gpu", action="store_true", help="the project's own --gpu")
+    parser.addoption("--model", default="resnet", help="the project's own --model")
+'''
+PROJECT_TEST = '''
+def test_both_options_are_there(request, gac_profile, gac_models):
+    assert request.config.getoption("--gpu") is True
+    assert request.config.getoption("--model") == "resnet"
+    assert gac_profile == "h100" and [str(p) for p in gac_models] == ["m"]
+'''
+
+
+def test_a_project_owning_gpu_and_model_keeps_them_and_gac_options_still_work(tmp_path):
+    (tmp_path / "conftest.py").write_text(PROJECT_CONFTEST)
+    (tmp_path / "test_own.py").write_text(PROJECT_TEST)
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                          "--gpu", "--gac-gpu", "h100", "--gac-model", "m"],
+                         cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "1 passed" in res.stdout
