@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 DEMO_DIR ?= demo-out
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,14 +21,19 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m gac_check.demo $(DEMO_DIR)
 
-# Timing tests run alone afterwards: a perf test beside another worker's model test on a
-# 2-core machine measures the neighbour, not the kernel. CI shares its machine, so its gate is
-# wider than the default (1.08, trusted on a quiet machine): it catches gross regressions only.
-PERF_FACTOR ?= 1.25
+# Three tiers. `make test`: import layers, then everything but the slow and timing tests on
+# both cores, then the timing tests alone (a perf test beside another worker's model test on a
+# 2-core machine would measure the neighbour). They gate at the default factor: the gate
+# compares times relative to a reference kernel timed alongside, which a busy runner does not
+# move (benchmarks/RESULTS.md). `make test-slow`: the demo end to end, the real MiniLM, and the
+# wheel installed into a fresh venv. CI (.ci/run) runs both.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -p no:cacheprovider -n 2 -m "not perf" tests suites --gpu cpu
-	$(PY) -m pytest -p no:cacheprovider -m perf suites --gpu cpu --gac-perf-factor $(PERF_FACTOR)
+	$(PY) -m pytest -p no:cacheprovider -n 2 -m "not perf and not slow" tests suites --gpu cpu
+	$(PY) -m pytest -p no:cacheprovider -m perf suites --gpu cpu
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -n 2 -m "slow" tests suites --gpu cpu
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -123,6 +123,7 @@ def test_bf16_repaired_matches_unrepaired_within_bf16_tolerance(tmp_path):
     assert errors(ref32, ref)[1] <= TOLERANCE[torch.bfloat16]
 
 
+@pytest.mark.slow
 def test_minilm_embeddings_unchanged_by_repair(tmp_path):
     """The real all-MiniLM-L6-v2, reference-compressed at 0.8, repaired: mean-pooled
     sentence embeddings of real sentences are unchanged."""

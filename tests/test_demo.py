@@ -5,6 +5,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 
 def test_demo_runs_the_main_job_on_the_bundled_model(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gac_check.demo", str(tmp_path / "demo")],
