@@ -16,7 +16,8 @@ from gac_check.report.realign import render_realign
 def run_realign(args: argparse.Namespace) -> int:
     """Realign, then gate on the re-check of OUT (like --repair)."""
     report = realign_dir(args.model_dir, args.realign, args.base, args.gpu, args.dtype,
-                         args.budget, args.strategy, args.force, args.calib)
+                         args.budget, args.strategy, args.force, args.calib,
+                         progress=args.output != "json")
     remaining = check(args.realign, args.gpu, args.dtype).findings
     if args.output == "json":
         counts = {sev: sum(f.severity == sev for f in remaining) for sev in ("error", "warning")}
@@ -28,7 +29,8 @@ def run_realign(args: argparse.Namespace) -> int:
 
 def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: str = "auto",
                 dtype: str | None = None, budget: str = "same", strategy: str = "minimal",
-                force: bool = False, calib: Path | None = None) -> RealignReport:
+                force: bool = False, calib: Path | None = None, progress: bool = True
+                ) -> RealignReport:
     """Check ``model_dir`` and write its realigned model to ``out`` (ASVD layout only)."""
     inputs = [Path(model_dir)] + ([Path(base_dir)] if base_dir else [])
     check_output_dir(Path(out), force, *inputs)
@@ -37,4 +39,4 @@ def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: s
         raise BadInput(f"is in {result.format.name} format; --realign writes ASVD-layout "
                        "low-rank models (ours and ASVD's)", result.checkpoint.path)
     return realign(result.checkpoint, result.sites, result.contract, Path(out), base_dir,
-                   budget, strategy, force, calib)
+                   budget, strategy, force, calib, progress)

@@ -28,6 +28,7 @@ from gac_check.checkpoint.outdir import (
 from gac_check.errors import BadInput
 from gac_check.models.loaders import load_model
 from gac_check.models.lowrank import factorize, match_prefix, tied_names
+from gac_check.progress import steps
 
 #: Linears inside the repeated blocks; embeddings, poolers and lm_head stay dense (as in ASVD).
 LAYER_LINEAR = re.compile(r"(^|\.)(layers|layer|h|blocks)\.\d+\.")
@@ -58,7 +59,7 @@ def compress_state(model: nn.Module, ratio: float,
     state = {k: _cast(v.detach(), dtypes.get(k)).contiguous() for k, v in full.items()
              if tied.get(k, k) == k}
     ranks: dict[str, int] = {}
-    for name, lin in layer_linears(model).items():
+    for name, lin in steps(layer_linears(model).items(), "compressing"):
         rank = asvd_rank(lin.out_features, lin.in_features, ratio)
         f = factorize(lin.weight.detach(), rank, dtypes.get(f"{name}.weight"))
         del state[f"{name}.weight"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from gac_check.checkpoint.outdir import (
 from gac_check.checkpoint.tensors import read_state, tensor
 from gac_check.contract.rules import ERROR, WARNING, Contract
 from gac_check.errors import BadInput
+from gac_check.progress import steps
 from gac_check.realign.calibration import input_scales
 from gac_check.realign.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
 from gac_check.sites import DimSite, Role
@@ -87,12 +87,10 @@ def rank_modules(sites: list[DimSite], path: Path) -> list[str]:
 
 
 def sources(state: dict[str, torch.Tensor], modules: list[str], base: Checkpoint | None,
-            scales: dict[str, torch.Tensor] | None = None) -> list[Source]:
-    out = []
-    for i, module in enumerate(modules, 1):
-        _progress(i, len(modules), module)
-        out.append(_source(state, base, module, (scales or {}).get(module)))
-    return out
+            scales: dict[str, torch.Tensor] | None = None, progress: bool = True
+            ) -> list[Source]:
+    return [_source(state, base, module, (scales or {}).get(module))
+            for module in steps(modules, "factorizing", enabled=progress)]
 
 
 def _source(state: dict[str, torch.Tensor], base: Checkpoint | None, module: str,
@@ -135,14 +133,10 @@ def _svd_of_product(a: torch.Tensor, b: torch.Tensor):
     return qa @ u, s, vh @ qb.T
 
 
-def _progress(i: int, total: int, module: str) -> None:
-    if total >= 50 and (i == total or i % max(1, total // 20) == 0):
-        print(f"  factorizing {i}/{total} ({module})", file=sys.stderr, flush=True)
-
-
 def realign(ckpt: Checkpoint, sites: list[DimSite], contract: Contract, out: Path,
             base_dir: Path | None = None, budget: str = "same", strategy: str = "minimal",
-            force: bool = False, calib: Path | None = None) -> RealignReport:
+            force: bool = False, calib: Path | None = None, progress: bool = True
+            ) -> RealignReport:
     """Solve the knapsack for an ASVD-layout checkpoint and write the re-selected model."""
     base = open_checkpoint(base_dir) if base_dir else None
     modules = rank_modules(sites, ckpt.path)
@@ -152,7 +146,7 @@ def realign(ckpt: Checkpoint, sites: list[DimSite], contract: Contract, out: Pat
             raise BadInput("--calib needs --base: activations come from the dense model")
         scales = input_scales(Path(base_dir), modules, Path(calib))
     state = read_state(ckpt)
-    srcs = sources(state, modules, base, scales)
+    srcs = sources(state, modules, base, scales, progress)
     align = rank_alignment(contract, strategy)
     matrices = [Matrix(s.module, s.m, s.n, sv=s.S.numpy()) for s in srcs]
     old = {s.module: s.rank for s in srcs}

@@ -1,0 +1,58 @@
+"""Long steps show progress to a person at a terminal, and nothing in a pipe or with JSON."""
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from gac_check.models.compress import compress_dir
+
+
+def compressed_llama(root: Path) -> Path:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=100, num_hidden_layers=1,
+                      num_attention_heads=4, max_position_embeddings=32)
+    LlamaForCausalLM(cfg).save_pretrained(root / "dense")
+    compress_dir(root / "dense", root / "c", 0.7)
+    return root / "c"
+
+
+def stderr_of(args: list[str], tty: bool) -> str:
+    """Run the CLI with stderr on a pseudo-terminal (as a person sees it) or on a pipe."""
+    cmd = [sys.executable, "-m", "gac_check.cli", *args]
+    if not tty:
+        return subprocess.run(cmd, capture_output=True, text=True, check=False).stderr
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))  # rows, cols
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=side)
+    os.close(side)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=300)
+    os.close(main)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_realign_progress_on_a_terminal_only(tmp_path):
+    model = compressed_llama(tmp_path)
+    realign = [str(model), "--gpu", "a100", "--dtype", "float16", "--fail-on", "never",
+               "--base", str(tmp_path / "dense"), "--realign"]
+    assert "factorizing" in stderr_of([*realign, str(tmp_path / "o1")], tty=True)
+    assert "factorizing" not in stderr_of([*realign, str(tmp_path / "o2")], tty=False)
+    json_run = stderr_of([*realign, str(tmp_path / "o3"), "--format", "json"], tty=True)
+    assert "factorizing" not in json_run
