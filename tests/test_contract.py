@@ -38,7 +38,7 @@ def test_head_dim_rules_and_buckets():
     assert by_value[107].optimal_to == 128  # next FlashAttention bucket
     assert by_value[112].severity == WARNING  # aligned, but not a compiled bucket
     assert 128 not in by_value
-    assert by_value[107].slowdown == pytest.approx(1.38)
+    assert by_value[107].slowdown == pytest.approx(1.39, abs=0.005)  # A100 table: 107 vs 112
 
 
 def test_head_dim_over_256_is_an_error():
@@ -48,9 +48,10 @@ def test_head_dim_over_256_is_an_error():
 
 def test_published_slowdown_depends_on_residue():
     c = for_hardware("a100", "float16")
-    odd, even = c.check([site(Role.RANK, 1843), site(Role.RANK, 1842)])
-    assert odd.slowdown == pytest.approx(3.05)
-    assert even.slowdown == pytest.approx(1.62)
+    # sizes inside the published K/N sweep (4000-4100); 1843 is outside it: no figure
+    odd, even = c.check([site(Role.RANK, 4001), site(Role.RANK, 4002)])
+    assert odd.slowdown == pytest.approx(3.06, abs=0.01)
+    assert even.slowdown == pytest.approx(1.61, abs=0.01)
 
 
 def test_heads_have_no_alignment_rule():

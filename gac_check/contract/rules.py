@@ -1,14 +1,19 @@
 """The Shape Contract: which dimensions a hardware profile wants, per role and dtype.
 
-Rules come from the vendors' documents and the published A100 measurements (see
-shared/reference/alignment-rules.md) until a measured sweep for the profile exists. A rule is
-"error" when a kernel refuses the shape or a large slowdown was measured, "warning" when the
-size is merely not the optimal multiple.
+Rules come from the vendors' documents (see shared/reference/alignment-rules.md) until a
+measured sweep for the profile exists. A rule is "error" when a kernel refuses the shape or a
+large slowdown was measured, "warning" when the size is merely not the optimal multiple. What a
+broken rule costs at a site's own shape is not a property of the rule: the contract's evidence
+(:mod:`gac_check.contract.evidence`) reads it from data that cover that shape, or says it has
+none.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from gac_check.contract.slowdown import Slowdown
 from gac_check.sites import DimSite, Role
 
 ERROR, WARNING = "error", "warning"
@@ -20,13 +25,6 @@ FA2_BUCKETS = (32, 64, 96, 128, 192, 256)
 #: FlashAttention-3 (Hopper) buckets.
 FA3_BUCKETS = (64, 96, 128, 192, 256)
 
-#: Published A100 fp16 GEMM throughput by the largest power of two dividing the swept
-#: dimension (K sweep 4000..4100, median TFLOP/s; shared/reference/published-a100-gemm-
-#: alignment-sweep.tsv): odd 56.8, 2|4 107.1-107.5, 8 153.2, 16 173.4.
-A100_GEMM_SLOWDOWN = {1: 3.05, 2: 1.62, 4: 1.61, 8: 1.13}
-#: Published A100 SDPA (fp16, B=4 S=2048 H=32): head_dim off a multiple of 8 is 1.33-1.46x
-#: (median 1.38x) slower than the next multiple of 8.
-A100_SDPA_SLOWDOWN = 1.38
 
 
 def elements_per_16_bytes(dtype: str) -> int:
@@ -51,14 +49,12 @@ class Rule:
     modulus: int = 1
     allowed: tuple[int, ...] = ()
     max_value: int | None = None
-    slowdown: float | None = None  # expected slowdown when violated, where measured
+    #: The padding rescue this rule's modulus buys at the shapes of the sweep it was read from
+    #: (what the perf suites expect to see there); never quoted for a site of another shape.
+    slowdown: float | None = None
     #: finer figures by the largest power of two dividing the value (odd sizes are worst)
     slowdown_by_pow2: tuple[tuple[int, float], ...] = ()
     source: str = "published"
-
-    def expected_slowdown(self, value: int) -> float | None:
-        pow2 = value & -value if value else 0
-        return dict(self.slowdown_by_pow2).get(pow2, self.slowdown)
 
     def violated_by(self, value: int) -> bool:
         if self.max_value is not None and value > self.max_value:
@@ -82,15 +78,37 @@ class Finding:
     rules: list[Rule]
     repair_to: int  # smallest size clearing every error rule (minimal strategy)
     optimal_to: int  # smallest size clearing every rule (optimal strategy)
+    #: what the contract's data say this size costs against ``fix_to``, with provenance
+    expected: Slowdown | None = None
+    #: ``--bench`` on this profile's hardware: the site's own kernels; takes precedence
+    bench: Slowdown | None = None
 
     @property
     def severity(self) -> str:
         return max((r.severity for r in self.rules), key=SEVERITY_RANK.__getitem__)
 
     @property
+    def fix_to(self) -> int:
+        """The size a slowdown figure compares with: the repair, else the optimal size."""
+        return self.repair_to if self.repair_to > self.site.value else self.optimal_to
+
+    @property
+    def figure(self) -> Slowdown | None:
+        return self.bench or self.expected
+
+    @property
     def slowdown(self) -> float | None:
-        known = [s for r in self.rules if (s := r.expected_slowdown(self.site.value))]
-        return max(known) if known else None
+        """The figure's value where data at this shape give it; None for an estimate or an
+        unmeasured shape (the figure says which)."""
+        fig = self.figure
+        return fig.value if fig is not None and fig.measured else None
+
+
+class SlowdownSource(Protocol):
+    """What a contract reads expected slowdowns from (gac_check.contract.evidence.Evidence)."""
+
+    def figure(self, role: Role, value: int, to: int, dtype: str,
+               target_of: Callable[[int], int]) -> Slowdown: ...
 
 
 @dataclass
@@ -101,6 +119,7 @@ class Contract:
     dtype: str
     rules: list[Rule] = field(default_factory=list)
     source: str = "published"
+    evidence: SlowdownSource | None = None  # where expected slowdowns come from
 
     def rules_for(self, site: DimSite) -> list[Rule]:
         return [r for r in self.rules if site.role in r.roles]
@@ -110,8 +129,10 @@ class Contract:
 
     def target(self, site: DimSite, severities: tuple[str, ...] = (ERROR,)) -> int:
         """Smallest value >= the site's that satisfies all its rules of those severities."""
-        rules = [r for r in self.rules_for(site) if r.severity in severities]
-        value = site.value
+        return self._target(site.role, site.value, severities)
+
+    def _target(self, role: Role, value: int, severities: tuple[str, ...]) -> int:
+        rules = [r for r in self.rules if role in r.roles and r.severity in severities]
         for _ in range(64):  # rules are monotone targets; a fixed point comes fast
             nxt = max([value, *(r.target(value) for r in rules if r.violated_by(value))])
             if nxt == value:
@@ -124,16 +145,23 @@ class Contract:
         for site in sites:
             broken = self.violations(site)
             if broken:
-                findings.append(Finding(site, broken, self.target(site),
-                                        self.target(site, (ERROR, WARNING))))
+                f = Finding(site, broken, self.target(site), self.target(site, (ERROR, WARNING)))
+                f.expected = self._expected(f)
+                findings.append(f)
         return findings
+
+    def _expected(self, f: Finding) -> Slowdown | None:
+        if self.evidence is None:
+            return None
+        severities = (ERROR,) if f.fix_to == f.repair_to else (ERROR, WARNING)
+        role = f.site.role
+        return self.evidence.figure(role, f.site.value, f.fix_to, self.dtype,
+                                    lambda u: self._target(role, u, severities))
 
 
 def gpu_rules(dtype: str, profile: str) -> list[Rule]:
-    """Published GPU rules; A100 slowdown figures attach where the published sweeps have them."""
+    """Published GPU rules (the evidence adds what each costs where a sweep shows it)."""
     align = elements_per_16_bytes(dtype)
-    # The generic GPU contract is built from the published A100 sweeps, so it quotes them too.
-    a100 = profile in ("a100", "gpu")
     hopper = profile in ("h100", "h200")
     buckets = FA3_BUCKETS if hopper else FA2_BUCKETS
     attn_half = dtype in ("float16", "bfloat16")
@@ -141,16 +169,14 @@ def gpu_rules(dtype: str, profile: str) -> list[Rule]:
         Rule("gemm-align-16B", GEMM_ROLES, ERROR,
              f"Tensor Core GEMMs need K/N multiples of 16 bytes ({align} x {dtype}); cuBLAS "
              "silently takes a slower kernel" + ("; Hopper TMA requires it" if hopper else ""),
-             modulus=align, slowdown=A100_GEMM_SLOWDOWN[2] if a100 else None,
-             slowdown_by_pow2=tuple(A100_GEMM_SLOWDOWN.items()) if a100 else ()),
+             modulus=align),
         Rule("gemm-optimal-32B", GEMM_ROLES, WARNING,
              f"MMA tiles reduce in 32-byte steps: multiples of {2 * align} reach full "
-             "throughput "
-             "(A100: 173 vs 153 TFLOP/s)", modulus=2 * align,
-             slowdown=A100_GEMM_SLOWDOWN[8] if a100 else None),
+             "throughput (published A100 fp16 K sweep: 173 vs 153 TFLOP/s)",
+             modulus=2 * align),
         Rule("attn-head-dim-align", frozenset({Role.HEAD_DIM}), ERROR,
              f"SDPA's efficient and cuDNN backends need head_dim % {align}; flash pads it on "
-             "every call", modulus=align, slowdown=A100_SDPA_SLOWDOWN if a100 else None),
+             "every call", modulus=align),
         Rule("attn-head-dim-max", frozenset({Role.HEAD_DIM}), ERROR,
              "FlashAttention and SDPA's flash backend take head_dim <= 256", max_value=256,
              modulus=1),

@@ -1,10 +1,12 @@
-"""Which contract a check uses: measured rules where a stored sweep exists, else published ones.
+"""Which contract a check uses: measured rules where a stored sweep exists, else published ones,
+and the evidence its expected slowdowns are read from.
 
 Kept apart from :mod:`gac_check.contract.rules` so the published rules need nothing from the
 measuring side, and the measured rules can build on the published ones without a circle.
 """
 from __future__ import annotations
 
+from gac_check.contract.evidence import evidence_for
 from gac_check.contract.measured import measured_rules
 from gac_check.contract.rules import Contract, cpu_rules, gpu_rules
 
@@ -14,12 +16,15 @@ def for_hardware(profile: str, dtype: str) -> Contract:
 
     A measured sweep (baselines/<profile>.json; for "cpu" the present CPU's file) replaces the
     published rules of the roles it covers; hard limits (head_dim <= 256) always stay, and roles
-    the sweep does not cover keep their published rules.
+    the sweep does not cover keep their published rules. Published rules carry the rescue the
+    profile's published sweeps show (none for a dtype class no sweep was made in).
     """
+    evidence = evidence_for(profile)
     rules = cpu_rules(dtype) if profile == "cpu" else gpu_rules(dtype, profile)
+    rules = [evidence.rule_figure(r, dtype) for r in rules]
     measured = measured_rules(profile, dtype)
     if measured is None:
-        return Contract(profile, dtype, rules)
+        return Contract(profile, dtype, rules, evidence=evidence)
     derived, covered = measured
     kept = [r for r in rules if r.max_value is not None or not r.roles & covered]
-    return Contract(profile, dtype, kept + derived, source="measured")
+    return Contract(profile, dtype, kept + derived, source="measured", evidence=evidence)

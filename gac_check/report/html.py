@@ -26,7 +26,7 @@ class FindingGroup:
     rules: list[str]
     repair_to: int | None
     optimal_to: int | None
-    slowdown: float | None
+    slowdown: dict | None  # the figure with its provenance (json_report's "slowdown")
     refusal: str | None
     layers: list[int] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
@@ -106,7 +106,7 @@ def _groups(sites: list[dict]) -> list[FindingGroup]:
         if g is None:
             g = groups[key] = FindingGroup(kind, s["value"], s.get("severity") or "warning",
                                            list(s.get("rules") or []), s.get("repair_to"),
-                                           s.get("optimal_to"), s.get("expected_slowdown"),
+                                           s.get("optimal_to"), _figure(s),
                                            s.get("refusal"))
         if s.get("layer") is not None:
             g.layers.append(s["layer"])
@@ -114,6 +114,18 @@ def _groups(sites: list[dict]) -> list[FindingGroup]:
         g.padding_params += int(s.get("padding_params") or 0)
     return sorted(groups.values(), key=lambda g: (SEVERITY_ORDER.get(g.severity, 2),
                                                   -len(g.names), g.kind))
+
+
+def _figure(site: dict) -> dict | None:
+    """The site's slowdown with provenance; a document from before provenance gives its bare
+    number, marked as of unknown origin rather than dressed up as a published figure."""
+    if site.get("slowdown"):
+        return site["slowdown"]
+    if site.get("expected_slowdown"):
+        return {"value": site["expected_slowdown"], "source": None, "hardware": None,
+                "dtype": None, "shape": None, "coverage": None, "citation": None,
+                "note": "provenance not recorded (a report from an older gac-check)"}
+    return None
 
 
 def run_verdict(run: dict) -> tuple[str, list[str]]:

@@ -1,5 +1,12 @@
 """The ``--format json`` object (schema ``gac-check/1``), whose keys docs/design.md fixes
-("The check JSON")."""
+("The check JSON").
+
+Per misaligned site, ``slowdown`` is the figure with its provenance (value, source: published,
+measured, estimate or bench, hardware, dtype, shape, coverage, citation, note; value null where
+no data cover the shape). ``expected_slowdown`` keeps its old meaning for older readers, but
+only for figures read from data at the site's shape: it is null for estimates and unmeasured
+shapes, so a number quoted from it is never an unmarked extrapolation.
+"""
 from __future__ import annotations
 
 from gac_check.analysis import CheckResult
@@ -25,6 +32,7 @@ def to_json(result: CheckResult) -> dict:
             "repair_to": f.repair_to if f else None,
             "optimal_to": f.optimal_to if f else None,
             "expected_slowdown": f.slowdown if f else None,
+            "slowdown": f.figure.as_dict() if f and f.figure else None,
             "padding_params": result.padding_params(f) if f else 0,
             "exact_repair": site.name not in refusals and site.inexact is None,
             "refusal": refusals.get(site.name, site.inexact),

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+from gac_check.contract.slowdown import Slowdown
+
 #: XML 1.0 cannot carry these at all, escaped or not; checkpoint names may contain them.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -69,6 +71,8 @@ def _message(site: dict) -> str:
         text += f"; no exact zero-padding repair ({site['refusal']})"
     elif site.get("repair_to"):
         text += f"; pad to {site['repair_to']} (+{site.get('padding_params', 0):,} params)"
-    if site.get("expected_slowdown"):
+    if site.get("slowdown"):
+        text += f"; {Slowdown(**site['slowdown']).sentence()}"
+    elif site.get("expected_slowdown"):  # a document written before slowdowns had provenance
         text += f"; expected {site['expected_slowdown']:.2f}x slower"
     return text

@@ -1,7 +1,9 @@
 """The terminal summary: what will collapse on which GPU, by how much, and what the fix costs.
 
 Findings that differ only by layer are folded into one row ("layers 0-31"), so an 80-layer
-model prints a screenful, not 560 lines; the JSON output keeps every site.
+model prints a screenful, not 560 lines; the JSON output keeps every site. Every slowdown figure
+points into a legend ("[1]") that says where it was measured (hardware, dtype, shapes covered,
+citation); an estimate is marked "~", a shape no data cover "n/m" (not measured).
 """
 from __future__ import annotations
 
@@ -59,21 +61,29 @@ def _fold(result: CheckResult) -> list[_Row]:
 
 def _findings_table(result: CheckResult) -> list[str]:
     header = (f"  {'site':<44} {'layers':<10} {'value':>6} {'fix':>6} {'severity':<8} "
-              f"{'slower':>6} {'+params':>10}  rules")
+              f"{'slower':>11} {'+params':>10}  rules")
     out = [header, "  " + "-" * (len(header) - 2)]
     refusals = result.refusals
+    legend: dict[str, int] = {}
     for row in _fold(result):
         f = row.first
         refused = f.site.name in refusals
         name = row.pattern if len(row.pattern) <= 44 else "…" + row.pattern[-43:]
         fix = "no*" if refused else (str(f.repair_to) if f.repair_to > f.site.value
                                      else f"({f.optimal_to})")
-        slower = f"{f.slowdown:.2f}x" if f.slowdown else "-"
+        slower = "-"
+        if f.figure is not None:
+            mark = legend.setdefault(f.figure.basis, len(legend) + 1)
+            slower = f"{f.figure.short} [{mark}]"
         pad = "-" if refused else f"{row.pad:,}"
         out.append(f"  {name:<44} {_ranges(row.layers):<10} {f.site.value:>6} {fix:>6} "
-                   f"{f.severity:<8} {slower:>6} {pad:>10}  {', '.join(r.id for r in f.rules)}")
-    out += ["", "  fix: what --repair pads to; (N): only --strategy optimal pads, to N",
-            "", "  rules broken:"]
+                   f"{f.severity:<8} {slower:>11} {pad:>10}  {', '.join(r.id for r in f.rules)}")
+    out += ["", "  fix: what --repair pads to; (N): only --strategy optimal pads, to N"]
+    if legend:
+        out += ["  slower: time at the value over time at the fix, where measured; ~ estimate, "
+                "n/m not measured at this shape:"]
+        out += [f"    [{i}] {basis}" for basis, i in legend.items()]
+    out += ["", "  rules broken:"]
     seen: dict[str, str] = {}
     for f in result.findings:
         for r in f.rules:
