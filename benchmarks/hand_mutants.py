@@ -1,0 +1,146 @@
+"""Hand-written mutants: plausible bugs, each injected alone, and the tests that must catch it.
+
+Issue 14 measured the suite by injecting realistic bugs one at a time; this script keeps those
+checks repeatable. Each :class:`Mutant` replaces one exact snippet of one module (a swapped
+ratio, a dropped check, an off-by-one) in a scratch copy of the working tree, runs the tests
+named for it there, and counts it caught when they fail. The unmutated copy must pass the same
+tests first, so a "caught" is never a test that was red anyway. A mutant whose snippet is no
+longer in the file is reported "stale" (the code moved on; rewrite or drop the mutant).
+
+    python benchmarks/hand_mutants.py                 # every mutant (a few minutes)
+    python benchmarks/hand_mutants.py --only verdicts # one group
+    python benchmarks/hand_mutants.py --list
+
+The working tree is never modified: everything happens in a temporary copy (tracked and
+untracked, not ignored, files), imported through PYTHONPATH ahead of the editable install.
+Exit status 1 when a mutant survives or the unmutated tests fail. Figures: benchmarks/RESULTS.md
+("Mutation score").
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    group: str
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+V = "tests/test_verdicts.py"
+STATS, BASELINES = "gac_check/bench/stats.py", "gac_check/bench/baselines.py"
+
+MUTANTS = [
+    # ---------------------------------------------------------------- perf verdicts
+    Mutant("verdicts", "ratio inverted (baseline over current)", STATS,
+           "ratio = quantile(current, q) / base_t", "ratio = base_t / quantile(current, q)",
+           (V,)),
+    Mutant("verdicts", "improvement without significance", STATS,
+           "elif ratio < 1 / factor and significant:", "elif ratio < 1 / factor:", (V,)),
+    Mutant("verdicts", "improvement threshold 1 instead of 1/factor", STATS,
+           "elif ratio < 1 / factor and significant:", "elif ratio < 1 and significant:", (V,)),
+    Mutant("verdicts", "published median compared at the asked quantile", STATS,
+           "    if not baseline:\n        q = 0.5\n", "", (V,)),
+    Mutant("verdicts", "a single current sample fed to Mann-Whitney", STATS,
+           "if not baseline or len(current) < 2:", "if not baseline:", (V,)),
+    Mutant("verdicts", "relative ratios compared at the caller's quantile", BASELINES,
+           "current.relative, factor, alpha, q=0.5)", "current.relative, factor, alpha, q=q)",
+           (V,)),
+    Mutant("verdicts", "relative ratios compared the wrong way round", BASELINES,
+           "stats.compare(stored.relative, current.relative,",
+           "stats.compare(current.relative, stored.relative,", (V,)),
+    Mutant("verdicts", "published_only true for a mixed baseline", BASELINES,
+           "return bool(self.cases) and all(m.provenance.kind", "return bool(self.cases) and "
+           "any(m.provenance.kind", (V,)),
+    Mutant("verdicts", "update keeps the old software stack", BASELINES,
+           "baseline.fingerprint = fingerprint  # the stack it now reflects", "pass", (V,)),
+    Mutant("verdicts", "CPU ISA not a device field", BASELINES,
+           'DEVICE_FIELDS = ("kind", "device", "capability", "isa")',
+           'DEVICE_FIELDS = ("kind", "device", "capability")', (V,)),
+    Mutant("verdicts", "published files forgive every device field", BASELINES,
+           'fields = tuple(f for f in DEVICE_FIELDS if f != "device")', "fields = ()", (V,)),
+    Mutant("verdicts", "driver drift not warned", BASELINES,
+           '"cudnn", "driver", "flash_attn"', '"cudnn", "flash_attn"', (V,)),
+]
+
+
+def copy_tree(dst: Path) -> None:
+    """Tracked and untracked (not ignored) files of the working tree, as they are now."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=ROOT, capture_output=True, check=True)
+    for rel in filter(None, listed.stdout.decode().split("\0")):
+        src = ROOT / rel
+        if src.is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel)
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], timeout: int) -> tuple[int, float]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    t0 = time.perf_counter()
+    try:
+        rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
+                             "no:cacheprovider", "-n", "0", *tests], cwd=tree, env=env,
+                            capture_output=True, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        rc = -1
+    return rc, time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", help="run one group")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per test run")
+    args = ap.parse_args()
+    chosen = [m for m in MUTANTS if args.only in (None, m.group)]
+    if args.list or not chosen:
+        for m in MUTANTS:
+            print(f"{m.group:10} {m.name}  [{m.path}]")
+        return 0 if chosen else 2
+    results: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="gac-mutants-") as tmp:
+        tree = Path(tmp)
+        copy_tree(tree)
+        for tests in sorted({m.tests for m in chosen}):
+            rc, _ = run_tests(tree, tests, args.timeout)
+            if rc != 0:
+                print(f"unmutated tests fail (rc {rc}): {' '.join(tests)}")
+                return 1
+        for m in chosen:
+            target = tree / m.path
+            original = target.read_text()
+            secs = 0.0
+            if original.count(m.old) != 1:
+                outcome = "stale"
+            else:
+                target.write_text(original.replace(m.old, m.new))
+                try:
+                    rc, secs = run_tests(tree, m.tests, args.timeout)
+                finally:
+                    target.write_text(original)
+                outcome = {0: "MISSED", 1: "caught"}.get(rc, f"error (rc {rc})")
+            results.setdefault(outcome.split()[0], []).append(m.name)
+            print(f"{outcome:8} {secs:5.1f}s {m.group:10} {m.name}", flush=True)
+    caught = len(results.get("caught", []))
+    print(f"caught {caught}/{len(chosen)}; missed {len(results.get('MISSED', []))}, "
+          f"stale {len(results.get('stale', []))}, errors {len(results.get('error', []))}")
+    return 0 if caught == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
