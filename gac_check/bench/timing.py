@@ -1,16 +1,26 @@
 """Sampling a callable's run time so the numbers survive a kernel engineer's review.
 
-GPU: CUDA events around each call (host-side timers measure launch, not the kernel), a warm-up
-until clocks and caches settle, the L2 cache flushed before every call by writing a buffer
-twice its size (otherwise a repeated call reads its inputs from L2 and a memory-bound kernel
-looks several times faster than in a model), many samples per trial and several trials.
+One timing path for every device: warm-up, per-sample call batching, interleaved trials, the
+garbage collector off and one sample loop (:func:`_samples`) are the same code on a CPU and on
+a GPU, so the CPU tests run the loop a GPU measurement uses. What differs is a
+:class:`Clock` of a few lines:
 
-CPU: the same loop with ``perf_counter``; a sample times enough back-to-back calls to last
-``min_sample_s`` (timer resolution and call overhead stay below 0.1%), the garbage collector is
-off while sampling, and torch runs with a fixed thread count. The CPU caches are not flushed:
-CPU cases are small enough to be cache-resident in a model as well, and a flush would dominate
-their time. One dtype per process (on AMX machines fp32 after bf16 runs ~27% slower): the
-sweep and the suites keep to that; this module cannot enforce it.
+* GPU (:class:`CudaClock`): CUDA events around each call (host-side timers measure the launch,
+  not the kernel), the L2 cache flushed before every call by writing a buffer twice its size
+  (otherwise a repeated call reads its inputs from L2 and a memory-bound kernel looks several
+  times faster than in a model), one call per sample, one synchronisation per trial.
+* CPU (:class:`Clock`): ``perf_counter``; a sample times enough back-to-back calls to last
+  ``min_sample_s`` (timer resolution and call overhead stay below 0.1%), and torch runs with a
+  fixed thread count. CPU caches are not flushed: CPU cases are small enough to be
+  cache-resident in a model as well, and a flush would dominate their time.
+
+Why not a ready timer: ``torch.utils.benchmark.Timer`` times blocks of calls between host
+timestamps (no per-call events, no L2 flush, so a flush would land inside the timed block) and
+cannot interleave several callables trial by trial; ``triton.testing.do_bench`` has the events
+and the flush but is CUDA-only and triton is not a dependency, so the CPU tests could not run
+it. Keeping the device part to one small class is what lets a CPU-only CI test everything
+else. One dtype per process (on AMX machines fp32 after bf16 runs ~27% slower): the sweep and
+the suites keep to that; this module cannot enforce it.
 """
 from __future__ import annotations
 
@@ -19,6 +29,7 @@ import gc
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from gac_check.bench import stats
 
@@ -66,34 +77,86 @@ def is_cuda(device: str) -> bool:
     return device.startswith("cuda")
 
 
+class Clock:
+    """How a sample is timed on the CPU; :class:`CudaClock` is the GPU's few lines.
+
+    ``mark()`` is taken right before and right after a sample's calls, ``flush()`` runs before
+    the first mark (outside the timed region), ``sync()`` once all marks of a trial are taken
+    and before ``seconds()`` reads them."""
+
+    batches = True  # several calls per sample (CPU); a flushing clock times one call
+
+    def mark(self) -> Any:
+        return time.perf_counter()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return end - start
+
+    def flush(self) -> None:
+        """CPU caches are not flushed (module docstring)."""
+
+    def sync(self) -> None:
+        """CPU work is done when the call returns."""
+
+
+class CudaClock(Clock):
+    """CUDA events and an L2 flush: the only device-specific timing code."""
+
+    batches = False
+
+    def __init__(self, flush_l2: bool) -> None:
+        import torch
+
+        self._cuda = torch.cuda
+        self._flush = _l2_buffer() if flush_l2 else None
+
+    def mark(self) -> Any:
+        event = self._cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end) / 1e3  # milliseconds
+
+    def flush(self) -> None:
+        if self._flush is not None:
+            self._flush.zero_()
+
+    def sync(self) -> None:
+        self._cuda.synchronize()
+
+
 def measure(fn: Callable[[], object], device: str = "cpu",
             config: TimingConfig = DEFAULT_CONFIG) -> Timing:
     """Time ``fn`` (inputs already bound, already on ``device``)."""
-    sampler = _cuda_samples if is_cuda(device) else _cpu_samples
-    with _quiet(device, config):
-        _warm_up(fn, device, config)
-        inner = 1 if is_cuda(device) else _calls_per_sample(fn, config.min_sample_s)
-        return Timing([sampler(fn, config, inner) for _ in range(config.trials)])
+    return measure_interleaved({"fn": fn}, device, config)["fn"]
 
 
 def measure_interleaved(fns: dict[str, Callable[[], object]], device: str = "cpu",
-                        config: TimingConfig = DEFAULT_CONFIG) -> dict[str, Timing]:
+                        config: TimingConfig = DEFAULT_CONFIG,
+                        clock: Clock | None = None) -> dict[str, Timing]:
     """Time several callables trial by trial in turn (A, B, A, B, ...).
 
     Comparisons inside one test (repaired vs original, aligned vs misaligned) then see the same
-    machine state; drift between trials hits both sides instead of biasing one.
+    machine state; drift between trials hits both sides instead of biasing one. ``clock``
+    defaults to the device's.
     """
-    sampler = _cuda_samples if is_cuda(device) else _cpu_samples
     out = {name: Timing() for name in fns}
     with _quiet(device, config):
+        clock = clock or clock_for(device, config)
         inner = {}
         for name, fn in fns.items():
-            _warm_up(fn, device, config)
-            inner[name] = 1 if is_cuda(device) else _calls_per_sample(fn, config.min_sample_s)
+            _warm_up(fn, clock, config)
+            inner[name] = (_calls_per_sample(fn, clock, config.min_sample_s)
+                           if clock.batches else 1)
         for _ in range(config.trials):
             for name, fn in fns.items():
-                out[name].trials.append(sampler(fn, config, inner[name]))
+                out[name].trials.append(_samples(fn, clock, config.samples, inner[name]))
     return out
+
+
+def clock_for(device: str, config: TimingConfig) -> Clock:
+    return CudaClock(config.flush_l2) if is_cuda(device) else Clock()
 
 
 @contextlib.contextmanager
@@ -114,52 +177,36 @@ def _quiet(device: str, config: TimingConfig) -> Iterator[None]:
             gc.enable()
 
 
-def _warm_up(fn: Callable[[], object], device: str, config: TimingConfig) -> None:
+def _warm_up(fn: Callable[[], object], clock: Clock, config: TimingConfig) -> None:
     deadline = time.perf_counter() + config.warmup_s
     calls = 0
     while calls < config.min_warmup_calls or time.perf_counter() < deadline:
         fn()
         calls += 1
-    if is_cuda(device):
-        import torch
-
-        torch.cuda.synchronize()
+    clock.sync()
 
 
-def _calls_per_sample(fn: Callable[[], object], min_sample_s: float) -> int:
-    start = time.perf_counter()
+def _calls_per_sample(fn: Callable[[], object], clock: Clock, min_sample_s: float) -> int:
+    start = clock.mark()
     fn()
-    one = max(time.perf_counter() - start, 1e-7)
+    end = clock.mark()
+    clock.sync()
+    one = max(clock.seconds(start, end), 1e-7)
     return max(1, min(10_000, round(min_sample_s / one)))
 
 
-def _cpu_samples(fn: Callable[[], object], config: TimingConfig, inner: int) -> list[float]:
-    out = []
-    clock = time.perf_counter
-    for _ in range(config.samples):
-        start = clock()
+def _samples(fn: Callable[[], object], clock: Clock, count: int, inner: int) -> list[float]:
+    """``count`` samples of ``inner`` calls each, in seconds per call; the flush before each
+    sample stays outside its marks, and the clock is read once, after one sync."""
+    marks = []
+    for _ in range(count):
+        clock.flush()
+        start = clock.mark()
         for _ in range(inner):
             fn()
-        out.append((clock() - start) / inner)
-    return out
-
-
-def _cuda_samples(fn: Callable[[], object], config: TimingConfig, inner: int) -> list[float]:
-    """One event pair per call; the L2 flush runs outside the events."""
-    import torch
-
-    del inner  # every GPU sample is one call, flushed
-    flush = _l2_buffer() if config.flush_l2 else None
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(config.samples)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(config.samples)]
-    for start, end in zip(starts, ends, strict=True):
-        if flush is not None:
-            flush.zero_()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True)]
+        marks.append((start, clock.mark()))
+    clock.sync()
+    return [clock.seconds(a, b) / inner for a, b in marks]
 
 
 _L2: dict[int, object] = {}

@@ -48,11 +48,14 @@ def torch_dtype(name: str):
 
 
 def randn(shape: tuple[int, ...], dtype: str, device: str, scale: float = 1.0):
+    """Seeded normal values made on ``device`` itself: three SDPA inputs of the GPU sweep take
+    ~0.8 s to make on a CPU (and a copy), which over a thousand cases would eat most of the
+    recording command's ten minutes; values differ between devices, which timing never sees."""
     import torch
 
-    gen = torch.Generator(device="cpu").manual_seed(SEED + sum(shape))
-    return (torch.randn(shape, generator=gen) * scale).to(device=device,
-                                                          dtype=torch_dtype(dtype))
+    gen = torch.Generator(device=device).manual_seed(SEED + sum(shape))
+    x = torch.randn(shape, generator=gen, device=device)
+    return (x * scale).to(torch_dtype(dtype))
 
 
 # ---------------------------------------------------------------- GEMM family (nn.Linear layout)
