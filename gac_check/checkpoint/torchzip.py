@@ -10,6 +10,12 @@ construction through ``NEWOBJ`` (how every ``nn.Module``, config and tokenizer i
 allowed so whole pickled models (LLM-Pruner, SVD-LLM) can be indexed: their parameter names
 are rebuilt from the module tree exactly as ``model.state_dict()`` would name them.
 
+Work is bounded, not only bytes (docs/security.md): at most :data:`MAX_OPCODES` opcodes are
+executed, tuples and MARK groups nest at most :data:`MAX_DEPTH` levels, and nothing the pickle
+built is ever hashed unless it is a flat value (a string, a small integer), recursed into, or
+printed: a 580-byte archive holding a dict key nested 200,000 tuples deep used to crash the
+interpreter in ``hash()``.
+
 Importing torch costs more than reading a checkpoint's headers, so only :func:`read_tensor`
 imports it.
 """
@@ -17,23 +23,36 @@ from __future__ import annotations
 
 import _compat_pickle
 import pickletools
+import re
 import struct
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from gac_check.checkpoint.files import open_regular
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.errors import BadInput, GacError, UnsafeCheckpoint
 
 #: data.pkl holds names and small objects only; a larger one is not a checkpoint we can walk.
 MAX_PICKLE_BYTES = 256 * 1024 * 1024
+#: Opcodes executed before the walk is refused: a state dict needs ~30 per tensor and a whole
+#: pickled model with a slow tokenizer's vocabulary a few million; 250 MiB of one-byte opcodes
+#: compresses into a 250 KB archive and would otherwise run for minutes.
+MAX_OPCODES = 10_000_000
 #: Nodes visited while naming tensors; bounds DAG blow-ups (a list referencing itself twice,
 #: sixty levels deep) that would otherwise name 2**60 paths.
 MAX_VISITS = 1_000_000
 #: Deeper nesting than any module tree or state dict has; refuse rather than loop on cycles.
 MAX_DEPTH = 1000
+#: Largest integer a shape, stride or storage size may hold (torch's int64).
+MAX_INDEX = 2**63 - 1
+#: Dict keys that are hashed as they are: their hash cannot be steered into collisions.
+_SAFE_INT = 2**61 - 2
+#: Protocol 0 writes a persistent id as the text of the tuple torch.save returned.
+_TEXT_PERSID = re.compile(
+    r"\('storage', <class 'torch\.(\w+)'>, '(\w{1,64})', '([\w:]{1,64})', (\d{1,19})\)")
 
 DTYPE_ITEMSIZE = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
@@ -157,8 +176,7 @@ def read_torch_zip(path: Path) -> dict[str, TensorInfo]:
     rebuild helpers, and :class:`BadInput` for anything that cannot be indexed this way.
     """
     path = Path(path)
-    zf = _open_zip(path)
-    with zf:
+    with open_regular(path) as fh, _open_zip(path, fh) as zf:
         infos = {i.filename: i for i in zf.infolist()}
         prefix = _archive_prefix(path, infos)
         _check_byteorder(path, zf, infos, prefix)
@@ -199,7 +217,7 @@ def read_tensor(info: TensorInfo) -> Any:
     if nbytes == 0:
         return torch.empty(info.shape, dtype=dtype)
     start = info.storage_offset * itemsize
-    with zipfile.ZipFile(info.file) as zf, info.file.open("rb") as fh:
+    with open_regular(info.file) as fh, _open_zip(info.file, fh) as zf:
         member = zf.getinfo(info.storage)
         if member.compress_type != zipfile.ZIP_STORED:
             raise BadInput(f"{info.storage} is compressed; torch.save stores it raw", info.file)
@@ -216,13 +234,11 @@ def read_tensor(info: TensorInfo) -> Any:
     return torch.as_strided(flat, info.shape, info.stride, 0)
 
 
-def _open_zip(path: Path) -> zipfile.ZipFile:
+def _open_zip(path: Path, fh: BinaryIO) -> zipfile.ZipFile:
+    magic = fh.read(4)
+    fh.seek(0)
     try:
-        with path.open("rb") as fh:
-            magic = fh.read(4)
-        return zipfile.ZipFile(path)
-    except OSError as exc:
-        raise BadInput(f"cannot read: {exc.strerror or exc}", path) from None
+        return zipfile.ZipFile(fh)
     except (zipfile.BadZipFile, EOFError, ValueError):
         if magic[:1] == b"\x80":
             raise BadInput(
@@ -289,11 +305,37 @@ def _pairs(items: list) -> dict:
 
 
 def _key(value: object) -> object:
-    try:
-        hash(value)
-    except TypeError:
-        return _Key(value)
-    return value
+    """A dict key or set item the walker may hash: flat values as they are, anything else
+    (a tuple, a float, a huge integer) wrapped by identity. Hashing a tuple recurses in C with
+    no depth check, and crafted integers or floats collide into quadratic dict inserts."""
+    if isinstance(value, str | bytes | Global | Obj | Opaque | Storage | TensorRef | _Key) or \
+            value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int) and -_SAFE_INT < value < _SAFE_INT:
+        return value
+    return _Key(value)
+
+
+class _Tuple(tuple):
+    """A tuple the walker built, knowing how deeply tuples nest inside it."""
+
+    depth = 1
+
+
+def _tuple(items: list | tuple) -> tuple:
+    depth = 1 + max((i.depth for i in items if isinstance(i, _Tuple)), default=0)
+    if depth > MAX_DEPTH:
+        raise _Refused(f"the pickle nests tuples deeper than {MAX_DEPTH} levels")
+    out = _Tuple(items)
+    if depth > 1:
+        out.depth = depth
+    return out
+
+
+def _describe(value: object) -> str:
+    """A pickled value in a message: a global by name, anything else by type only (its repr
+    could be megabytes long or nested past the recursion limit)."""
+    return str(value) if isinstance(value, Global) else f"a {type(value).__name__}"
 
 
 class _Walker:
@@ -301,6 +343,7 @@ class _Walker:
 
     def __init__(self, data: bytes) -> None:
         self.data = data
+        self.opcodes = 0
         self.stack: list = []
         self.metastack: list[list] = []
         self.memo: dict[int, object] = {}
@@ -310,6 +353,10 @@ class _Walker:
         try:
             handlers: dict[str, Callable[[Any], None]] = {}
             for op, arg, _pos in pickletools.genops(self.data):
+                self.opcodes += 1
+                if self.opcodes > MAX_OPCODES:
+                    raise _Refused(f"data.pkl runs more than {MAX_OPCODES} opcodes; torch.save "
+                                   "writes far fewer (a pickle bomb?)")
                 handler = handlers.get(op.name)
                 if handler is None:
                     if op.name == "STOP":
@@ -320,7 +367,8 @@ class _Walker:
             raise
         except (ValueError, IndexError, KeyError, TypeError, AttributeError) as exc:
             raise _Refused(
-                f"data.pkl is not a readable pickle ({type(exc).__name__}: {exc})") from None
+                f"data.pkl is not a readable pickle ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
         raise _Refused("data.pkl ends without STOP")
 
     def handler(self, name: str) -> Callable[[Any], None]:
@@ -344,6 +392,8 @@ class _Walker:
     op_FRAME = op_PROTO
 
     def op_MARK(self, arg: None) -> None:
+        if len(self.metastack) >= MAX_DEPTH:
+            raise _Refused(f"the pickle nests MARK groups deeper than {MAX_DEPTH} levels")
         self.metastack.append(self.stack)
         self.stack = []
 
@@ -380,7 +430,7 @@ class _Walker:
         self.push([])
 
     def op_EMPTY_TUPLE(self, arg: None) -> None:
-        self.push(())
+        self.push(_tuple(()))
 
     def op_EMPTY_DICT(self, arg: None) -> None:
         self.push({})
@@ -392,16 +442,21 @@ class _Walker:
         self.push(self.pop_mark())
 
     def op_TUPLE(self, arg: None) -> None:
-        self.push(tuple(self.pop_mark()))
+        self.push(_tuple(self.pop_mark()))
 
     def op_TUPLE1(self, arg: None) -> None:
-        self.stack[-1:] = [tuple(self.stack[-1:])]
+        self.tuple_of(1)
 
     def op_TUPLE2(self, arg: None) -> None:
-        self.stack[-2:] = [tuple(self.stack[-2:])]
+        self.tuple_of(2)
 
     def op_TUPLE3(self, arg: None) -> None:
-        self.stack[-3:] = [tuple(self.stack[-3:])]
+        self.tuple_of(3)
+
+    def tuple_of(self, n: int) -> None:
+        if len(self.stack) < n:
+            raise _Refused(f"the pickle builds a {n}-tuple from a shorter stack")
+        self.stack[-n:] = [_tuple(self.stack[-n:])]
 
     def op_FROZENSET(self, arg: None) -> None:
         self.push(frozenset(_key(v) for v in self.pop_mark()))
@@ -504,14 +559,24 @@ class _Walker:
             target.state = state[0] if isinstance(state, tuple) and len(state) == 2 else state
         # BUILD on a dict (OrderedDict._metadata), tensor or opaque value: nothing to name.
 
+    def op_PERSID(self, arg: str) -> None:
+        """Protocol 0: the persistent id is the text of torch's tuple; only that exact form."""
+        found = _TEXT_PERSID.fullmatch(arg) if isinstance(arg, str) else None
+        if found is None:
+            raise _Refused("the pickle refers to a persistent object that is not a storage")
+        storage_type, key, location, numel = found.groups()
+        self.persistent(("storage", Global("torch", storage_type), key, location, int(numel)))
+
     def op_BINPERSID(self, arg: None) -> None:
-        pid = self.stack.pop()
+        self.persistent(self.stack.pop())
+
+    def persistent(self, pid: object) -> None:
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             raise _Refused("the pickle refers to a persistent object that is not a storage")
         _, storage_type, key, _location, numel = pid
         if not isinstance(storage_type, Global) or storage_type.name not in STORAGE_DTYPES:
-            raise _Refused(f"unsupported storage type {storage_type}")
-        if not isinstance(key, str) or not isinstance(numel, int) or numel < 0:
+            raise _Refused(f"unsupported storage type {_describe(storage_type)}")
+        if not isinstance(key, str) or type(numel) is not int or not 0 <= numel <= MAX_INDEX:
             raise _Refused("a storage record has a malformed key or size")
         storage = self.storages.setdefault(key, Storage(key, STORAGE_DTYPES[storage_type.name],
                                                         numel))
@@ -557,9 +622,9 @@ def _call(func: object, args: object) -> object:
 
 def _ints(value: object, what: str) -> tuple[int, ...]:
     if not isinstance(value, tuple) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+            type(v) is int and 0 <= v <= MAX_INDEX for v in value):
         raise _Refused(f"a tensor has a malformed {what}")
-    return value
+    return tuple(value)
 
 
 def _tensor(storage: object, offset: object, size: object, stride: object,
@@ -571,6 +636,11 @@ def _tensor(storage: object, offset: object, size: object, stride: object,
     (start,) = _ints((offset,), "storage offset")
     if len(shape) != len(strides):
         raise _Refused("a tensor's shape and stride disagree in length")
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel > MAX_INDEX:
+        raise _Refused(f"a tensor's shape {list(shape)} has more elements than int64 holds")
     return TensorRef(storage, start, shape, strides, dtype or storage.dtype)
 
 
@@ -583,7 +653,7 @@ def _rebuild_tensor_v3(storage: object, offset: object, size: object, stride: ob
                        _grad: object, _hooks: object, dtype: object, *_rest: object) -> TensorRef:
     if not isinstance(dtype, Global) or dtype.module != "torch" or \
             dtype.name not in DTYPE_ITEMSIZE:
-        raise _Refused(f"a tensor has an unknown dtype {dtype}")
+        raise _Refused(f"a tensor has an unknown dtype {_describe(dtype)}")
     return _tensor(storage, offset, size, stride, dtype.name)
 
 
@@ -595,8 +665,8 @@ def _rebuild_parameter(data: object, *_rest: object) -> TensorRef:
 
 def _rebuild_from_type_v2(func: object, new_type: object, args: object, _state: object) -> object:
     if not isinstance(new_type, Global) or new_type.module.split(".")[0] != "torch":
-        raise _Refused(f"the pickle rebuilds a tensor as {new_type} (a subclass whose code "
-                       "would run when loaded)", unsafe=True)
+        raise _Refused(f"the pickle rebuilds a tensor as {_describe(new_type)} (a subclass "
+                       "whose code would run when loaded)", unsafe=True)
     return _call(func, args)
 
 
@@ -622,17 +692,19 @@ def _encode(text: object, encoding: object = "utf-8") -> bytes:
 
 def _getattr(obj: object, name: object) -> Global:
     """Protocol < 4 spells a dotted global as getattr(parent, name): allowed for torch dtypes."""
-    if isinstance(obj, Global) and obj.module == "torch" and name in DTYPE_ITEMSIZE:
-        return Global("torch", str(name))
-    raise _Refused(f"the pickle calls builtins.getattr on {obj} (it would run code when loaded)",
+    if isinstance(obj, Global) and obj.module == "torch" and isinstance(name, str) and \
+            name in DTYPE_ITEMSIZE:
+        return Global("torch", name)
+    raise _Refused(f"the pickle calls builtins.getattr on {_describe(obj)} (it would run code "
+                   "when loaded)",
                    unsafe=True)
 
 
 def _reconstructor(cls: object, base: object, _state: object) -> object:
     """Protocol 0/1 object construction; only ``object.__new__`` is harmless."""
     if base != Global("builtins", "object"):
-        raise _Refused(f"the pickle calls copyreg._reconstructor with base {base} (it would run "
-                       "code when loaded)", unsafe=True)
+        raise _Refused(f"the pickle calls copyreg._reconstructor with base {_describe(base)} "
+                       "(it would run code when loaded)", unsafe=True)
     return _construct(cls)
 
 
@@ -702,7 +774,7 @@ def _children(value: object) -> Iterator[tuple[str, object]]:
     elif isinstance(value, dict):
         for k, v in value.items():
             if isinstance(k, str | int) and not isinstance(k, bool):
-                yield str(k), v
+                yield str(k), v  # _key keeps only small ints, so str() is always short
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
             yield str(i), v
