@@ -4,12 +4,19 @@ Reports, run documents and baselines are read by CI viewers and by concurrent py
 a reader must see the old file or the new one, never half of one, and a new file must get the
 permissions any new file would get (``mkstemp`` alone leaves 0600, hiding a report from the CI
 user that serves it). Baseline merges are read-modify-write, so they also need a lock.
+
+A writer killed mid-write leaves its ``.<name>.<token>.partial`` temporary behind; it holds an
+``flock`` on it while alive, so the next write of the same file removes any temporary nobody
+holds. Every OSError is re-raised naming the file being written: "No space left on device"
+alone does not say where.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,20 +29,70 @@ def umask() -> int:
     return mask
 
 
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so the names in it (a rename) survive a crash, not only the data."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: Path | str, data: str | bytes) -> None:
     """Write ``data`` to a temporary sibling, fsync it, and rename it over ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        _remove_orphans(path)
+        fd, tmp = _locked_temp(path)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fchmod(fh.fileno(), 0o666 & ~umask())
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+            os.replace(tmp, path)  # still holding the lock: no cleaner mistakes it for an orphan
+        fsync_dir(path.parent)
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
         raise
+
+
+def _locked_temp(path: Path) -> tuple[int, str]:
+    """A new temporary beside ``path``, locked; retried if a cleaner took it before the lock."""
+    for _ in range(8):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+                return fd, tmp
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "could not create a temporary file beside it", str(path))
+
+
+def _remove_orphans(path: Path) -> None:
+    """Delete temporaries of ``path`` left by killed writers (nobody holds their lock)."""
+    pattern = re.compile(re.escape(f".{path.name}.") + r"[a-z0-9_]{8}\.partial")
+    for name in os.listdir(path.parent):
+        if not pattern.fullmatch(name):
+            continue
+        orphan = path.parent / name
+        try:
+            fd = os.open(orphan, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            orphan.unlink(missing_ok=True)
+        except OSError:
+            continue  # held: a live writer
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
