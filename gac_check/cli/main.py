@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gac_check.cli.exits import EXIT_BAD_INPUT, EXIT_INTERNAL
@@ -70,24 +70,44 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["report"]:  # `gac-check report merge ...`; MODEL_DIR is positional
-        return _report_command(argv[1:])
-    args = build_parser().parse_args(argv)
+        return guarded(lambda: _report_command(argv[1:]))
+    return guarded(lambda: run(build_parser().parse_args(argv)))
+
+
+def guarded(job: Callable[[], int]) -> int:
+    """The one error boundary every command goes through (check, repair, realign, report).
+
+    Bad input and a failing environment (a full disk, a read-only target, no memory) are one
+    line and exit 2; anything else is a bug: one line and exit 3, never 1, which a CI gate
+    reads as "findings". Usage errors leave through argparse's SystemExit(2) untouched.
+    """
     try:
-        return run(args)
+        return job()
     except BadInput as exc:
-        sys.stderr.write(f"gac-check: {exc}\n")
+        return _fail(str(exc), EXIT_BAD_INPUT)
+    except BrokenPipeError:  # `gac-check ... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BAD_INPUT
     except OSError as exc:  # the filesystem said no: still the user's input, still one line
         where = f"{exc.filename}: " if exc.filename else ""
-        sys.stderr.write(f"gac-check: {where}{exc.strerror or exc}\n")
-        return EXIT_BAD_INPUT
+        return _fail(f"{where}{exc.strerror or exc}", EXIT_BAD_INPUT)
+    except MemoryError:
+        return _fail("ran out of memory", EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
     except Exception as exc:
-        # A bug, not a finding: never exit 1 (which a CI gate reads as "findings").
         if os.environ.get("GAC_DEBUG"):
             raise
-        sys.stderr.write(f"gac-check: internal error ({type(exc).__name__}: {exc}); "
-                         "rerun with GAC_DEBUG=1 for the traceback and please report it\n")
-        return EXIT_INTERNAL
+        return _fail(f"internal error ({type(exc).__name__}: {exc}); rerun with GAC_DEBUG=1 "
+                     "for the traceback and please report it", EXIT_INTERNAL)
+
+
+def _fail(message: str, code: int) -> int:
+    """Write ``gac-check: message`` as exactly one printable line, however odd the message."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message[:2000])
+    text += "..." if len(message) > 2000 else ""
+    sys.stderr.write(f"gac-check: {text.encode('utf-8', 'backslashreplace').decode()}\n")
+    return code
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,11 +133,7 @@ def run(args: argparse.Namespace) -> int:
 def _report_command(argv: list[str]) -> int:
     from gac_check.cli.report import main as report_main
 
-    try:
-        return report_main(argv, _Parser)
-    except BadInput as exc:
-        sys.stderr.write(f"gac-check: {exc}\n")
-        return EXIT_BAD_INPUT
+    return report_main(argv, _Parser)
 
 
 if __name__ == "__main__":

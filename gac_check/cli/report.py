@@ -4,6 +4,7 @@ CI runs the same suite on an A100 job and an H100 job; each leaves a run documen
 written next to every HTML report, or a bare ``gac-check --format json`` object). Merging
 renders them into one report whose maps, staircases and environments sit next to each other.
 Every input is read and validated before anything is written, so a bad file leaves no output.
+Errors reach the one boundary in :func:`gac_check.cli.main.guarded` (exit 2 or 3, one line).
 """
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
 def main(argv: Sequence[str], parser_class: type[argparse.ArgumentParser]) -> int:
     args = build_parser(parser_class).parse_args(argv)
     out = check_writable(args.output)
+    runs = [load_run(path) for path in args.runs]  # each a regular file, or refused
     if any(out.resolve() == path.resolve() for path in args.runs):
         raise BadInput("the output would overwrite one of the runs being merged", out)
-    runs = [load_run(path) for path in args.runs]
     label_runs(runs, args.runs)
     html = render_html(runs, title=args.title)
     write_atomic(out, html)

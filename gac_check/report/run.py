@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from gac_check.checkpoint.index import read_json
+from gac_check.checkpoint.files import read_json
 from gac_check.errors import BadInput
 from gac_check.report.json_report import SCHEMA as CHECK_SCHEMA
 
@@ -104,6 +104,8 @@ def load_run(path: Path) -> dict:
     A bare check object becomes a one-check run whose environment is unknown. Anything whose
     schema this version does not read, or whose structure is broken, is a BadInput naming the
     file, because a merge must never render half of someone's results as if they were all.
+    The file is read through :func:`~gac_check.checkpoint.files.read_json`: a FIFO, a nesting
+    bomb or a 5,000-digit integer is refused there, in one line.
     """
     data = read_json(path)
     schema = data.get("schema")
@@ -164,8 +166,13 @@ def _expect(obj: dict, key: str, kind: type, path: Path, where: str) -> None:
 
 
 def check_writable(path: Path) -> Path:
-    """Refuse an output whose directory is missing before any work or writing starts."""
+    """Refuse an output whose directory is missing (or that is a directory, or a link loop)
+    before any work or writing starts."""
     path = Path(path)
+    try:
+        path.resolve()
+    except (OSError, RuntimeError):  # Python 3.11 reports a link loop as RuntimeError
+        raise BadInput("is a symlink loop", path) from None
     if path.is_dir():
         raise BadInput("is a directory, not a file", path)
     if not path.parent.resolve().is_dir():
