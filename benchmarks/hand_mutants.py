@@ -10,6 +10,7 @@ longer in the file is reported "stale" (the code moved on; rewrite or drop the m
     python benchmarks/hand_mutants.py                 # every mutant (a few minutes)
     python benchmarks/hand_mutants.py --only verdicts # one group
     python benchmarks/hand_mutants.py --list
+    python benchmarks/hand_mutants.py --only torchzip --against tests/test_torchzip.py
 
 The working tree is never modified: everything happens in a temporary copy (tracked and
 untracked, not ignored, files), imported through PYTHONPATH ahead of the editable install.
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +44,7 @@ class Mutant:
 
 V = "tests/test_verdicts.py"
 STATS, BASELINES = "gac_check/bench/stats.py", "gac_check/bench/baselines.py"
+TZ, TZA = "gac_check/checkpoint/torchzip.py", "tests/test_torchzip_allowlist.py"
 
 MUTANTS = [
     # ---------------------------------------------------------------- perf verdicts
@@ -75,6 +77,41 @@ MUTANTS = [
            'fields = tuple(f for f in DEVICE_FIELDS if f != "device")', "fields = ()", (V,)),
     Mutant("verdicts", "driver drift not warned", BASELINES,
            '"cudnn", "driver", "flash_attn"', '"cudnn", "flash_attn"', (V,)),
+    # ---------------------------------------------------------------- torch zip safety
+    Mutant("torchzip", "deny-list only: unknown modules' calls become opaque values", TZ,
+           '    why = ("it would run code when loaded" if func.module.split(".")[0] in '
+           "DANGEROUS_MODULES",
+           '    if func.module.split(".")[0] not in DANGEROUS_MODULES:\n        return Opaque()\n'
+           '    why = ("it would run code when loaded" if func.module.split(".")[0] in '
+           "DANGEROUS_MODULES", (TZA,)),
+    Mutant("torchzip", "anything in torch is callable", TZ,
+           "    handler = ALLOWED_CALLS.get((func.module, func.name))\n",
+           "    handler = ALLOWED_CALLS.get((func.module, func.name))\n"
+           '    if handler is None and func.module.split(".")[0] == "torch":\n'
+           "        return Opaque()\n", (TZA,)),
+    Mutant("torchzip", "tensor subclass module checked by prefix", TZ,
+           'new_type.module.split(".")[0] != "torch"', 'not new_type.module.startswith("torch")',
+           (TZA,)),
+    Mutant("torchzip", "tensor subclass type not checked", TZ,
+           'if not isinstance(new_type, Global) or new_type.module.split(".")[0] != "torch":',
+           "if not isinstance(new_type, Global):", (TZA,)),
+    Mutant("torchzip", "every tensor with Python state refused", TZ,
+           'if not isinstance(new_type, Global) or new_type.module.split(".")[0] != "torch":',
+           "if True:", (TZA,)),
+    Mutant("torchzip", "reconstructor base only type-checked", TZ,
+           'if base != Global("builtins", "object"):', "if not isinstance(base, Global):",
+           (TZA,)),
+    Mutant("torchzip", "reconstructor base checked against the deny-list", TZ,
+           'if base != Global("builtins", "object"):',
+           'if isinstance(base, Global) and base.module.split(".")[0] in DANGEROUS_MODULES '
+           'and base.name not in SAFE_BUILTIN_TYPES:', (TZA,)),
+    Mutant("torchzip", "every protocol 0/1 object refused", TZ,
+           'if base != Global("builtins", "object"):', "if True:", (TZA,)),
+    Mutant("torchzip", "byte-order record compared with a str", TZ,
+           'zf.read(record) == b"big"', 'zf.read(record) == "big"', (TZA,)),
+    Mutant("torchzip", "archives without a byte-order record refused", TZ,
+           'record is not None and record.file_size <= 16 and zf.read(record) == b"big"',
+           'record is None or zf.read(record) != b"little"', (TZA,)),
 ]
 
 
@@ -106,8 +143,13 @@ def main() -> int:
     ap.add_argument("--only", help="run one group")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per test run")
+    ap.add_argument("--against", nargs="+", metavar="TEST",
+                    help="run these tests instead of each mutant's own (what did the suite "
+                         "catch before a test file existed?)")
     args = ap.parse_args()
     chosen = [m for m in MUTANTS if args.only in (None, m.group)]
+    if args.against:
+        chosen = [replace(m, tests=tuple(args.against)) for m in chosen]
     if args.list or not chosen:
         for m in MUTANTS:
             print(f"{m.group:10} {m.name}  [{m.path}]")
