@@ -64,18 +64,32 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
     with open_regular(path) as fh:
         size = fh.seek(0, 2)
         fh.seek(0)
-        head = fh.read(8)
-        if len(head) < 8:
-            raise BadInput("is truncated: shorter than the 8-byte header length", path)
-        (n,) = struct.unpack("<Q", head)
-        if n > MAX_HEADER_BYTES:
-            raise BadInput(f"claims a {n}-byte header; safetensors refuses headers above "
-                           f"{MAX_HEADER_BYTES} bytes", path)
-        if n > size - 8:
-            raise BadInput(f"claims a {n}-byte header in a {size}-byte file", path)
+        n = header_length(fh.read(8), size, path)
         raw = fh.read(n)
+    return index_header(raw, size, path)
+
+
+def header_length(head: bytes, size: int, path: Path) -> int:
+    """The header length the first 8 bytes of a ``size``-byte file claim, if it can be true.
+
+    Split from the reading so a header fetched by HTTP range requests
+    (:mod:`gac_check.checkpoint.remote`) is held to exactly the same rules.
+    """
+    if len(head) < 8:
+        raise BadInput("is truncated: shorter than the 8-byte header length", path)
+    (n,) = struct.unpack("<Q", head[:8])
+    if n > MAX_HEADER_BYTES:
+        raise BadInput(f"claims a {n}-byte header; safetensors refuses headers above "
+                       f"{MAX_HEADER_BYTES} bytes", path)
+    if n > size - 8:
+        raise BadInput(f"claims a {n}-byte header in a {size}-byte file", path)
+    return n
+
+
+def index_header(raw: bytes, size: int, path: Path) -> dict[str, TensorInfo]:
+    """Index the header ``raw`` of a ``size``-byte file whose tensor data follows it."""
     entries = parse_header(raw, path)
-    data_start = 8 + n
+    data_start = 8 + len(raw)
     end = _tile(entries, path)
     if data_start + end < size:
         raise BadInput(f"has trailing data ({size - data_start - end} bytes) after its last "
