@@ -23,10 +23,15 @@ class Peak:
         return {"tflops": self.tflops, "copy_gbs": self.copy_gbs}
 
 
-@cache
 def peak(device: str, cpu_dtype: str = "float32") -> Peak:
+    """The device's peak; a CPU's in the process's one dtype, a GPU's always in bf16."""
+    return _peak(device, "bfloat16" if timing.is_cuda(device) else cpu_dtype)
+
+
+@cache
+def _peak(device: str, dtype: str) -> Peak:
     cuda = timing.is_cuda(device)
-    n, dtype = (8192, "bfloat16") if cuda else (1024, cpu_dtype)
+    n = 8192 if cuda else 1024
     config = timing.TimingConfig(samples=10 if cuda else 5, trials=2 if cuda else 1)
     work = gemm(n, n, n, dtype)
     t = timing.measure(work.prepare(device).fn, device, config).median

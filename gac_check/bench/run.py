@@ -16,7 +16,8 @@ def present_device() -> str:
 
 def to_measurement(work: Workload, prepared: Prepared, t: timing.Timing, device: str,
                    command: str, with_peak: bool = True) -> Measurement:
-    peak_tflops = peak(device).tflops if with_peak else None
+    dtype = str(work.params.get("dtype", "float32"))  # a CPU's peak in the process's dtype
+    peak_tflops = peak(device, dtype).tflops if with_peak else None
     return Measurement.from_samples(work.key, t.samples, Provenance.measured(command),
                                     work.flops, peak_tflops, prepared.backend)
 
