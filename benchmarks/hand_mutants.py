@@ -45,6 +45,8 @@ class Mutant:
 V = "tests/test_verdicts.py"
 STATS, BASELINES = "gac_check/bench/stats.py", "gac_check/bench/baselines.py"
 TZ, TZA = "gac_check/checkpoint/torchzip.py", "tests/test_torchzip_allowlist.py"
+PLAN, WRITE, SITES = "gac_check/repair/plan.py", "gac_check/repair/write.py", "gac_check/sites.py"
+RS = "tests/test_repair_shards.py"
 
 MUTANTS = [
     # ---------------------------------------------------------------- perf verdicts
@@ -112,6 +114,27 @@ MUTANTS = [
     Mutant("torchzip", "archives without a byte-order record refused", TZ,
            'record is not None and record.file_size <= 16 and zf.read(record) == b"big"',
            'record is None or zf.read(record) != b"little"', (TZA,)),
+    # ---------------------------------------------------------------------- repair
+    Mutant("repair", "index keeps the input's total_size", WRITE,
+           'index["metadata"] = {**meta, "total_size": total}',
+           'index["metadata"] = {"total_size": total, **meta}', (RS,)),
+    Mutant("repair", "safetensors index total_size from the last shard only", WRITE,
+           "_write_index(index, tmp / index.name, None, sum(sizes.values()))",
+           "_write_index(index, tmp / index.name, None, sizes[src.name])", (RS,)),
+    Mutant("repair", "converted shards: total_size from the last shard only", WRITE,
+           "total += _write_file(tmp / renamed[src.name]", "total = _write_file(tmp / "
+           "renamed[src.name]", (RS,)),
+    Mutant("repair", "converted index keeps the .bin shard names", WRITE,
+           "{k: renamed.get(Path(v).name, v)", "{k: v", (RS,)),
+    Mutant("repair", "converted index written under the pickled index's name", WRITE,
+           '_write_index(index, tmp / "model.safetensors.index.json", renamed, total)',
+           "_write_index(index, tmp / index.name, renamed, total)", (RS,)),
+    Mutant("repair", "converted shard names lose their numbers", WRITE,
+           'stem = "model" + stem[len("pytorch_model"):]', 'stem = "model"', (RS,)),
+    Mutant("repair", "zero insertions applied in the order the sites came", PLAN,
+           "for pos, count in sorted(self.inserts):", "for pos, count in self.inserts:", (RS,)),
+    Mutant("repair", "per-head padding counted once, not per block", SITES,
+           "total += other * ax.blocks", "total += other", (RS,)),
 ]
 
 
