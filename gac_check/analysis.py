@@ -53,9 +53,15 @@ class CheckResult:
         return self.repair_plan.overhead_fraction
 
 
-def check(model_dir: Path | str, gpu: str = "auto", dtype: str | None = None) -> CheckResult:
-    """Check a directory against ``gpu``'s contract for ``dtype`` (default: the model's own)."""
-    ckpt = open_checkpoint(model_dir)
+def check(model_dir: Path | str | Checkpoint, gpu: str = "auto",
+          dtype: str | None = None) -> CheckResult:
+    """Check a directory against ``gpu``'s contract for ``dtype`` (default: the model's own).
+
+    An already indexed checkpoint is checked as it is: that is how a Hub model, indexed from
+    its headers by :func:`gac_check.checkpoint.remote.open_remote`, goes through the same
+    stages as a directory.
+    """
+    ckpt = model_dir if isinstance(model_dir, Checkpoint) else open_checkpoint(model_dir)
     fmt = detect(ckpt)
     sites = fmt.sites(ckpt)
     contract = for_hardware(resolve_profile(gpu), dtype or ckpt.dtype())

@@ -54,6 +54,11 @@ class Checkpoint:
     files: list[Path] = field(default_factory=list)
     sidecars: dict[str, dict] = field(default_factory=dict)
 
+    @property
+    def source(self) -> str:
+        """How reports name the model: its directory (a Hub model: ``hf://org/name@commit``)."""
+        return str(self.path)
+
     def shape(self, name: str) -> tuple[int, ...]:
         return self.tensors[name].shape
 

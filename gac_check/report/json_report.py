@@ -42,7 +42,7 @@ def to_json(result: CheckResult) -> dict:
     misaligned = len(result.findings)
     return {
         "schema": SCHEMA,
-        "model_dir": str(ckpt.path),
+        "model_dir": ckpt.source,
         "format": result.format.name,
         "container": ckpt.container,
         "hardware": {"profile": contract.profile, "dtype": contract.dtype,

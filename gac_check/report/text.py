@@ -27,7 +27,7 @@ class _Row:
 def render_text(result: CheckResult) -> str:
     ckpt, contract = result.checkpoint, result.contract
     lines = [
-        f"gac-check {ckpt.path}",
+        f"gac-check {ckpt.source}",
         f"  format: {result.format.description} ({ckpt.container}), {ckpt.params:,} parameters",
         f"  checked against: {contract.profile} contract ({contract.source} rules), "
         f"dtype {contract.dtype}",
