@@ -1,36 +1,175 @@
-"""``gac-check MODEL_DIR``: check, print, optionally time the sites and write the reports."""
+"""``gac-check MODEL ...``: check, print, optionally time the sites and write the reports.
+
+A MODEL is a directory, or a model on the Hugging Face Hub (``hf://ORG/NAME[@REVISION]``, or
+``ORG/NAME`` where no such directory exists, as transformers resolves names), checked from
+its JSON files and safetensors headers (:mod:`gac_check.checkpoint.remote`). One model prints
+and writes what it always did; several (``gac-check A B C``, ``--models-from FILE``) are
+checked first, then reported together: each summary, then the zoo table, or one run document
+with ``--format json``, one HTML with ``--report`` (:mod:`gac_check.report.zoo`).
+"""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
+import sys
+import time
+from pathlib import Path
 
-from gac_check.analysis import check
+from huggingface_hub import constants
+
+from gac_check.analysis import CheckResult, check
+from gac_check.checkpoint.files import open_regular
+from gac_check.checkpoint.index import Checkpoint, open_checkpoint
+from gac_check.checkpoint.remote import (
+    HF_SCHEME,
+    RemoteCheckpoint,
+    looks_like_repo_id,
+    open_remote,
+    renamed,
+)
 from gac_check.cli.exits import exit_code
+from gac_check.errors import BadInput
+from gac_check.progress import steps
 from gac_check.report.json_report import to_json
 from gac_check.report.outputs import plan as plan_outputs
 from gac_check.report.outputs import write as write_outputs
+from gac_check.report.run import dumps
 from gac_check.report.text import render_text
+from gac_check.report.zoo import render_zoo, write_zoo, zoo_run
+
+#: A --models-from file larger than this is not a list of model names.
+MAX_LIST_BYTES = 1024 * 1024
 
 
 def run_check(args: argparse.Namespace) -> int:
-    outputs = plan_outputs(args.report, args.junit, args.model_dir)
-    result = check(args.model_dir, args.gpu, args.dtype)
-    doc = to_json(result)
-    bench = None
-    if args.bench:
-        from gac_check.bench.model_bench import bench_findings  # imports torch: only on --bench
+    names = model_names(args)
+    outputs = None
+    for name in names or [None]:  # every output path is refused before any model is read
+        where = Path(constants.HF_HUB_CACHE) if name is None or is_remote(name) else Path(name)
+        outputs = plan_outputs(args.report, args.junit, where)
+    results = [check_model(name, args) for name in
+               steps(names, "checking models", enabled=len(names) > 1 and args.output != "json")]
+    docs = [to_json(r) for r in results]
+    bench = _bench(results) if args.bench else None
+    if len(results) == 1:
+        _print_one(args, results[0], docs[0], bench and bench[0])
+        write_outputs(outputs, docs[0], args.fail_on)
+    else:
+        _print_zoo(args, results, docs, bench)
+        write_zoo(outputs, docs, args.fail_on)
+    return exit_code([f for r in results for f in r.findings], args.fail_on)
 
-        bench = bench_findings(result)
+
+def model_names(args: argparse.Namespace) -> list[str]:
+    """The MODEL arguments, then the names in ``--models-from`` (one a line, ``#`` comments)."""
+    names = [str(m) for m in args.models]
+    if getattr(args, "models_from", None):
+        names += _names_in(Path(args.models_from))
+    if not names:
+        raise BadInput("name a model: a directory, or hf://ORG/NAME[@REVISION] "
+                       "(several, or --models-from FILE, for a model-zoo report)")
+    return names
+
+
+def _names_in(path: Path) -> list[str]:
+    with open_regular(path) as fh:
+        raw = fh.read(MAX_LIST_BYTES + 1)
+    if len(raw) > MAX_LIST_BYTES:
+        raise BadInput(f"is larger than {MAX_LIST_BYTES} bytes, too large for a list of models",
+                       path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInput("is not UTF-8 text", path) from None
+    names = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    names = [n for n in names if n]
+    if not names:
+        raise BadInput("names no models (one directory or hf://ORG/NAME a line)", path)
+    return names
+
+
+def is_remote(name: str) -> bool:
+    """``hf://...``, or ``ORG/NAME`` when nothing by that name exists here."""
+    return name.startswith(HF_SCHEME) or (not os.path.lexists(name) and looks_like_repo_id(name))
+
+
+def local_model(args: argparse.Namespace, job: str) -> Path:
+    """The one local directory ``--repair`` / ``--realign`` rewrites: they need the weights."""
+    names = model_names(args)
+    if len(names) != 1:
+        raise BadInput(f"{job} writes one model; name one model directory, not {len(names)}")
+    if is_remote(names[0]):
+        raise BadInput(f"{names[0]}: {job} needs the weights, which a remote check never "
+                       "downloads; download the model (hf download ORG/NAME --local-dir DIR) "
+                       f"and run {job} on DIR")
+    return Path(names[0])
+
+
+def open_model(name: str) -> Checkpoint:
+    """A directory's index, or a Hub model's from its headers."""
+    if is_remote(name):
+        return open_remote(name)
+    return open_checkpoint(name)
+
+
+def check_model(name: str, args: argparse.Namespace) -> CheckResult:
+    start = time.perf_counter()
+    ckpt = open_model(name)
+    seconds = time.perf_counter() - start
+    try:
+        result = check(ckpt, args.gpu, args.dtype)
+    except BadInput as exc:
+        raise renamed(exc, ckpt) from None
+    if getattr(args, "verbose", False):
+        sys.stderr.write(f"gac-check: {_read_line(ckpt, seconds)}\n")
+    return result
+
+
+def _read_line(ckpt: Checkpoint, seconds: float) -> str:
+    """What reading a model cost: bytes fetched and requests for a Hub model, time for both."""
+    files = len(ckpt.files)
+    if not isinstance(ckpt, RemoteCheckpoint):
+        return f"{ckpt.source}: read {files} weight file header(s) in {seconds:.2f} s"
+    f = ckpt.fetch
+    via = "offline, from the cache" if f.offline else f"{f.requests} HTTP response(s)"
+    return (f"{ckpt.source}: fetched {f.bytes:,} bytes ({via}) in {f.seconds:.2f} s; "
+            f"{files} weight file header(s), {f.headers_cached} from the cache")
+
+
+def _bench(results: list[CheckResult]) -> list:
+    from gac_check.bench.model_bench import bench_findings  # imports torch: only on --bench
+
+    return [bench_findings(r) for r in results]
+
+
+def _print_one(args: argparse.Namespace, result: CheckResult, doc: dict, bench) -> None:
     if args.output == "json":
         if bench is not None:
             doc["bench"] = dataclasses.asdict(bench)
         print(json.dumps(doc, indent=2))
-    else:
+        return
+    print(render_text(result))
+    if bench is not None:
+        from gac_check.bench.model_bench import render
+
+        print(render(bench))
+
+
+def _print_zoo(args: argparse.Namespace, results: list[CheckResult], docs: list[dict],
+               bench: list | None) -> None:
+    if args.output == "json":
+        for doc, b in zip(docs, bench or [None] * len(docs), strict=True):
+            if b is not None:
+                doc["bench"] = dataclasses.asdict(b)
+        print(dumps(zoo_run(docs, "zoo", args.fail_on)), end="")
+        return
+    for i, result in enumerate(results):
         print(render_text(result))
         if bench is not None:
             from gac_check.bench.model_bench import render
 
-            print(render(bench))
-    write_outputs(outputs, doc, args.fail_on)
-    return exit_code(result.findings, args.fail_on)
+            print(render(bench[i]))
+        print()
+    print(render_zoo(docs))

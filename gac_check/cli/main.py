@@ -31,7 +31,15 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gac-check", description="Find, repair and gate GPU-hostile dimensions "
                 "in a compressed model checkpoint.")
-    p.add_argument("model_dir", type=Path, help="model directory (config.json + weights)")
+    p.add_argument("models", nargs="*", metavar="MODEL",
+                   help="model directory (config.json + weights), or a Hub model checked from "
+                   "its headers alone: hf://ORG/NAME[@REVISION], or ORG/NAME where no such "
+                   "directory exists; several models make one model-zoo report")
+    p.add_argument("--models-from", type=Path, metavar="FILE",
+                   help="also check the models named in FILE, one a line (# comments)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="say what reading each model cost on stderr (bytes fetched, "
+                   "requests and seconds for a Hub model)")
     add_gpu_option(p.add_argument, "--gpu", default="auto", dest="gpu")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="dtype the model will be served in (default: config.json's dtype, "
@@ -117,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput("--base is only used with --realign")
     if args.repair and args.realign:
         raise BadInput("--repair and --realign write different models; choose one")
+    if args.repair or args.realign:  # they rewrite one local directory: refuse the rest
+        from gac_check.cli.check import local_model
+
+        args.model_dir = local_model(args, "--repair" if args.repair else "--realign")
     if args.repair:
         from gac_check.cli.repair import run_repair
 
