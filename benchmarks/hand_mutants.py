@@ -47,6 +47,7 @@ STATS, BASELINES = "gac_check/bench/stats.py", "gac_check/bench/baselines.py"
 TZ, TZA = "gac_check/checkpoint/torchzip.py", "tests/test_torchzip_allowlist.py"
 PLAN, WRITE, SITES = "gac_check/repair/plan.py", "gac_check/repair/write.py", "gac_check/sites.py"
 RS = "tests/test_repair_shards.py"
+KS, KB = "gac_check/realign/knapsack.py", "tests/test_knapsack_budget.py"
 
 MUTANTS = [
     # ---------------------------------------------------------------- perf verdicts
@@ -135,6 +136,25 @@ MUTANTS = [
            "for pos, count in sorted(self.inserts):", "for pos, count in self.inserts:", (RS,)),
     Mutant("repair", "per-head padding counted once, not per block", SITES,
            "total += other * ax.blocks", "total += other", (RS,)),
+    # -------------------------------------------------------------------- knapsack
+    Mutant("knapsack", "fraction budget rounded to nearest", KS,
+           "return math.floor(fraction * sum(", "return round(fraction * sum(", (KB,)),
+    Mutant("knapsack", "fraction budget rounded up", KS,
+           "return math.floor(fraction * sum(", "return math.ceil(fraction * sum(", (KB,)),
+    Mutant("knapsack", "nan/inf fractions let through", KS,
+           "if not math.isfinite(fraction) or fraction <= 0:", "if fraction <= 0:", (KB,)),
+    Mutant("knapsack", "solver capacity one unit short", KS,
+           "cap = budget // unit  #", "cap = (budget - 1) // unit  #", (KB,)),
+    Mutant("knapsack", "everything-fits shortcut needs slack", KS,
+           "if pad.cost[rows, last].sum() <= cap:", "if pad.cost[rows, last].sum() < cap:",
+           (KB,)),
+    Mutant("knapsack", "a budget of exactly the cheapest choice refused", KS,
+           "if budget < cheapest:", "if budget <= cheapest:", (KB,)),
+    Mutant("knapsack", "within_budget strict", KS,
+           "return self.total_params <= self.budget", "return self.total_params < self.budget",
+           (KB,)),
+    Mutant("knapsack", "DP window stops one unit short of the room", KS,
+           "min(int(before[t]), room)", "min(int(before[t]), room - 1)", (KB,)),
 ]
 
 
