@@ -253,3 +253,46 @@ def test_cli_h200_and_fp32(llama, tmp_path):
                          env_dir=tmp_path).stdout)
     bad = [s for s in doc["sites"] if not s["aligned"]]
     assert bad and all(s["slowdown"]["value"] is None for s in bad)
+
+
+# ------------------------------------------------------------------------ --bench first
+def test_bench_on_the_profiles_hardware_takes_precedence(llama, tmp_path, monkeypatch):
+    """--bench times the site's own kernels; on the contract's hardware (here: --gpu cpu on
+    this CPU) its figure replaces the expected one everywhere, with its provenance."""
+    from gac_check.analysis import check
+    from gac_check.bench.model_bench import bench_findings
+    from gac_check.contract.evidence import adopt_bench
+    from gac_check.profiles import cpu_name
+    from gac_check.report.json_report import to_json
+    from gac_check.report.text import render_text
+
+    monkeypatch.setenv("GAC_BASELINES_DIR", str(tmp_path))
+    result = check(llama, "cpu", "float32")
+    heads = [f for f in result.findings if f.site.role == Role.HEAD_DIM]
+    head = heads[0]
+    assert head.figure.value is None  # no CPU sweep recorded: not measured
+    report = bench_findings(result)
+    line = adopt_bench(result.findings, report, result.contract)
+    timed = {s.name: s for s in report.sites if s.speedup is not None}
+    assert head.site.name in timed and "expected slowdowns above" in line
+    fig = head.figure
+    assert fig.source == "bench" and fig.hardware == cpu_name() and fig.dtype == "float32"
+    assert fig.value == pytest.approx(timed[head.site.name].speedup, abs=1e-3)
+    assert "D=106" in fig.shape and head.slowdown == fig.value
+    assert all(f.figure.source == "bench" for f in heads)  # every layer's site
+    site = next(s for s in to_json(result)["sites"] if s["name"] == head.site.name)
+    assert site["slowdown"]["source"] == "bench" and site["expected_slowdown"] == fig.value
+    assert f"bench: {cpu_name()} float32" in render_text(result)
+
+
+def test_bench_on_other_hardware_leaves_the_expected_figures(llama, tmp_path, monkeypatch):
+    from gac_check.analysis import check
+    from gac_check.bench.model_bench import bench_findings
+    from gac_check.contract.evidence import adopt_bench
+
+    monkeypatch.setenv("GAC_BASELINES_DIR", str(tmp_path))
+    result = check(llama, "h100", "float16")
+    before = [f.figure for f in result.findings]
+    line = adopt_bench(result.findings, bench_findings(result), result.contract)
+    assert "not on h100 hardware" in line
+    assert [f.figure for f in result.findings] == before

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from gac_check.bench import timing, workloads
 from gac_check.bench.run import present_device, run_interleaved
+from gac_check.profiles import cpu_name, cuda_profile
 from gac_check.sites import AxisKind, Role
 
 GEMM_SITE_ROLES = (Role.RANK, Role.INTERMEDIATE, Role.KV_LATENT)
@@ -32,6 +33,7 @@ class SiteTiming:
     original_s: float | None
     repaired_s: float | None
     note: str = ""
+    kernels: str = ""  # what was timed at the original size (case keys)
 
     @property
     def speedup(self) -> float | None:
@@ -46,6 +48,8 @@ class BenchReport:
     dtype: str
     tokens: int
     sites: list[SiteTiming]
+    hardware: str = ""  # the device's name (GPU model, CPU model)
+    profile: str = ""  # its hardware profile: a100/h100/h200, gpu for another GPU, cpu
 
     @property
     def timed(self) -> list[SiteTiming]:
@@ -101,7 +105,7 @@ def bench_findings(result, device: str | None = None) -> BenchReport:
     cache: dict[str, float] = {}
     sites = []
     for f in result.findings:
-        to = f.repair_to if f.repair_to > f.site.value else f.optimal_to
+        to = f.fix_to  # the size the contract's expected slowdown compares with, too
         row = SiteTiming(f.site.name, f.site.role.value, f.site.value, to, None, None)
         sites.append(row)
         if f.site.role not in (*GEMM_SITE_ROLES, Role.HEAD_DIM):
@@ -124,12 +128,23 @@ def bench_findings(result, device: str | None = None) -> BenchReport:
             cache[m.case] = m.median_s
         row.original_s = sum(cache[w.key] for w in orig)
         row.repaired_s = sum(cache[w.key] for w in rep)
-    return BenchReport(device, dtype, tokens, sites)
+        row.kernels = "; ".join(w.key for w in orig[:2]) + (
+            f"; and {len(orig) - 2} more" if len(orig) > 2 else "")
+    return BenchReport(device, dtype, tokens, sites, *_hardware(kind))
 
 
-def render(report: BenchReport) -> str:
-    lines = [f"bench on {report.device} ({report.dtype}, {report.tokens} tokens per GEMM / "
-             "sequence length for SDPA): original -> repaired",
+def _hardware(kind: str) -> tuple[str, str]:
+    """The present device's name and profile (what --bench figures speak for)."""
+    if kind == "cpu":
+        return cpu_name(), "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(0), cuda_profile() or "gpu"
+
+
+def render(report: BenchReport, note: str = "") -> str:
+    lines = [f"bench on {report.hardware or report.device} ({report.dtype}, {report.tokens} "
+             "tokens per GEMM / sequence length for SDPA): original -> repaired",
              f"{'site':<48} {'role':<13} {'size':>11} {'orig ms':>9} {'rep ms':>9} speedup"]
     for s in report.sites:
         size = f"{s.value}->{s.repaired}"
@@ -141,4 +156,4 @@ def render(report: BenchReport) -> str:
     total = report.model_speedup
     lines.append("model (sum over the timed sites' kernels): "
                  + (f"{total:.2f}x" if total else "no site could be timed"))
-    return "\n".join(lines)
+    return "\n".join([*lines, note] if note else lines)

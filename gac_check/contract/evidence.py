@@ -28,9 +28,10 @@ from pathlib import Path
 
 from gac_check.bench import baselines, published, stats
 from gac_check.bench.cases import parse_case_key
+from gac_check.bench.model_bench import BenchReport
 from gac_check.contract import measured
-from gac_check.contract.rules import GEMM_ROLES, Rule
-from gac_check.contract.slowdown import ESTIMATE, MEASURED, PUBLISHED, Slowdown
+from gac_check.contract.rules import GEMM_ROLES, Contract, Finding, Rule
+from gac_check.contract.slowdown import BENCH, ESTIMATE, MEASURED, PUBLISHED, Slowdown
 from gac_check.sites import Role
 
 #: Whose published sweeps a profile quotes.
@@ -265,3 +266,44 @@ def _evidence(profile: str, path: Path, stamp: int | None) -> Evidence:
     if gpu:
         sweeps += sweeps_of(published.packaged(gpu), PUBLISHED, "published")
     return Evidence(profile, tuple(sweeps), INHERITED.get(profile, ""))
+
+
+# ------------------------------------------------------------------------------- --bench
+def bench_speaks_for(report: BenchReport, contract: Contract) -> str | None:
+    """Why ``--bench`` timings cannot stand for this contract's hardware and dtype, or None
+    when they can (then they take precedence over every other figure)."""
+    if contract.profile == "cpu":
+        same = report.profile == "cpu"
+    elif contract.profile == "gpu":  # the generic GPU contract: any GPU is closer than none
+        same = report.profile != "cpu"
+    else:
+        same = report.profile == contract.profile
+    if not same:
+        return (f"timed on {report.hardware or report.device}, not on {contract.profile} "
+                "hardware: shown here only, the expected slowdowns above stand")
+    if dtype_class(report.dtype) != dtype_class(contract.dtype):
+        return (f"timed in {report.dtype}, not in {contract.dtype}'s class: shown here only, "
+                "the expected slowdowns above stand")
+    return None
+
+
+def adopt_bench(findings: list[Finding], report: BenchReport, contract: Contract) -> str:
+    """Give every timed site its ``--bench`` figure where the bench speaks for the contract;
+    returns the line that says whether it did."""
+    why_not = bench_speaks_for(report, contract)
+    if why_not:
+        return why_not
+    by_name = {s.name: s for s in report.sites if s.speedup is not None}
+    adopted = 0
+    for f in findings:
+        s = by_name.get(f.site.name)
+        if s is None or s.repaired != f.fix_to:
+            continue
+        f.bench = Slowdown(round(s.speedup, 3), BENCH, report.hardware or report.device,
+                           report.dtype, f"{s.kernels}: {s.value} vs {s.repaired}",
+                           "this model's own shapes", "gac-check --bench (this run)",
+                           f"timed on the device present at {report.tokens} tokens; "
+                           "takes precedence over published and stored figures")
+        adopted += 1
+    return (f"these timings are the expected slowdowns above for {adopted} site(s) "
+            "(source: bench)")
