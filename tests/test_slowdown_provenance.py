@@ -296,3 +296,19 @@ def test_bench_on_other_hardware_leaves_the_expected_figures(llama, tmp_path, mo
     line = adopt_bench(result.findings, bench_findings(result), result.contract)
     assert "not on h100 hardware" in line
     assert [f.figure for f in result.findings] == before
+
+
+def test_cli_bench_figures_reach_every_output(llama, tmp_path):
+    junit = tmp_path / "r.xml"
+    proc = gac(llama, "--gpu", "cpu", "--dtype", "float32", "--bench", "--format", "json",
+               "--junit", junit, "--fail-on", "never", env_dir=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    heads = [s for s in doc["sites"] if s["role"] == "head_dim" and not s["aligned"]]
+    assert heads and all(s["slowdown"]["source"] == "bench" for s in heads)
+    assert "expected slowdowns above" in doc["bench"]["precedence"]
+    msg = next(c for c in ET.parse(junit).getroot().iter("testcase")
+               if c.get("name") == heads[0]["name"]).find("system-out").text
+    assert "(bench: " in msg
+    text = gac(llama, "--gpu", "h100", "--bench", env_dir=tmp_path).stdout
+    assert "not on h100 hardware: shown here only" in text

@@ -50,6 +50,8 @@ class BenchReport:
     sites: list[SiteTiming]
     hardware: str = ""  # the device's name (GPU model, CPU model)
     profile: str = ""  # its hardware profile: a100/h100/h200, gpu for another GPU, cpu
+    #: whether these timings became the sites' expected slowdowns (contract.evidence says)
+    precedence: str = ""
 
     @property
     def timed(self) -> list[SiteTiming]:
@@ -142,7 +144,7 @@ def _hardware(kind: str) -> tuple[str, str]:
     return torch.cuda.get_device_name(0), cuda_profile() or "gpu"
 
 
-def render(report: BenchReport, note: str = "") -> str:
+def render(report: BenchReport) -> str:
     lines = [f"bench on {report.hardware or report.device} ({report.dtype}, {report.tokens} "
              "tokens per GEMM / sequence length for SDPA): original -> repaired",
              f"{'site':<48} {'role':<13} {'size':>11} {'orig ms':>9} {'rep ms':>9} speedup"]
@@ -156,4 +158,4 @@ def render(report: BenchReport, note: str = "") -> str:
     total = report.model_speedup
     lines.append("model (sum over the timed sites' kernels): "
                  + (f"{total:.2f}x" if total else "no site could be timed"))
-    return "\n".join([*lines, note] if note else lines)
+    return "\n".join([*lines, report.precedence] if report.precedence else lines)

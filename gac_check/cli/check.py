@@ -51,8 +51,8 @@ def run_check(args: argparse.Namespace) -> int:
         outputs = plan_outputs(args.report, args.junit, where)
     results = [check_model(name, args) for name in
                steps(names, "checking models", enabled=len(names) > 1 and args.output != "json")]
-    docs = [to_json(r) for r in results]
     bench = _bench(results) if args.bench else None
+    docs = [to_json(r) for r in results]  # after --bench: its figures take precedence
     if len(results) == 1:
         _print_one(args, results[0], docs[0], bench and bench[0])
         write_outputs(outputs, docs[0], args.fail_on)
@@ -140,8 +140,12 @@ def _read_line(ckpt: Checkpoint, seconds: float) -> str:
 
 def _bench(results: list[CheckResult]) -> list:
     from gac_check.bench.model_bench import bench_findings  # imports torch: only on --bench
+    from gac_check.contract.evidence import adopt_bench
 
-    return [bench_findings(r) for r in results]
+    reports = [bench_findings(r) for r in results]
+    for result, report in zip(results, reports, strict=True):
+        adopt_bench(result.findings, report, result.contract)
+    return reports
 
 
 def _print_one(args: argparse.Namespace, result: CheckResult, doc: dict, bench) -> None:

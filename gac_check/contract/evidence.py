@@ -289,10 +289,12 @@ def bench_speaks_for(report: BenchReport, contract: Contract) -> str | None:
 
 def adopt_bench(findings: list[Finding], report: BenchReport, contract: Contract) -> str:
     """Give every timed site its ``--bench`` figure where the bench speaks for the contract;
-    returns the line that says whether it did."""
-    why_not = bench_speaks_for(report, contract)
-    if why_not:
-        return why_not
+    returns (and stores in ``report.precedence``) the line that says whether it did."""
+    report.precedence = bench_speaks_for(report, contract) or _adopt(findings, report)
+    return report.precedence
+
+
+def _adopt(findings: list[Finding], report: BenchReport) -> str:
     by_name = {s.name: s for s in report.sites if s.speedup is not None}
     adopted = 0
     for f in findings:
