@@ -1,0 +1,226 @@
+"""A small Hugging Face Hub look-alike on 127.0.0.1, so remote checks are tested offline.
+
+It serves the endpoints huggingface_hub's clients call, shaped the way the Hub answers them:
+
+* ``GET /api/models/{repo}[/revision/{rev}]`` (``HfApi.model_info``): ``sha`` and
+  ``siblings`` with sizes; ``X-Error-Code: RepoNotFound`` / ``RevisionNotFound`` when absent.
+* ``HEAD|GET /{repo}/resolve/{rev}/{file}`` (``hf_hub_download``, range reads): small files
+  answer directly with ``ETag`` and ``X-Repo-Commit``; weight files (LFS on the Hub) answer
+  ``302`` to a content-addressed ``/cdn/{sha256}`` URL with ``X-Linked-Size`` and
+  ``X-Linked-Etag``, as the Hub redirects to its CDN. Both honour ``Range: bytes=a-b``
+  with ``206`` and ``Content-Range: bytes a-b/size``.
+
+Each repo is a set of revisions (a branch or tag name -> a commit id and a local directory
+whose files are served). The server counts every body byte it sends (:attr:`bytes_sent`) so
+tests can assert what a check costs, can require a token (gated repos), and can die in the
+middle of a response (:attr:`die_on`) to test that a broken connection is a clean refusal.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
+
+
+@dataclass
+class Revision:
+    commit: str
+    root: Path
+
+    def files(self) -> dict[str, Path]:
+        return {p.relative_to(self.root).as_posix(): p
+                for p in sorted(self.root.rglob("*")) if p.is_file()}
+
+
+@dataclass
+class Repo:
+    revisions: dict[str, Revision]
+    gated: bool = False
+
+    def find(self, rev: str) -> Revision | None:
+        if rev in self.revisions:
+            return self.revisions[rev]
+        return next((r for r in self.revisions.values() if r.commit == rev), None)
+
+
+def commit_id(repo_id: str, rev: str, root: Path) -> str:
+    """A commit id that changes with the files, so no cache can mistake one tree for another."""
+    h = hashlib.sha1(f"{repo_id}\0{rev}".encode())
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass
+class HubServer:
+    """``HubServer({"org/name": {"main": dir}})`` then ``with server: ...`` (HF_ENDPOINT =
+    :attr:`endpoint`). Repos named in ``gated`` answer only requests bearing ``token``."""
+
+    repos: dict[str, dict[str, Path]]
+    gated: set[str] = field(default_factory=set)
+    token: str | None = None
+    die_on: str | None = None  # a file name: its GET is cut off halfway, then the server stops
+    bytes_sent: int = 0
+    log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, range)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.hub = {name: Repo({rev: Revision(commit_id(name, rev, Path(d)), Path(d))
+                                for rev, d in revs.items()}, gated=name in self.gated)
+                    for name, revs in self.repos.items()}
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._httpd.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> HubServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def count(self, n: int) -> None:
+        with self._lock:
+            self.bytes_sent += n
+
+    def reset(self) -> None:
+        with self._lock:
+            self.bytes_sent = 0
+            self.log.clear()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the Hub and huggingface_hub's client use
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_HEAD(self) -> None:
+            self._route(head=True)
+
+        def do_GET(self) -> None:
+            self._route(head=False)
+
+        def _route(self, head: bool) -> None:
+            path = urlsplit(self.path).path
+            server.log.append((self.command, path, self.headers.get("Range", "")))
+            if path.startswith("/api/models/"):
+                return self._model_info(unquote(path[len("/api/models/"):]))
+            if path.startswith("/cdn/"):
+                return self._cdn(path[len("/cdn/"):], head)
+            m = re.match(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
+            if not m:
+                return self._error(404, "RepoNotFound")
+            repo_id, rev, name = m.group(1), unquote(m.group(2)), unquote(m.group(3))
+            return self._resolve(repo_id, rev, name, head)
+
+        def _model_info(self, rest: str) -> None:
+            repo_id, _, rev = rest.partition("/revision/")
+            repo = server.hub.get(repo_id)
+            if repo is None:
+                return self._error(404, "RepoNotFound")
+            revision = repo.find(rev or "main")
+            if revision is None:
+                return self._error(404, "RevisionNotFound")
+            siblings = []
+            for name, p in revision.files().items():
+                entry = {"rfilename": name, "size": p.stat().st_size,
+                         "blobId": hashlib.sha1(p.read_bytes()).hexdigest()}
+                if name.endswith(LFS_SUFFIXES):
+                    entry["lfs"] = {"sha256": _sha256(p), "size": p.stat().st_size,
+                                    "pointerSize": 134}
+                siblings.append(entry)
+            body = json.dumps({"id": repo_id, "modelId": repo_id, "sha": revision.commit,
+                               "private": False, "gated": "manual" if repo.gated else False,
+                               "siblings": siblings}).encode()
+            self._send(200, body, {"Content-Type": "application/json"}, head=False)
+
+        def _resolve(self, repo_id: str, rev: str, name: str, head: bool) -> None:
+            repo = server.hub.get(repo_id)
+            if repo is None:
+                return self._error(404, "RepoNotFound")
+            if repo.gated and self.headers.get("Authorization") != f"Bearer {server.token}":
+                return self._error(401, "GatedRepo")
+            revision = repo.find(rev)
+            if revision is None:
+                return self._error(404, "RevisionNotFound")
+            file = revision.files().get(name)
+            extra = {"X-Repo-Commit": revision.commit}
+            if file is None:
+                return self._error(404, "EntryNotFound", extra)
+            if name.endswith(LFS_SUFFIXES):  # the Hub sends LFS files to its CDN
+                digest = _sha256(file)
+                extra |= {"Location": f"/cdn/{digest}", "X-Linked-Etag": f'"{digest}"',
+                          "X-Linked-Size": str(file.stat().st_size), "ETag": '"pointer"'}
+                return self._send(302, b"", extra, head)
+            extra["ETag"] = f'"{hashlib.sha1(file.read_bytes()).hexdigest()}"'
+            self._content(file, extra, head)
+
+        def _cdn(self, digest: str, head: bool) -> None:
+            for repo in server.hub.values():
+                for revision in repo.revisions.values():
+                    for p in revision.files().values():
+                        if p.name.endswith(LFS_SUFFIXES) and _sha256(p) == digest:
+                            return self._content(p, {"ETag": f'"{digest}"'}, head)
+            self._error(404, "EntryNotFound")
+
+        def _content(self, file: Path, headers: dict, head: bool) -> None:
+            data = file.read_bytes()
+            headers = {**headers, "Accept-Ranges": "bytes"}
+            m = _RANGE.match(self.headers.get("Range", ""))
+            if m:
+                start = int(m.group(1))
+                end = min(int(m.group(2)) if m.group(2) else len(data) - 1, len(data) - 1)
+                if start >= len(data):
+                    headers["Content-Range"] = f"bytes */{len(data)}"
+                    return self._send(416, b"", headers, head)
+                headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+                part = data[start:end + 1]
+                return self._send(206, part, headers, head, die=file.name == server.die_on)
+            self._send(200, data, headers, head, die=file.name == server.die_on)
+
+        def _error(self, status: int, code: str, extra: dict | None = None) -> None:
+            body = json.dumps({"error": code}).encode()
+            self._send(status, body, {"X-Error-Code": code, "Content-Type": "application/json",
+                                      **(extra or {})}, head=self.command == "HEAD")
+
+        def _send(self, status: int, body: bytes, headers: dict, head: bool,
+                  die: bool = False) -> None:
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if head:
+                return
+            if die and not head:  # half the body, then the connection and the server go away
+                self.wfile.write(body[: len(body) // 2])
+                server.count(len(body) // 2)
+                self.wfile.flush()
+                self.close_connection = True
+                threading.Thread(target=server.stop, daemon=True).start()
+                return
+            self.wfile.write(body)
+            server.count(len(body))
+
+    return Handler
