@@ -222,22 +222,27 @@ class Evidence:
         class shows it."""
         if rule.allowed or rule.max_value is not None or rule.modulus <= 1:
             return rule
+        gpu = PUBLISHED_FOR.get(self.profile)
         kind = "sdpa" if Role.HEAD_DIM in rule.roles else "gemm"
-        best = None
-        for base in self._published_baselines():
-            for fam in measured.families(base, _sweep_dtype(base, dtype), measured_only=False):
-                if fam.kind != kind:
-                    continue
-                for e in measured.effects(fam):
-                    if e.modulus == rule.modulus and (best is None or e.rescue > best.rescue):
-                        best = e
+        best = _published_effect(gpu, dtype, kind, rule.modulus) if gpu else None
         if best is None:
             return rule
         return replace(rule, slowdown=round(best.rescue, 3), slowdown_by_pow2=best.by_pow2)
 
-    def _published_baselines(self) -> list[baselines.Baseline]:
-        gpu = PUBLISHED_FOR.get(self.profile)
-        return [published.packaged(gpu)] if gpu else []
+
+@cache
+def _published_effect(gpu: str, dtype: str, kind: str,
+                      modulus: int) -> measured.ModulusEffect | None:
+    """The strongest rescue ``modulus`` shows in a GPU's published sweeps of ``kind``."""
+    base = published.packaged(gpu)
+    best = None
+    for fam in measured.families(base, _sweep_dtype(base, dtype), measured_only=False):
+        if fam.kind != kind:
+            continue
+        for e in measured.effects(fam):
+            if e.modulus == modulus and (best is None or e.rescue > best.rescue):
+                best = e
+    return best
 
 
 def _sweep_dtype(base: baselines.Baseline, dtype: str) -> str:
