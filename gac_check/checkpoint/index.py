@@ -194,9 +194,9 @@ def _shards_from_index(root: Path, index: Path) -> list[Path]:
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise BadInput("has no weight_map", index)
-    names = set(weight_map.values())
-    if not all(isinstance(n, str) for n in names):
+    if not all(isinstance(n, str) for n in weight_map.values()):
         raise BadInput("weight_map values must be shard file names (strings)", index)
+    names = set(weight_map.values())
     files: dict[Path, None] = {}  # ordered set: "a" and "./a" are one shard
     for name in sorted(names):
         shard = inside(root, name, index)

@@ -22,11 +22,14 @@ imports it.
 from __future__ import annotations
 
 import _compat_pickle
+import lzma
 import pickletools
 import re
 import struct
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -176,17 +179,14 @@ def read_torch_zip(path: Path) -> dict[str, TensorInfo]:
     rebuild helpers, and :class:`BadInput` for anything that cannot be indexed this way.
     """
     path = Path(path)
-    with open_regular(path) as fh, _open_zip(path, fh) as zf:
+    with open_regular(path) as fh, _open_zip(path, fh) as zf, _zip_errors(path):
         infos = {i.filename: i for i in zf.infolist()}
         prefix = _archive_prefix(path, infos)
         _check_byteorder(path, zf, infos, prefix)
         pkl = infos[prefix + "data.pkl"]
         if pkl.file_size > MAX_PICKLE_BYTES:
             raise BadInput(f"data.pkl is {pkl.file_size} bytes, too large to walk", path)
-        try:
-            data = zf.read(pkl)
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise BadInput(f"is a corrupt zip archive ({exc})", path) from None
+        data = zf.read(pkl)  # zipfile stops at the declared size: no inflating past the cap
     try:
         root = _Walker(data).run()
         named = _name_tensors(root)
@@ -217,7 +217,7 @@ def read_tensor(info: TensorInfo) -> Any:
     if nbytes == 0:
         return torch.empty(info.shape, dtype=dtype)
     start = info.storage_offset * itemsize
-    with open_regular(info.file) as fh, _open_zip(info.file, fh) as zf:
+    with open_regular(info.file) as fh, _open_zip(info.file, fh) as zf, _zip_errors(info.file):
         member = zf.getinfo(info.storage)
         if member.compress_type != zipfile.ZIP_STORED:
             raise BadInput(f"{info.storage} is compressed; torch.save stores it raw", info.file)
@@ -234,12 +234,27 @@ def read_tensor(info: TensorInfo) -> Any:
     return torch.as_strided(flat, info.shape, info.stride, 0)
 
 
+#: What zipfile raises on a corrupt or unusual archive (a bad local header, an encrypted or
+#: unknown-method member, a broken deflate stream, an offset past the end).
+ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, zlib.error, lzma.LZMAError,
+              NotImplementedError, RuntimeError, ValueError, KeyError, struct.error)
+
+
+@contextmanager
+def _zip_errors(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except ZIP_ERRORS as exc:
+        raise BadInput(f"is a corrupt zip archive ({type(exc).__name__}: {str(exc)[:200]})",
+                       path) from None
+
+
 def _open_zip(path: Path, fh: BinaryIO) -> zipfile.ZipFile:
     magic = fh.read(4)
     fh.seek(0)
     try:
         return zipfile.ZipFile(fh)
-    except (zipfile.BadZipFile, EOFError, ValueError):
+    except ZIP_ERRORS:
         if magic[:1] == b"\x80":
             raise BadInput(
                 "is a legacy (non-zip) torch.save file, which cannot be read without "
