@@ -8,13 +8,17 @@ from pathlib import Path
 from gac_check.analysis import check
 from gac_check.checkpoint.outdir import check_output_dir
 from gac_check.cli.exits import exit_code
+from gac_check.cli.fixing import plan_fix_outputs, write_fix_outputs
 from gac_check.errors import BadInput
 from gac_check.realign.factors import RealignReport, realign
 from gac_check.report.realign import render_realign
 
 
 def run_realign(args: argparse.Namespace) -> int:
-    """Realign, then gate on the re-check of OUT (like --repair)."""
+    """Realign, then gate on the re-check of OUT (like --repair), which ``--report`` and
+    ``--junit`` describe."""
+    outputs = plan_fix_outputs(args, args.realign)
+    before = check(args.model_dir, args.gpu, args.dtype)
     report = realign_dir(args.model_dir, args.realign, args.base, args.gpu, args.dtype,
                          args.budget, args.strategy, args.force, args.calib,
                          progress=args.output != "json")
@@ -24,6 +28,8 @@ def run_realign(args: argparse.Namespace) -> int:
         print(json.dumps({**report.to_json(), "remaining": counts}, indent=2))
     else:
         print(render_realign(report))
+    write_fix_outputs(outputs, "realign", before, args.realign, args.gpu,
+                      before.contract.dtype, args.fail_on)
     return exit_code(remaining, args.fail_on)
 
 

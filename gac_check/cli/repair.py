@@ -5,9 +5,10 @@ import argparse
 import json
 from pathlib import Path
 
-from gac_check.analysis import check
+from gac_check.analysis import CheckResult, check
 from gac_check.checkpoint.outdir import check_output_dir
 from gac_check.cli.exits import exit_code
+from gac_check.cli.fixing import plan_fix_outputs, write_fix_outputs
 from gac_check.errors import BadInput
 from gac_check.repair.plan import STRATEGIES, plan
 from gac_check.repair.write import RepairReport, apply
@@ -15,11 +16,15 @@ from gac_check.report.repair import render_repair
 
 
 def run_repair(args: argparse.Namespace) -> int:
-    """Repair, then gate on what the re-check of OUT still finds (refused sites remain)."""
-    report = repair_dir(args.model_dir, args.repair, args.gpu, args.strategy, args.dtype,
-                        args.force)
+    """Repair, then gate on what the re-check of OUT still finds (refused sites remain);
+    ``--report``/``--junit`` describe that re-check, with what each site was before."""
+    outputs = plan_fix_outputs(args, args.repair)
+    before, report = repair_checked(args.model_dir, args.repair, args.gpu, args.strategy,
+                                    args.dtype, args.force)
     print(json.dumps(report.to_json(), indent=2) if args.output == "json"
           else render_repair(report))
+    write_fix_outputs(outputs, "repair", before, report.out, args.gpu,
+                      before.contract.dtype, args.fail_on)
     return exit_code(report.remaining, args.fail_on)
 
 
@@ -31,6 +36,16 @@ def repair_dir(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     Refuses exactly what the checker refuses (BadInput before anything is written), and an
     existing ``out`` unless ``force``.
     """
+    return repair_checked(model_dir, out, gpu, strategy, dtype, force)[1]
+
+
+def repair_checked(model_dir: Path | str, out: Path | str, gpu: str = "auto",
+                   strategy: str = "minimal", dtype: str | None = None,
+                   force: bool = False) -> tuple[CheckResult, RepairReport]:
+    """:func:`repair_dir`, also returning the check of the input the repair was planned from.
+
+    OUT is re-checked before it appears, so its ``gac-repair.json`` records what remains.
+    """
     if strategy not in STRATEGIES:
         raise BadInput(f"--strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
     result = check(model_dir, gpu, dtype)
@@ -38,6 +53,6 @@ def repair_dir(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     check_output_dir(Path(out), force, ckpt.path)
     repair_plan = plan(result.sites, result.contract, strategy, shapes=ckpt.shapes,
                        config=ckpt.config)
-    report = apply(repair_plan, ckpt, out, force=force)
-    report.remaining = check(report.out, gpu, result.contract.dtype).findings
-    return report
+    report = apply(repair_plan, ckpt, out, force=force,
+                   recheck=lambda tmp: check(tmp, gpu, result.contract.dtype).findings)
+    return result, report

@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,8 @@ class RepairReport:
     notes: list[str] = field(default_factory=list)
     #: findings of the re-check of ``out`` (refused sites, and warnings a minimal repair keeps)
     remaining: list[Finding] = field(default_factory=list)
+    #: values rewritten in JSON sidecars (SliceGPT's slicing config): file, field, index, from, to
+    sidecar_changes: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -70,8 +73,9 @@ class RepairReport:
                           "padding_params": r.padding_params} for r in self.plan.repairs],
             "refused": [{"name": r.site.name, "role": r.site.role.value, "value": r.site.value,
                          "would_be": r.target, "reason": r.reason} for r in self.plan.refused],
-            "config_changes": [{"field": list(e.path), "index": e.index, "from": e.old,
-                                "to": e.new} for e in self.plan.config_edits],
+            "config_changes": [{"file": "config.json", "field": list(e.path), "index": e.index,
+                                "from": e.old, "to": e.new} for e in self.plan.config_edits]
+            + self.sidecar_changes,
             "padding_params": self.plan.padding_params,
             "params_before": self.plan.params,
             "repair_overhead_fraction": self.plan.overhead_fraction,
@@ -103,8 +107,13 @@ class Progress:
 
 
 def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
-          force: bool = False, progress: Progress | None = None) -> RepairReport:
-    """Write ``ckpt`` padded as planned to ``out_dir``, atomically; the input is only read."""
+          force: bool = False, progress: Progress | None = None,
+          recheck: Callable[[Path], list[Finding]] | None = None) -> RepairReport:
+    """Write ``ckpt`` padded as planned to ``out_dir``, atomically; the input is only read.
+
+    ``recheck`` checks the finished output before it appears, so the provenance file records
+    what the re-check still finds rather than an empty list.
+    """
     t0 = time.perf_counter()
     out = Path(out_dir)
     check_output_dir(out, force, ckpt.path)
@@ -119,7 +128,7 @@ def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
             files = _write_converted(repair_plan, ckpt, tmp, progress)
             container_out = "safetensors (converted from a torch pickle)"
             notes.append(PICKLE_NOTE)
-        sidecars = _edited_sidecars(repair_plan, ckpt)
+        sidecars, sidecar_changes = _edited_sidecars(repair_plan, ckpt)
         for name, data in sidecars.items():
             (tmp / name).write_text(json.dumps(data, indent=2) + "\n")
         files += sorted(sidecars)
@@ -130,10 +139,13 @@ def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
             (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
             files.append("config.json")
         report = RepairReport(ckpt.path, out.resolve(), repair_plan, ckpt.container,
-                              container_out, files, 0.0, notes)
+                              container_out, files, 0.0, notes,
+                              sidecar_changes=sidecar_changes)
         if repair_plan.refused:
             notes.append(f"{len(repair_plan.refused)} misaligned sites were refused (not exact "
                          "in the stock architecture) and remain misaligned")
+        if recheck is not None:
+            report.remaining = recheck(tmp)
         report.seconds = time.perf_counter() - t0
         (tmp / PROVENANCE).write_text(json.dumps(
             {"source": str(ckpt.path), **report.to_json()}, indent=2) + "\n")
@@ -157,14 +169,17 @@ def _nbytes(info: TensorInfo) -> int:
     return info.numel * DTYPE_ITEMSIZE.get(info.dtype, 1)
 
 
-def _edited_sidecars(repair_plan: RepairPlan, ckpt: Checkpoint) -> dict[str, dict]:
-    """JSON sidecars that record padded sizes (SliceGPT's slicing config), rewritten.
+def _edited_sidecars(repair_plan: RepairPlan, ckpt: Checkpoint
+                     ) -> tuple[dict[str, dict], list[dict]]:
+    """JSON sidecars that record padded sizes (SliceGPT's slicing config), rewritten, and
+    each value changed (for the provenance's ``config_changes``).
 
     A site names them in ``attrs``: ``sidecar`` (file name) and ``sidecar_fields`` (``[key,
     index]`` pairs, index "" for a scalar); a value is changed only where it records exactly
     the site's old size, as with config.json.
     """
     out: dict[str, dict] = {}
+    changes: list[dict] = []
     for rep in repair_plan.repairs:
         name = rep.site.attrs.get("sidecar")
         if not isinstance(name, str) or name not in ckpt.sidecars:
@@ -176,7 +191,11 @@ def _edited_sidecars(repair_plan: RepairPlan, ckpt: Checkpoint) -> dict[str, dic
                 data[key] = rep.target
             elif isinstance(table, dict) and table.get(str(index)) == rep.site.value:
                 table[str(index)] = rep.target
-    return out
+            else:
+                continue
+            changes.append({"file": name, "field": [key], "index": index or None,
+                            "from": rep.site.value, "to": rep.target})
+    return out, changes
 
 
 def _edited_config(config: dict, edits: list[ConfigEdit]) -> dict:

@@ -10,6 +10,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from gac_check.contract.slowdown import Slowdown
+from gac_check.report.fixing import change_note
 
 #: XML 1.0 cannot carry these at all, escaped or not; checkpoint names may contain them.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -37,9 +38,12 @@ def to_junit(check: dict, fail_on: str = "error") -> str:
                           tests=str(len(check["sites"])), failures=str(failures), errors="0",
                           skipped="0", time="0")
     props = ET.SubElement(suite, "properties")
-    for key, value in (("model_dir", check["model_dir"]), ("profile", profile),
-                       ("dtype", check["hardware"].get("dtype", "")), ("fail_on", fail_on),
-                       ("format", check.get("format", ""))):
+    fields = [("model_dir", check["model_dir"]), ("profile", profile),
+              ("dtype", check["hardware"].get("dtype", "")), ("fail_on", fail_on),
+              ("format", check.get("format", ""))]
+    if check.get("fixed_from"):  # the re-check of a --repair/--realign OUT
+        fields.append(("fixed_from", check["fixed_from"]))
+    for key, value in fields:
         ET.SubElement(props, "property", name=key, value=_clean(value))
     for site in check["sites"]:
         _testcase(suite, suite_name, site, fail_on)
@@ -52,7 +56,10 @@ def _testcase(suite: ET.Element, suite_name: str, site: dict, fail_on: str) -> N
     classname = f"{suite_name}.layer{layer}" if layer is not None else f"{suite_name}.model"
     case = ET.SubElement(suite, "testcase", classname=_clean(classname),
                          name=_clean(site["name"]), time="0")
+    changed = change_note(site)  # a --repair/--realign re-check: what the fix did here
     if site["aligned"]:
+        if changed:
+            ET.SubElement(case, "system-out").text = _clean(changed)
         return
     message = _message(site)
     if gated(site, fail_on):
@@ -62,7 +69,8 @@ def _testcase(suite: ET.Element, suite_name: str, site: dict, fail_on: str) -> N
                               + ", ".join(site.get("tensors") or []))
     else:
         out = ET.SubElement(case, "system-out")
-        out.text = _clean(f"{site.get('severity')} below the gate: {message}")
+        out.text = _clean(f"{site.get('severity')} below the gate: {message}"
+                          + (f"\n{changed}" if changed else ""))
 
 
 def _message(site: dict) -> str:

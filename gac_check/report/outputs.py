@@ -65,8 +65,12 @@ def default_report_path(check: dict) -> Path:
     return REPORTS_DIR / f"{safe}-{check['hardware']['profile']}.html"
 
 
-def write(outputs: Outputs, check: dict, fail_on: str) -> list[Path]:
-    """Render everything, then write each file atomically; returns the paths written."""
+def write(outputs: Outputs, check: dict, fail_on: str, fix: dict | None = None) -> list[Path]:
+    """Render everything, then write each file atomically; returns the paths written.
+
+    ``fix`` (:func:`gac_check.report.fixing.fix_record`) is the before/after of a --repair or
+    --realign whose OUT ``check`` describes; the run document carries it as ``fix``.
+    """
     if outputs.report is None and not outputs.default_report and outputs.junit is None:
         return []  # a plain check must not pay for importing jinja2
     from gac_check.report.html import render_html
@@ -79,6 +83,8 @@ def write(outputs: Outputs, check: dict, fail_on: str) -> list[Path]:
         report.parent.mkdir(parents=True, exist_ok=True)
     if report is not None:
         run = new_run([check], label=report.stem, fail_on=fail_on)
+        if fix is not None:
+            run["fix"] = fix
         files += [(report, render_html([run])), (report.with_suffix(".json"), dumps(run))]
     if outputs.junit is not None:
         files.append((outputs.junit, to_junit(check, fail_on)))

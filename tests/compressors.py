@@ -1,0 +1,213 @@
+"""The five compressors' output layouts, built as each one's own code saves them, and each
+one's loading call, reimplemented only as far as that call goes.
+
+Read from their public repositories (docs/formats.md): ASVD (hahnyuan/ASVD4LLM), PaLU
+(shadowpa0327/Palu), SVD-LLM (AIoT-MLSys-Lab/SVD-LLM), LLM-Pruner (horseee/LLM-Pruner:
+``hf_prune.py`` and ``llama3.py``) and SliceGPT (microsoft/TransformerCompression). None of
+their code is here: the module classes below have the attribute and parameter names theirs
+have (what their pickles and state dicts are made of) and a forward that computes what theirs
+computes on a current transformers Llama. Tiny random Llamas on CPU; nothing is downloaded.
+
+Each ``build_*`` writes a model directory and returns a :class:`Built` (the directory and a
+``load`` function that loads a directory the way that compressor's users do). The tests repair
+the directory and ``load`` OUT: the round trip a user makes.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+
+@dataclass
+class Built:
+    """A compressor's output directory and how its users load it (to a model to run)."""
+
+    path: Path
+    load: Callable[[Path], nn.Module]
+    #: the reference model (the compressed model as the compressor left it, in memory)
+    model: nn.Module
+
+
+def tiny_llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    kwargs = dict(vocab_size=96, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                  max_position_embeddings=64, tie_word_embeddings=False,
+                  attn_implementation="eager")
+    kwargs.update(overrides)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**kwargs)).eval()
+
+
+def logits(model: nn.Module, vocab: int, seed: int = 0) -> torch.Tensor:
+    ids = torch.randint(0, vocab, (2, 9), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+# ---------------------------------------------------------------------------------- SliceGPT
+class RMSN(nn.Module):
+    """SliceGPT's weightless RMSNorm: it divides by the *dense* hidden size (mean_dim), so
+    zero features appended to a sliced stream change nothing."""
+
+    def __init__(self, mean_dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.mean_dim, self.eps = mean_dim, eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).sum(-1, keepdim=True) / self.mean_dim
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
+
+
+class CompressedLlamaDecoderLayer(LlamaDecoderLayer):
+    """SliceGPT's layer: the residual is carried between sliced streams by the shortcut Qs."""
+
+    attn_shortcut_Q: nn.Parameter
+    mlp_shortcut_Q: nn.Parameter
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None,
+                past_key_values=None, use_cache=False, position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states, _ = self.self_attn(
+            hidden_states=self.input_layernorm(hidden_states), attention_mask=attention_mask,
+            position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
+            position_embeddings=position_embeddings, **kwargs)
+        hidden_states = residual @ self.attn_shortcut_Q.to(residual.dtype) + hidden_states
+        residual = hidden_states
+        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        return residual @ self.mlp_shortcut_Q.to(residual.dtype) + hidden_states
+
+
+def _slice_skeleton(config: LlamaConfig, conf: dict) -> LlamaForCausalLM:
+    """load_sliced_model's model before its load_state_dict: replace_layers, fuse_modules (norms
+    become RMSN), the shortcut Qs, and slice_rotated_model's widths from the slicing config."""
+    model = LlamaForCausalLM(config)
+    hidden = config.hidden_size
+    dims = {k: {int(i): v for i, v in conf[k].items()} for k in
+            ("embedding_dimensions", "attention_input_dimensions", "attention_output_dimensions",
+             "mlp_input_dimensions", "mlp_output_dimensions")}
+
+    def linear(old: nn.Linear, out_f: int, in_f: int) -> nn.Linear:
+        return nn.Linear(in_f, out_f, bias=old.bias is not None)
+
+    emb = model.model.embed_tokens
+    model.model.embed_tokens = nn.Embedding(emb.num_embeddings, dims["embedding_dimensions"][0])
+    for i in range(len(model.model.layers)):
+        layer = CompressedLlamaDecoderLayer(config, i)
+        d_in, d_attn = dims["attention_input_dimensions"][i], dims["attention_output_dimensions"][i]
+        d_mlp_in, d_out = dims["mlp_input_dimensions"][i], dims["mlp_output_dimensions"][i]
+        attn, mlp = layer.self_attn, layer.mlp
+        for p in ("q_proj", "k_proj", "v_proj"):
+            lin = getattr(attn, p)
+            setattr(attn, p, linear(lin, lin.out_features, d_in))
+        attn.o_proj = linear(attn.o_proj, d_attn, attn.o_proj.in_features)
+        for p in ("gate_proj", "up_proj"):
+            lin = getattr(mlp, p)
+            setattr(mlp, p, linear(lin, lin.out_features, d_mlp_in))
+        mlp.down_proj = linear(mlp.down_proj, d_out, mlp.down_proj.in_features)
+        layer.input_layernorm = RMSN(hidden)
+        layer.post_attention_layernorm = RMSN(hidden)
+        layer.attn_shortcut_Q = nn.Parameter(torch.zeros(d_in, d_attn))
+        layer.mlp_shortcut_Q = nn.Parameter(torch.zeros(d_mlp_in, d_out))
+        model.model.layers[i] = layer
+    model.model.norm = RMSN(hidden)
+    last = dims["mlp_output_dimensions"][len(model.model.layers) - 1]
+    model.lm_head = nn.Linear(last, config.vocab_size, bias=False)
+    return model
+
+
+def load_slicegpt(path: Path, stem: str) -> nn.Module:
+    """``load_sliced_model(model_name, path, sparsity=s)``: config.json, ``<stem>.json`` (the
+    slicing config) and ``model.load_state_dict(torch.load(<stem>.pt))``, strict."""
+    config = LlamaConfig.from_pretrained(path)
+    conf = json.loads((path / f"{stem}.json").read_text())
+    model = _slice_skeleton(config, conf)
+    model.load_state_dict(torch.load(path / f"{stem}.pt", map_location="cpu"))
+    return model.eval()
+
+
+def _orthogonal(n: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))[0]
+
+
+def slice_model(dense: LlamaForCausalLM, widths: list[int], seed: int = 0
+                ) -> tuple[dict[str, torch.Tensor], dict]:
+    """rotate_and_slice with random orthogonal Qs (SliceGPT's PCA needs data we skip): norms
+    fused into the next linears, each residual segment rotated by its own Q and cut to its
+    width (``widths``: the embedding's, then per layer the attention output's and the MLP
+    output's; the last MLP output keeps the full width, as with the default unsliced head)."""
+    sd = {k: v.detach().double().clone() for k, v in dense.state_dict().items()}
+    cfg = dense.config
+    n, hidden = cfg.num_hidden_layers, cfg.hidden_size
+    gen = torch.Generator().manual_seed(seed)
+
+    def fuse(norm: str, linears: list[str]) -> None:
+        w = sd.pop(f"{norm}.weight")
+        for lin in linears:
+            sd[f"{lin}.weight"] = sd[f"{lin}.weight"] * w
+
+    q_prev, d_prev = _orthogonal(hidden, gen), widths[0]
+    sd["model.embed_tokens.weight"] = (sd["model.embed_tokens.weight"] @ q_prev)[:, :d_prev]
+    conf = {"hidden_size": hidden, "layers_num": n, "do_slice_head": False,
+            "parallel_blocks": False, "embedding_dimensions": {"0": d_prev},
+            "attention_input_dimensions": {}, "attention_output_dimensions": {},
+            "mlp_input_dimensions": {}, "mlp_output_dimensions": {},
+            "head_dimension": hidden, "const_dimension": None}
+    for i in range(n):
+        b = f"model.layers.{i}"
+        fuse(f"{b}.input_layernorm", [f"{b}.self_attn.{p}_proj" for p in "qkv"])
+        fuse(f"{b}.post_attention_layernorm", [f"{b}.mlp.gate_proj", f"{b}.mlp.up_proj"])
+        for p in "qkv":
+            sd[f"{b}.self_attn.{p}_proj.weight"] = (sd[f"{b}.self_attn.{p}_proj.weight"]
+                                                    @ q_prev)[:, :d_prev]
+        q_attn, d_attn = _orthogonal(hidden, gen), widths[1 + 2 * i]
+        d_mlp = widths[2 + 2 * i] if i < n - 1 else hidden
+        sd[f"{b}.attn_shortcut_Q"] = (q_prev.T @ q_attn)[:d_prev, :d_attn]
+        sd[f"{b}.self_attn.o_proj.weight"] = (q_attn.T @ sd[f"{b}.self_attn.o_proj.weight"])[
+            :d_attn]
+        for p in ("gate", "up"):
+            sd[f"{b}.mlp.{p}_proj.weight"] = (sd[f"{b}.mlp.{p}_proj.weight"] @ q_attn)[:, :d_attn]
+        q_mlp = _orthogonal(hidden, gen)
+        sd[f"{b}.mlp_shortcut_Q"] = (q_attn.T @ q_mlp)[:d_attn, :d_mlp]
+        sd[f"{b}.mlp.down_proj.weight"] = (q_mlp.T @ sd[f"{b}.mlp.down_proj.weight"])[:d_mlp]
+        for key, v in (("attention_input", d_prev), ("attention_output", d_attn),
+                       ("mlp_input", d_attn), ("mlp_output", d_mlp)):
+            conf[f"{key}_dimensions"][str(i)] = v
+        q_prev, d_prev = q_mlp, d_mlp
+    fuse("model.norm", ["lm_head"])
+    sd["lm_head.weight"] = sd["lm_head.weight"] @ q_prev
+    return sd, conf
+
+
+def build_slicegpt(root: Path, widths: list[int], dtype: torch.dtype = torch.float16,
+                   config_dtype: str = "float32", hidden: int = 64) -> Built:
+    """run_slicegpt.py's save: ``torch.save(model.state_dict(), <name>_<s>.pt)``, the slicing
+    config as ``<name>_<s>.json``, and the base model's *.json files copied beside them (its
+    config.json keeps the base's torch_dtype while the weights are fp16)."""
+    dense = tiny_llama(3, hidden_size=hidden, num_hidden_layers=(len(widths) - 1) // 2 + 1)
+    sd, conf = slice_model(dense, widths)
+    stem = "tiny-llama_0.3"
+    root.mkdir(parents=True)
+    torch.save({k: v.to(dtype).contiguous() for k, v in sd.items()}, root / f"{stem}.pt")
+    (root / f"{stem}.json").write_text(json.dumps(conf))
+    config = dense.config.to_dict() | {"torch_dtype": config_dtype, "dtype": config_dtype}
+    (root / "config.json").write_text(json.dumps(config))
+    return Built(root, lambda p: load_slicegpt(p, stem), load_slicegpt(root, stem))
+
+
+# ----------------------------------------------------------------------------- comparisons
+def max_relative_error(ref: torch.Tensor, got: torch.Tensor) -> float:
+    return ((ref - got).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative tolerance of a logits comparison run in ``dtype`` (padding changes the
+    summation order of a GEMM, not its terms)."""
+    return {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 3e-2}[dtype]
+
