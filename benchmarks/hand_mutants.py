@@ -48,6 +48,8 @@ TZ, TZA = "gac_check/checkpoint/torchzip.py", "tests/test_torchzip_allowlist.py"
 PLAN, WRITE, SITES = "gac_check/repair/plan.py", "gac_check/repair/write.py", "gac_check/sites.py"
 RS = "tests/test_repair_shards.py"
 KS, KB = "gac_check/realign/knapsack.py", "tests/test_knapsack_budget.py"
+FACTORS, CAL = "gac_check/realign/factors.py", "gac_check/realign/calibration.py"
+RP = "tests/test_realign_properties.py"
 
 MUTANTS = [
     # ---------------------------------------------------------------- perf verdicts
@@ -155,6 +157,25 @@ MUTANTS = [
            (KB,)),
     Mutant("knapsack", "DP window stops one unit short of the room", KS,
            "min(int(before[t]), room)", "min(int(before[t]), room - 1)", (KB,)),
+    # --------------------------------------------------------------------- realign
+    Mutant("realign", "calibrated factors left scaled (W diag(s))", FACTORS,
+           "        Vh = Vh / s\n", "", (RP,)),
+    Mutant("realign", "calibrated factors scaled twice", FACTORS,
+           "        Vh = Vh / s\n", "        Vh = Vh * s\n", (RP,)),
+    Mutant("realign", "ASVD alpha 1 instead of 0.5", CAL,
+           "alpha: float = 0.5", "alpha: float = 1.0", (RP,)),
+    Mutant("realign", "activations averaged per line, not per token", CAL,
+           "counts[name] = counts.get(name, 0) + x.shape[0]",
+           "counts[name] = counts.get(name, 0) + 1", (RP,)),
+    Mutant("realign", "strategy ignored by the alignment", FACTORS,
+           'severities = (ERROR,) if strategy == "minimal" else (ERROR, WARNING)',
+           "severities = (ERROR,)", (RP,)),
+    Mutant("realign", "CLI drops --strategy", "gac_check/cli/realign.py",
+           "args.budget, args.strategy, args.force", 'args.budget, "minimal", args.force',
+           (RP,)),
+    Mutant("realign", "--budget FLOAT ignored (always same)", FACTORS,
+           "spent = budget_from_spec(budget, matrices, old)",
+           'spent = budget_from_spec("same", matrices, old)', (RP,)),
 ]
 
 
