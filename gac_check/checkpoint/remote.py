@@ -18,9 +18,6 @@ their index is a pickle inside a zip, and only downloading them is supported.
 """
 from __future__ import annotations
 
-import json
-import re
-import struct
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +25,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
-from urllib.parse import quote
 
 import httpx2
 from huggingface_hub import (
@@ -49,18 +45,10 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.utils import (
-    build_hf_headers,
-    cached_assets_path,
-    disable_progress_bars,
-    get_session,
-    hf_raise_for_status,
-    parse_hf_uri,
-    validate_repo_id,
-)
+from huggingface_hub.utils import disable_progress_bars, parse_hf_uri, validate_repo_id
 
-from gac_check.checkpoint.atomic import write_atomic
 from gac_check.checkpoint.files import MAX_JSON_BYTES, name_problem, read_json
+from gac_check.checkpoint.hub_io import COMMIT, Fetch, HubCache, counted, get_range, reason
 from gac_check.checkpoint.index import (
     MAX_SIDECAR_BYTES,
     TORCH_SUFFIXES,
@@ -81,8 +69,6 @@ HF_SCHEME = "hf://"
 FIRST_READ = 16 * 1024
 #: Shard headers fetched at once; a 70B model has 30 shards, and each costs one round trip.
 WORKERS = 8
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)$")
-_COMMIT = re.compile(r"[0-9a-f]{40}$")
 
 
 @dataclass(frozen=True)
@@ -97,17 +83,6 @@ class HubRef:
         if self.bare:
             return self.repo_id
         return HF_SCHEME + self.repo_id + (f"@{self.revision}" if self.revision else "")
-
-
-@dataclass
-class Fetch:
-    """What indexing a remote model cost: HTTP body bytes, responses, seconds, cache use."""
-
-    bytes: int = 0
-    requests: int = 0
-    seconds: float = 0.0
-    headers_cached: int = 0
-    offline: bool = False
 
 
 @dataclass
@@ -168,7 +143,7 @@ def open_remote(ref: HubRef | str) -> RemoteCheckpoint:
     ref = parse_ref(ref) if isinstance(ref, str) else ref
     fetch = Fetch()
     start = time.perf_counter()
-    with _counted(fetch), disable_progress_bars(), _hub_errors(ref):
+    with counted(fetch), disable_progress_bars(), _hub_errors(ref):
         commit, listing = _resolve(ref, fetch)
         hub = _Hub(ref, commit, listing, fetch)
         config = hub.json("config.json") if "config.json" in listing else {}
@@ -198,79 +173,31 @@ def renamed(exc: BadInput, ckpt: Checkpoint) -> BadInput:
 # --- resolving the commit and its file listing --------------------------------------------
 
 def _resolve(ref: HubRef, fetch: Fetch) -> tuple[str, dict[str, int | None]]:
-    """The commit the revision names now, and every file at it with its size."""
+    """The commit the revision names now, and every file at it with its size; the cached
+    listing where the Hub cannot be asked (offline mode, no network)."""
     revision = ref.revision or constants.DEFAULT_REVISION
-    if not constants.is_offline_mode():
+    cache = HubCache(ref.repo_id)
+    if constants.is_offline_mode():
+        why = "offline (HF_HUB_OFFLINE is set)"
+    else:
         try:
             info = HfApi().model_info(ref.repo_id, revision=ref.revision, files_metadata=True)
         except (httpx2.ConnectError, httpx2.TimeoutException) as exc:
-            cached = _cached_listing(ref, revision)
-            if cached is None:
-                raise BadInput(f"{ref}: cannot reach {constants.ENDPOINT} ({_reason(exc)}), "
-                               "and this model was never checked here before") from None
-            fetch.offline = True
-            return cached
-        if not info.sha or not _COMMIT.match(info.sha):
-            raise BadInput(f"{ref}: {constants.ENDPOINT} did not say which commit {revision} is")
-        listing = {s.rfilename: s.size for s in info.siblings or []}
-        _store(ref, info.sha, "listing.json", json.dumps(listing).encode())
-        _store(ref, "refs", quote(revision, safe=""), info.sha.encode())
-        return info.sha, listing
-    cached = _cached_listing(ref, revision)
-    if cached is None:
-        raise BadInput(f"{ref}: offline (HF_HUB_OFFLINE is set) and this model was never "
-                       "checked here before; check it once online, or check its downloaded "
-                       "snapshot directory")
+            why = f"cannot reach {constants.ENDPOINT} ({reason(exc)})"
+        else:
+            if not info.sha or not COMMIT.match(info.sha):
+                raise BadInput(f"{ref}: {constants.ENDPOINT} did not say which commit "
+                               f"{revision} is")
+            listing = {s.rfilename: s.size for s in info.siblings or []}
+            cache.save_listing(revision, info.sha, listing)
+            return info.sha, listing
+    commit = cache.commit(revision)
+    listing = cache.listing(commit) if commit else None
+    if commit is None or listing is None:
+        raise BadInput(f"{ref}: {why}, and this model was never checked here before; check "
+                       "it once online, or check a downloaded copy's directory")
     fetch.offline = True
-    return cached
-
-
-def _cached_listing(ref: HubRef, revision: str) -> tuple[str, dict[str, int | None]] | None:
-    commit = revision if _COMMIT.match(revision) else _load(ref, "refs", quote(revision, safe=""))
-    if isinstance(commit, bytes):
-        commit = commit.decode("ascii", "replace")
-    if not commit or not _COMMIT.match(commit):
-        return None
-    raw = _load(ref, commit, "listing.json")
-    if raw is None:
-        return None
-    try:
-        listing = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(listing, dict):
-        return None
-    return commit, {k: v if isinstance(v, int) else None for k, v in listing.items()}
-
-
-def _cache_dir(ref: HubRef, sub: str, create: bool) -> Path | None:
-    """``<HF assets cache>/gac-check/<org--name>/<sub>``; None where it cannot be made."""
-    namespace = ref.repo_id.replace("/", "--")
-    if create:
-        try:
-            return cached_assets_path("gac-check", namespace=namespace, subfolder=sub)
-        except OSError:
-            return None
-    return Path(constants.HF_ASSETS_CACHE) / "gac-check" / namespace / sub
-
-
-def _store(ref: HubRef, sub: str, name: str, data: bytes) -> None:
-    """Best effort: a read-only cache makes the next check slower, never this one fail."""
-    folder = _cache_dir(ref, sub, create=True)
-    if folder is None:
-        return
-    try:
-        write_atomic(folder / name, data)
-    except (OSError, BadInput):
-        return
-
-
-def _load(ref: HubRef, sub: str, name: str) -> bytes | None:
-    path = _cache_dir(ref, sub, create=False) / name  # type: ignore[operator]
-    try:
-        return path.read_bytes() if path.is_file() else None
-    except OSError:
-        return None
+    return commit, listing
 
 
 # --- the files of one commit -----------------------------------------------------------------
@@ -382,29 +309,32 @@ class _Hub:
 
     def header(self, name: str) -> dict[str, TensorInfo]:
         """One shard's index: from the Hub cache, our header cache, or two range requests."""
-        file = self.snapshot / name
+        where = self.where(name)
         local = try_to_load_from_cache(self.ref.repo_id, name, revision=self.commit)
-        if isinstance(local, str):
+        if isinstance(local, str):  # downloaded before: read its header like a local file's
             self.fetch.headers_cached += 1
-            return read_safetensors_header(Path(local))
-        cache_name = quote(name, safe="") + ".header"
-        cached = _load(self.ref, self.commit, cache_name)
-        if cached is not None and len(cached) >= 16:
+            try:
+                return read_safetensors_header(Path(local))
+            except BadInput as exc:
+                raise _about(exc, where) from None
+        cache = HubCache(self.ref.repo_id)
+        cached = cache.header(self.commit, name)
+        if cached is not None:
             self.fetch.headers_cached += 1
-            (size,) = struct.unpack("<Q", cached[:8])
-            return self._index(name, file, cached[8:], size)
+            return self._index(name, *cached)
         if self.fetch.offline or constants.is_offline_mode():
-            raise BadInput(f"{self.where(name)}: offline, and its header is not cached")
+            raise BadInput(f"{where}: offline, and its header is not cached")
         try:
             head, size = self._header_bytes(name)
         except BadInput as exc:
-            raise _about(exc, self.where(name)) from None
-        index = self._index(name, file, head, size)
-        _store(self.ref, self.commit, cache_name, struct.pack("<Q", size) + head)
+            raise _about(exc, where) from None
+        index = self._index(name, head, size)
+        cache.save_header(self.commit, name, head, size)
         return index
 
-    def _index(self, name: str, file: Path, head: bytes, size: int) -> dict[str, TensorInfo]:
+    def _index(self, name: str, head: bytes, size: int) -> dict[str, TensorInfo]:
         """Validate ``head`` (length prefix and header) for a file of ``size`` bytes."""
+        file = self.snapshot / name
         try:
             n = header_length(head[:8], size, file)
             if len(head) < 8 + n:
@@ -416,7 +346,7 @@ class _Hub:
     def _header_bytes(self, name: str) -> tuple[bytes, int]:
         """The length prefix and header of a shard, and the shard's size, by range requests."""
         url = hf_hub_url(self.ref.repo_id, name, revision=self.commit)
-        first, size = _get_range(url, 0, FIRST_READ, self.where(name))
+        first, size = get_range(url, 0, FIRST_READ, self.where(name))
         listed = self.listing.get(name)
         if size is None:
             size = listed
@@ -426,46 +356,9 @@ class _Hub:
             raise BadInput(f"{self.where(name)}: the Hub lists {listed} bytes but serves {size}")
         n = header_length(first[:8], size, self.snapshot / name)
         if len(first) < 8 + n:
-            rest, _ = _get_range(url, len(first), 8 + n - len(first), self.where(name))
+            rest, _ = get_range(url, len(first), 8 + n - len(first), self.where(name))
             first += rest
         return first[:8 + n], size
-
-
-def _get_range(url: str, start: int, length: int, where: str) -> tuple[bytes, int | None]:
-    """At most ``length`` bytes from ``start``, and the file's size where the server says it.
-
-    A server that ignores the range and sends the whole file is read only as far as needed,
-    then the connection is dropped: a missing Range feature must not cost the weights.
-    """
-    headers = {**build_hf_headers(), "Range": f"bytes={start}-{start + length - 1}",
-               "Accept-Encoding": "identity"}
-    with get_session().stream("GET", url, headers=headers,
-                              timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
-        if response.status_code >= 400:
-            response.read()
-            hf_raise_for_status(response)
-        size = _size(response, start, where)
-        skip = start if response.status_code == 200 else 0
-        data = bytearray()
-        for chunk in response.iter_bytes():
-            data += chunk
-            if len(data) >= skip + length:
-                break
-    return bytes(data[skip:skip + length]), size
-
-
-def _size(response: httpx2.Response, start: int, where: str) -> int | None:
-    if response.status_code == 206:
-        m = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
-        if not m or int(m.group(1)) != start:
-            raise BadInput(f"{where}: the server answered a range request with other bytes "
-                           f"({response.headers.get('Content-Range')!r})")
-        return int(m.group(3))
-    if response.status_code == 200:
-        length = response.headers.get("Content-Length")
-        return int(length) if length and length.isdigit() else None
-    raise BadInput(f"{where}: the server answered a range request with HTTP "
-                   f"{response.status_code}")
 
 
 def _plain_name(name: str, where: str) -> str:
@@ -488,27 +381,6 @@ def _about(exc: BadInput, where: str) -> BadInput:
     return BadInput(f"{where}: {str(exc).removeprefix(f'{exc.path}: ')}")
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-@contextmanager
-def _counted(fetch: Fetch) -> Iterator[None]:
-    """Count the body bytes of every response huggingface_hub's shared client receives."""
-    hooks = get_session().event_hooks["response"]
-    seen: list[httpx2.Response] = []
-    hook = seen.append
-    hooks.append(hook)
-    try:
-        yield
-    finally:
-        if hook in hooks:
-            hooks.remove(hook)
-        fetch.requests += len(seen)
-        fetch.bytes += sum(r.num_bytes_downloaded for r in seen)
-
-
 @contextmanager
 def _hub_errors(ref: HubRef) -> Iterator[None]:
     """huggingface_hub's exceptions as one-line refusals that say what to do."""
@@ -525,11 +397,11 @@ def _hub_errors(ref: HubRef) -> Iterator[None]:
         raise BadInput(f"{ref}: the model has no revision {ref.revision!r}") from None
     except (OfflineModeIsEnabled, LocalEntryNotFoundError) as exc:
         raise BadInput(f"{ref}: offline, and a file it needs is not in the Hub cache "
-                       f"({_reason(exc)})") from None
+                       f"({reason(exc)})") from None
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else "an error"
         raise BadInput(f"{ref}: {constants.ENDPOINT} answered HTTP {status}; nothing was "
                        "checked") from None
     except httpx2.HTTPError as exc:
         raise BadInput(f"{ref}: the connection to {constants.ENDPOINT} failed "
-                       f"({_reason(exc)}); nothing was checked") from None
+                       f"({reason(exc)}); nothing was checked") from None
