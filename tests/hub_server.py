@@ -6,9 +6,9 @@ It serves the endpoints huggingface_hub's clients call, shaped the way the Hub a
   ``siblings`` with sizes; ``X-Error-Code: RepoNotFound`` / ``RevisionNotFound`` when absent.
 * ``HEAD|GET /{repo}/resolve/{rev}/{file}`` (``hf_hub_download``, range reads): small files
   answer directly with ``ETag`` and ``X-Repo-Commit``; weight files (LFS on the Hub) answer
-  ``302`` to a content-addressed ``/cdn/{sha256}`` URL with ``X-Linked-Size`` and
-  ``X-Linked-Etag``, as the Hub redirects to its CDN. Both honour ``Range: bytes=a-b``
-  with ``206`` and ``Content-Range: bytes a-b/size``.
+  ``302`` to a content-addressed ``/cdn/{sha256}`` URL on a second port (another origin, as
+  the Hub's CDN is) with ``X-Linked-Size`` and ``X-Linked-Etag``. Both honour
+  ``Range: bytes=a-b`` with ``206`` and ``Content-Range: bytes a-b/size``.
 
 Each repo is a set of revisions (a branch or tag name -> a commit id and a local directory
 whose files are served). The server counts every body byte it sends (:attr:`bytes_sent`) so
@@ -68,6 +68,7 @@ class HubServer:
     repos: dict[str, dict[str, Path]]
     gated: set[str] = field(default_factory=set)
     token: str | None = None
+    ranges: bool = True  # False: answer every GET with the whole file, as a server without Range
     die_on: str | None = None  # a file name: its GET is cut off halfway, then the server stops
     bytes_sent: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, range)
@@ -77,22 +78,29 @@ class HubServer:
         self.hub = {name: Repo({rev: Revision(commit_id(name, rev, Path(d)), Path(d))
                                 for rev, d in revs.items()}, gated=name in self.gated)
                     for name, revs in self.repos.items()}
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._httpd.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        # The Hub and its CDN: two origins, so huggingface_hub stops at the redirect (and keeps
+        # the token on the Hub) exactly as it does with huggingface.co and its CDN.
+        self._servers = [ThreadingHTTPServer(("127.0.0.1", 0), _handler(self)) for _ in "hc"]
+        self._threads = []
+        for httpd in self._servers:
+            httpd.daemon_threads = True
+            self._threads.append(threading.Thread(target=httpd.serve_forever, daemon=True))
+        hub, cdn = (f"http://127.0.0.1:{s.server_address[1]}" for s in self._servers)
+        self.endpoint, self.cdn = hub, cdn
 
     def __enter__(self) -> HubServer:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def stop(self) -> None:
-        if self._thread.is_alive():
-            self._httpd.shutdown()
-        self._httpd.server_close()
+        for httpd, thread in zip(self._servers, self._threads, strict=True):
+            if thread.is_alive():
+                httpd.shutdown()
+            httpd.server_close()
 
     def count(self, n: int) -> None:
         with self._lock:
@@ -104,8 +112,28 @@ class HubServer:
             self.log.clear()
 
 
+_OIDS: dict[tuple[Path, str], str] = {}
+#: Files larger than this (the benchmark's sparse 5 GB shards) get an id from their name, size
+#: and mtime rather than a hash of gigabytes of zeros; only a cache key depends on it.
+HASHED_BYTES = 64 * 1024 * 1024
+CHUNK = 1024 * 1024
+
+
+def _oid(path: Path, algo: str = "sha256") -> str:
+    st = path.stat()
+    key = (path, f"{algo}:{st.st_size}:{st.st_mtime_ns}")
+    if key not in _OIDS:
+        h = hashlib.new(algo)
+        if st.st_size > HASHED_BYTES:
+            h.update(key[1].encode() + str(path).encode())
+        else:
+            h.update(path.read_bytes())
+        _OIDS[key] = h.hexdigest()
+    return _OIDS[key]
+
+
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return _oid(path)
 
 
 def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
@@ -144,8 +172,7 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 return self._error(404, "RevisionNotFound")
             siblings = []
             for name, p in revision.files().items():
-                entry = {"rfilename": name, "size": p.stat().st_size,
-                         "blobId": hashlib.sha1(p.read_bytes()).hexdigest()}
+                entry = {"rfilename": name, "size": p.stat().st_size, "blobId": _oid(p, "sha1")}
                 if name.endswith(LFS_SUFFIXES):
                     entry["lfs"] = {"sha256": _sha256(p), "size": p.stat().st_size,
                                     "pointerSize": 134}
@@ -170,10 +197,10 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 return self._error(404, "EntryNotFound", extra)
             if name.endswith(LFS_SUFFIXES):  # the Hub sends LFS files to its CDN
                 digest = _sha256(file)
-                extra |= {"Location": f"/cdn/{digest}", "X-Linked-Etag": f'"{digest}"',
+                extra |= {"Location": f"{server.cdn}/cdn/{digest}", "X-Linked-Etag": f'"{digest}"',
                           "X-Linked-Size": str(file.stat().st_size), "ETag": '"pointer"'}
                 return self._send(302, b"", extra, head)
-            extra["ETag"] = f'"{hashlib.sha1(file.read_bytes()).hexdigest()}"'
+            extra["ETag"] = f'"{_oid(file, "sha1")}"'
             self._content(file, extra, head)
 
         def _cdn(self, digest: str, head: bool) -> None:
@@ -185,19 +212,36 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             self._error(404, "EntryNotFound")
 
         def _content(self, file: Path, headers: dict, head: bool) -> None:
-            data = file.read_bytes()
+            size = file.stat().st_size
+            die = file.name == server.die_on
+            m = _RANGE.match(self.headers.get("Range", "")) if server.ranges else None
+            if not m:
+                return self._stream(file, size, headers, head, die)
             headers = {**headers, "Accept-Ranges": "bytes"}
-            m = _RANGE.match(self.headers.get("Range", ""))
-            if m:
-                start = int(m.group(1))
-                end = min(int(m.group(2)) if m.group(2) else len(data) - 1, len(data) - 1)
-                if start >= len(data):
-                    headers["Content-Range"] = f"bytes */{len(data)}"
-                    return self._send(416, b"", headers, head)
-                headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-                part = data[start:end + 1]
-                return self._send(206, part, headers, head, die=file.name == server.die_on)
-            self._send(200, data, headers, head, die=file.name == server.die_on)
+            start = int(m.group(1))
+            end = min(int(m.group(2)) if m.group(2) else size - 1, size - 1)
+            if start >= size:
+                headers["Content-Range"] = f"bytes */{size}"
+                return self._send(416, b"", headers, head)
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+            with file.open("rb") as fh:
+                fh.seek(start)
+                part = fh.read(end + 1 - start)
+            self._send(206, part, headers, head, die=die)
+
+        def _stream(self, file: Path, size: int, headers: dict, head: bool, die: bool) -> None:
+            """The whole file, in chunks; a client that hangs up early just ends it."""
+            if head or die or size <= CHUNK:
+                return self._send(200, b"" if head else file.read_bytes(), headers, head,
+                                  die=die, length=size)
+            self._send(200, b"", headers, head=True, length=size)
+            try:
+                with file.open("rb") as fh:
+                    while chunk := fh.read(CHUNK):
+                        self.wfile.write(chunk)
+                        server.count(len(chunk))
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
 
         def _error(self, status: int, code: str, extra: dict | None = None) -> None:
             body = json.dumps({"error": code}).encode()
@@ -205,11 +249,11 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                                       **(extra or {})}, head=self.command == "HEAD")
 
         def _send(self, status: int, body: bytes, headers: dict, head: bool,
-                  die: bool = False) -> None:
+                  die: bool = False, length: int | None = None) -> None:
             self.send_response(status)
             for key, value in headers.items():
                 self.send_header(key, value)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(body) if length is None else length))
             self.end_headers()
             if head:
                 return

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from gac_check.checkpoint.remote import FIRST_READ
+from tests import helpers
 from tests.hub_server import HubServer
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
@@ -31,14 +31,11 @@ def llama(path: Path, intermediate: int, vocab: int = 4096, shard: str | None = 
     """A real Llama; a 4096-token vocabulary makes the embeddings 512 KB each in bf16, so the
     weights dwarf the headers the way a real model's do. ``pickled``: the whole model in a
     torch.save pickle, as LLM-Pruner saves it."""
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=intermediate,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=64)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = helpers.tiny_llama(dtype=torch.bfloat16, vocab_size=vocab,
+                               intermediate_size=intermediate, num_key_value_heads=2)
     if pickled:
         path.mkdir(parents=True)
-        cfg.save_pretrained(path)
+        model.config.save_pretrained(path)
         torch.save({"model": model}, path / "pytorch_model.bin")
         return path
     model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
@@ -71,12 +68,11 @@ def hub(models, tmp_path):
 
 def gac(hub: HubServer, *args: object, cwd: Path | None = None,
         **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith("HF_") and k not in PROXY_VARS}
-    clean |= {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(hub.home), "NO_PROXY": "*",
-              "HF_HUB_DISABLE_TELEMETRY": "1", **env}
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=120, env=clean, cwd=cwd)
+    """The CLI against ``hub`` only: no HF_* or proxy variables of ours, ``env`` on top."""
+    unset = {k: None for k in os.environ if k.startswith("HF_") or k in PROXY_VARS}
+    return helpers.gac(*args, cwd=cwd, env={
+        **unset, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(hub.home), "NO_PROXY": "*",
+        "HF_HUB_DISABLE_TELEMETRY": "1", **env})
 
 
 def same_but_name(local: str, remote: str, local_name: str, remote_name: str) -> None:
@@ -162,6 +158,35 @@ def test_second_check_reuses_the_cache_and_works_offline(hub, models) -> None:
         assert proc.returncode == first.returncode and proc.stdout == first.stdout
         assert "offline, from the cache" in proc.stderr
 
+
+
+def test_a_shard_already_in_the_hub_cache_is_read_from_there(hub, models) -> None:
+    shards = sorted(models["sharded"].glob("*.safetensors"))
+    download = ("from huggingface_hub import hf_hub_download; "
+                f"hf_hub_download('org/tiny', {shards[0].name!r}, "
+                f"revision={commit_of(hub, 'org/tiny')!r})")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    subprocess.run([sys.executable, "-c", download], check=True, timeout=60,
+                   env=env | {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(hub.home)})
+    hub.reset()
+    proc = gac(hub, "hf://org/tiny", "--gpu", "h100", "--verbose")
+    local = gac(hub, models["sharded"], "--gpu", "h100")
+    same_but_name(local.stdout, proc.stdout, str(models["sharded"].resolve()),
+                  f"hf://org/tiny@{commit_of(hub, 'org/tiny')}")
+    assert f"{len(shards)} weight file header(s), 1 from the cache" in proc.stderr
+    cdn = [p for m, p, _ in hub.log if m == "GET" and p.startswith("/cdn/")]
+    assert len(cdn) == len(shards) - 1
+
+
+def test_a_server_without_range_support_costs_no_weights(hub, models) -> None:
+    hub.ranges = False  # every GET answers 200 with the whole file
+    proc = gac(hub, "hf://org/tiny", "--gpu", "h100", "--verbose")
+    local = gac(hub, models["sharded"], "--gpu", "h100")
+    same_but_name(local.stdout, proc.stdout, str(models["sharded"].resolve()),
+                  f"hf://org/tiny@{commit_of(hub, 'org/tiny')}")
+    fetched = int(re.search(r"fetched ([\d,]+) bytes", proc.stderr).group(1).replace(",", ""))
+    weights = sum(p.stat().st_size for p in models["sharded"].glob("*.safetensors"))
+    assert fetched < weights / 4  # read as far as the headers, then hung up
 
 def test_offline_without_a_previous_check_is_refused(hub) -> None:
     line = refusal(gac(hub, "hf://org/tiny", HF_HUB_OFFLINE="1"))
