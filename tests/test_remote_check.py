@@ -27,12 +27,13 @@ PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_pro
 
 
 def llama(path: Path, intermediate: int, vocab: int = 4096, shard: str | None = None,
-          pickled: bool = False) -> Path:
+          pickled: bool = False, layers: int = 2) -> Path:
     """A real Llama; a 4096-token vocabulary makes the embeddings 512 KB each in bf16, so the
     weights dwarf the headers the way a real model's do. ``pickled``: the whole model in a
     torch.save pickle, as LLM-Pruner saves it."""
     model = helpers.tiny_llama(dtype=torch.bfloat16, vocab_size=vocab,
-                               intermediate_size=intermediate, num_key_value_heads=2)
+                               intermediate_size=intermediate, num_key_value_heads=2,
+                               num_hidden_layers=layers)
     if pickled:
         path.mkdir(parents=True)
         model.config.save_pretrained(path)
@@ -50,6 +51,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     weights.write_bytes(weights.read_bytes() + b"\0" * 8)  # trailing data: safetensors refuses
     return {"sharded": llama(root / "sharded", 170, shard="300KB"),
             "single": llama(root / "single", 256),
+            "deep": llama(root / "deep", 170, vocab=128, layers=24),  # a header > FIRST_READ
             "pickled": llama(root / "pickled", 256, vocab=128, pickled=True),
             "bad": bad}
 
@@ -58,6 +60,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
 def hub(models, tmp_path):
     with HubServer({"org/tiny": {"main": models["sharded"], "v2": models["single"]},
                     "org/single": {"main": models["single"]},
+                    "org/deep": {"main": models["deep"]},
                     "org/pickled": {"main": models["pickled"]},
                     "org/bad": {"main": models["bad"]},
                     "org/gated": {"main": models["single"]}},
@@ -98,6 +101,7 @@ def refusal(proc: subprocess.CompletedProcess) -> str:
     ("hf://org/tiny", "sharded"),        # sharded: index + 3 shards, LFS redirects
     ("hf://org/tiny@v2", "single"),      # a revision: another tree, one model.safetensors
     ("hf://org/single", "single"),
+    ("hf://org/deep", "deep"),           # its header is longer than the first range read
 ])
 def test_remote_check_prints_what_the_local_check_prints(hub, models, ref, model) -> None:
     rev = ref.partition("@")[2] or "main"
@@ -109,6 +113,21 @@ def test_remote_check_prints_what_the_local_check_prints(hub, models, ref, model
         same_but_name(local.stdout, remote.stdout, str(models[model].resolve()), name)
     assert json.loads(remote.stdout)["model_dir"] == name
 
+
+
+def test_a_long_header_takes_a_second_range_request(hub, models) -> None:
+    weights = models["deep"] / "model.safetensors"
+    n = int.from_bytes(weights.read_bytes()[:8], "little")
+    assert n + 8 > FIRST_READ  # the fixture is what this test is about
+    local = gac(hub, models["deep"], "--gpu", "h100", "--format", "json")
+    for ranges in (True, False):  # with Range, and from a server that ignores it
+        hub.reset()
+        hub.ranges = ranges
+        remote = gac(hub, "hf://org/deep", "--gpu", "h100", "--format", "json",
+                     HF_HOME=str(hub.home / str(ranges)))
+        assert json.loads(remote.stdout)["sites"] == json.loads(local.stdout)["sites"]
+        gets = [rng for m, p, rng in hub.log if m == "GET" and p.startswith("/cdn/")]
+        assert gets == [f"bytes=0-{FIRST_READ - 1}", f"bytes={FIRST_READ}-{n + 7}"]
 
 def test_a_commit_id_is_a_revision_too(hub, models) -> None:
     commit = commit_of(hub, "org/tiny", "v2")
