@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from gac_check.checkpoint.files import open_regular
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.errors import BadInput
@@ -22,7 +23,7 @@ def read_tensor(info: TensorInfo) -> torch.Tensor:
 
         return read_zip_tensor(info)
     buf = bytearray(info.end - info.begin)
-    with info.file.open("rb") as fh:
+    with open_regular(info.file) as fh:  # swapped for a FIFO since the check: refused, not hung
         fh.seek(info.begin)
         if fh.readinto(buf) != len(buf):
             raise BadInput(f"is truncated inside tensor {info.name!r}", info.file)
