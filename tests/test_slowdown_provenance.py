@@ -7,8 +7,6 @@ table's own ratio, computed here from the TSV rather than copied from the code u
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from gac_check.contract.select import for_hardware
 from gac_check.contract.slowdown import Slowdown
 from gac_check.report.junit import to_junit
 from gac_check.sites import DimSite, Role
+from tests import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "gac_check" / "data"
@@ -173,6 +172,26 @@ def test_measured_sweep_of_the_profile_takes_precedence(tmp_path):
     assert figure("h100", "float16", Role.RANK, 4001).figure.source == "published"
 
 
+def test_a_lone_case_does_not_stretch_a_sweeps_range(tmp_path):
+    """The recording command stores the reference GEMM (K=4096) beside the K 96-320 sweep at
+    the same M and N: a rank of 1001 is still outside what was timed."""
+    prov = Provenance("measured", "2026-11-23T00:00:00Z", "python -m gac_check.bench.sweep")
+    cases = {}
+    for k in [*range(96, 321), 4096]:
+        t = k * 1e-6 * (1.5 if k % 8 else 1.0)
+        samples = [t * (1 + 0.001 * (i - 4)) for i in range(9)]
+        m = Measurement.from_samples(workloads.gemm(4096, k, 4096, "float16").key, samples,
+                                     prov)
+        cases[m.case] = m
+    baselines.save(Baseline("h100", Fingerprint("cuda", "NVIDIA H100", "9.0"), cases),
+                   tmp_path / "h100.json")
+    assert figure("h100", "float16", Role.RANK, 153).figure.source == "measured"
+    far = figure("h100", "float16", Role.RANK, 1001).figure
+    assert far.value is None
+    assert "measured NVIDIA H100 float16: GEMM K 96-320 at M=4096 N=4096;" in far.note
+    assert "published NVIDIA H100 float16: GEMM K 4000-4100" in far.note
+
+
 def test_slowdown_refuses_a_value_without_a_source():
     with pytest.raises(ValueError):
         Slowdown(1.5)
@@ -194,23 +213,16 @@ def llama(tmp_path_factory) -> Path:
     (4100) is inside the GEMM sweep but its fix (4104) is not: one direct figure, one
     estimate."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=4100, head_dim=106,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=64)
     path = tmp_path_factory.mktemp("models") / "llama-106-4100"
-    LlamaForCausalLM(cfg).to(torch.float16).save_pretrained(path)
+    helpers.tiny_llama(dtype=torch.float16, vocab_size=128, intermediate_size=4100, head_dim=106,
+                       num_key_value_heads=2).save_pretrained(path)
     return path
 
 
-def gac(*args: object, env_dir: Path) -> subprocess.CompletedProcess:
-    import os
-
-    env = {**os.environ, "GAC_BASELINES_DIR": str(env_dir)}
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=120, env=env)
+def gac(*args: object, env_dir: Path):
+    """The CLI with ``env_dir`` as its baselines directory (no sweep of this machine's)."""
+    return helpers.gac(*args, env={"GAC_BASELINES_DIR": str(env_dir)})
 
 
 def test_cli_h100_shows_slowdowns_with_provenance_everywhere(llama, tmp_path):

@@ -50,6 +50,8 @@ INHERITED = {
 GEMM_AXES = {Role.VOCAB: ("N",)}
 AXIS_NAMES = {"D": "head_dim", "K": "K", "N": "N"}
 BENCH_HINT = "gac-check --bench on that hardware times the model's own shapes"
+#: Sizes further apart than this split a sweep (the H100 SDPA table steps by 2 above 160).
+MAX_GAP = 8
 #: An estimate needs at least this many sampled sizes of the class.
 MIN_ESTIMATE_PAIRS = 2
 
@@ -99,7 +101,9 @@ class Sweep:
 
 
 def sweeps_of(baseline: baselines.Baseline, source: str, where: str) -> list[Sweep]:
-    """Every sweep family in a baseline (default SDPA dispatch: what a model runs)."""
+    """Every sweep in a baseline (default SDPA dispatch: what a model runs): each family's runs
+    of sizes, so a lone case that shares the fixed sizes (the reference GEMM K=4096 beside a
+    K 96-320 sweep) does not stretch a sweep's range over sizes it never timed."""
     out = []
     dtypes = sorted({p.get("dtype", "") for p in _params(baseline)} - {""})
     for dtype in dtypes:
@@ -112,10 +116,23 @@ def sweeps_of(baseline: baselines.Baseline, source: str, where: str) -> list[Swe
             fixed = " ".join(f"{k}={v}" for k, v in fam.fixed if k not in ("dtype", "backend"))
             if fam.kind == "sdpa":
                 fixed += f" ({dict(fam.fixed).get('backend', 'default')} backend)"
-            out.append(Sweep(fam.kind, fam.axis, dtype, fixed,
-                             {v: m.median_s for v, m in fam.points.items()}, source,
-                             baseline.fingerprint.device, citation))
+            for run in _runs(sorted(fam.points)):
+                out.append(Sweep(fam.kind, fam.axis, dtype, fixed,
+                                 {v: fam.points[v].median_s for v in run}, source,
+                                 baseline.fingerprint.device, citation))
     return out
+
+
+def _runs(sizes: list[int]) -> list[list[int]]:
+    """Sizes split where two neighbours are more than MAX_GAP apart; runs of at least
+    measured.MIN_FAMILY sizes."""
+    runs: list[list[int]] = []
+    for v in sizes:
+        if runs and v - runs[-1][-1] <= MAX_GAP:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return [r for r in runs if len(r) >= measured.MIN_FAMILY]
 
 
 def _params(baseline: baselines.Baseline) -> list[dict[str, str]]:
@@ -155,11 +172,14 @@ class Evidence:
             found = self._estimate(group, value, to, dtype, target_of)
             if found:
                 return found
-        ranges = " and ".join(sorted({s.coverage for s in usable}))
+        by_origin: dict[str, list[str]] = {}
+        for s in usable:
+            by_origin.setdefault(f"{s.source} {s.hardware} {s.dtype}", []).append(s.coverage)
+        ranges = "; ".join(f"{origin}: {' and '.join(cov)}" for origin, cov in by_origin.items())
         first = usable[0]
         return Slowdown.not_measured(
-            f"outside the sizes the {first.source} {first.hardware} {first.dtype} data cover "
-            f"({ranges}); {BENCH_HINT}", first.hardware, first.dtype, ranges, first.citation)
+            f"outside the sizes the data cover ({ranges}); {BENCH_HINT}", first.hardware,
+            first.dtype, " and ".join(s.coverage for s in usable), first.citation)
 
     def _no_data(self, kind: str, dtype: str) -> Slowdown:
         have = sorted({f"{s.dtype} ({s.source})" for s in self.sweeps if s.kind == kind})
