@@ -324,3 +324,19 @@ def test_cli_bench_figures_reach_every_output(llama, tmp_path):
     assert "(bench: " in msg
     text = gac(llama, "--gpu", "h100", "--bench", env_dir=tmp_path).stdout
     assert "not on h100 hardware: shown here only" in text
+
+
+def test_html_of_an_older_run_document_marks_its_bare_figure(llama, tmp_path):
+    """`gac-check report merge` may read run documents written before slowdowns had
+    provenance: their number is shown, marked as of unrecorded origin."""
+    from gac_check.report.html import render_html
+
+    html = tmp_path / "r.html"
+    gac(llama, "--gpu", "h100", "--report", html, env_dir=tmp_path)
+    run = json.loads(html.with_suffix(".json").read_text())
+    for site in run["checks"][0]["sites"]:
+        site.pop("slowdown", None)
+        site["expected_slowdown"] = None if site["aligned"] else 3.05
+    page = render_html([run])
+    assert "3.05× slower" in page and "provenance not recorded" in page
+    assert "published ·" not in page
