@@ -10,6 +10,7 @@ from functools import cached_property
 from pathlib import Path
 
 from gac_check.checkpoint.index import Checkpoint, open_checkpoint
+from gac_check.contract.dtype_choice import DtypeChoice, choose_dtype
 from gac_check.contract.rules import Contract, Finding
 from gac_check.contract.select import for_hardware
 from gac_check.formats import Format, detect
@@ -27,6 +28,8 @@ class CheckResult:
     contract: Contract
     sites: list[DimSite]
     findings: list[Finding]
+    #: how the contract's dtype was chosen (config.json, weights, --dtype) and any disagreement
+    dtype_choice: DtypeChoice | None = None
 
     @property
     def by_site(self) -> dict[str, Finding]:
@@ -64,5 +67,6 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto",
     ckpt = model_dir if isinstance(model_dir, Checkpoint) else open_checkpoint(model_dir)
     fmt = detect(ckpt)
     sites = fmt.sites(ckpt)
-    contract = for_hardware(resolve_profile(gpu), dtype or ckpt.dtype())
-    return CheckResult(ckpt, fmt, contract, sites, contract.check(sites))
+    choice = choose_dtype(ckpt, dtype)
+    contract = for_hardware(resolve_profile(gpu), choice.dtype)
+    return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice)

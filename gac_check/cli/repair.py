@@ -53,6 +53,8 @@ def repair_checked(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     check_output_dir(Path(out), force, ckpt.path)
     repair_plan = plan(result.sites, result.contract, strategy, shapes=ckpt.shapes,
                        config=ckpt.config)
+    choice = result.dtype_choice
     report = apply(repair_plan, ckpt, out, force=force,
-                   recheck=lambda tmp: check(tmp, gpu, result.contract.dtype).findings)
+                   recheck=lambda tmp: check(tmp, gpu, result.contract.dtype).findings,
+                   extra_notes=[choice.note] if choice and choice.note else [])
     return result, report

@@ -12,7 +12,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,17 +108,19 @@ class Progress:
 
 def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
           force: bool = False, progress: Progress | None = None,
-          recheck: Callable[[Path], list[Finding]] | None = None) -> RepairReport:
+          recheck: Callable[[Path], list[Finding]] | None = None,
+          extra_notes: Sequence[str] = ()) -> RepairReport:
     """Write ``ckpt`` padded as planned to ``out_dir``, atomically; the input is only read.
 
     ``recheck`` checks the finished output before it appears, so the provenance file records
-    what the re-check still finds rather than an empty list.
+    what the re-check still finds rather than an empty list; ``extra_notes`` (how the dtype
+    was chosen) go into the report and that file.
     """
     t0 = time.perf_counter()
     out = Path(out_dir)
     check_output_dir(out, force, ckpt.path)
     _check_plan_fits(repair_plan, ckpt)
-    notes: list[str] = []
+    notes = list(extra_notes)
     progress = progress or Progress(sum(_nbytes(t) for t in ckpt.tensors.values()))
     with atomic_output_dir(out, force) as tmp:
         if ckpt.container == "safetensors":

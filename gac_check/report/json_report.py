@@ -15,7 +15,7 @@ SCHEMA = "gac-check/1"
 
 
 def to_json(result: CheckResult) -> dict:
-    ckpt, contract = result.checkpoint, result.contract
+    ckpt, contract, choice = result.checkpoint, result.contract, result.dtype_choice
     findings = result.by_site
     refusals = result.refusals
     sites = []
@@ -46,7 +46,9 @@ def to_json(result: CheckResult) -> dict:
         "format": result.format.name,
         "container": ckpt.container,
         "hardware": {"profile": contract.profile, "dtype": contract.dtype,
-                     "contract_source": contract.source},
+                     "contract_source": contract.source,
+                     "dtype_source": choice.source if choice else None,
+                     "dtype_note": choice.note if choice else None},
         "rules": [{"id": r.id, "severity": r.severity, "why": r.why,
                    "roles": sorted(x.value for x in r.roles), "source": r.source}
                   for r in contract.rules],

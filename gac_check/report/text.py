@@ -30,9 +30,11 @@ def render_text(result: CheckResult) -> str:
         f"gac-check {ckpt.source}",
         f"  format: {result.format.description} ({ckpt.container}), {ckpt.params:,} parameters",
         f"  checked against: {contract.profile} contract ({contract.source} rules), "
-        f"dtype {contract.dtype}",
+        f"dtype {contract.dtype}" + _dtype_source(result),
         "",
     ]
+    if result.dtype_choice and result.dtype_choice.note:
+        lines.insert(-1, f"  dtype: {result.dtype_choice.note}")
     if result.findings:
         lines += _findings_table(result)
     notes = [(s.name, n) for s in result.sites for n in s.notes]
@@ -43,6 +45,11 @@ def render_text(result: CheckResult) -> str:
             lines.append(f"  ... and {len(notes) - 20} more")
     lines += ["", _summary(result)]
     return "\n".join(lines)
+
+
+def _dtype_source(result: CheckResult) -> str:
+    choice = result.dtype_choice
+    return f" (from {choice.source})" if choice else ""
 
 
 def _fold(result: CheckResult) -> list[_Row]:

@@ -1,0 +1,67 @@
+"""Which dtype a model is checked in when config.json and its weights disagree.
+
+Alignment rules count elements per aligned byte run, so a narrower dtype needs larger multiples
+(180 passes fp32's multiple of 4 and fails fp16's multiple of 8).
+Compressors routinely copy the base model's config.json (``torch_dtype: float32``) beside the
+fp16 weights they wrote, so trusting the config would plan repairs that are still misaligned
+when the model runs. Without ``--dtype`` the check uses the stricter of the two (the one with
+fewer bytes per element; on a tie, the weights', which is what runs) and says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gac_check.checkpoint.index import Checkpoint
+from gac_check.checkpoint.torchzip import DTYPE_ITEMSIZE
+
+FLOAT_PREFIXES = ("float", "bfloat")
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype a contract is built for, where it came from, and any disagreement seen."""
+
+    dtype: str
+    source: str  # "--dtype" | "config.json" | "weights" | "stricter of config.json and weights"
+    note: str | None = None
+
+
+def declared_dtype(ckpt: Checkpoint) -> str | None:
+    """config.json's ``dtype`` (transformers 5) or ``torch_dtype``, without ``torch.``."""
+    declared = ckpt.config.get("dtype") or ckpt.config.get("torch_dtype")
+    if isinstance(declared, str) and declared not in ("auto", ""):
+        return declared.removeprefix("torch.")
+    return None
+
+
+def weights_dtype(ckpt: Checkpoint) -> str | None:
+    """The floating dtype holding most of the weights' elements, or None (no float tensors)."""
+    counts: dict[str, int] = {}
+    for t in ckpt.tensors.values():
+        if t.dtype.startswith(FLOAT_PREFIXES):
+            counts[t.dtype] = counts.get(t.dtype, 0) + t.numel
+    return max(counts, key=counts.__getitem__) if counts else None
+
+
+def choose_dtype(ckpt: Checkpoint, requested: str | None = None) -> DtypeChoice:
+    """``requested`` if given; else config.json's and the weights' dtype, the stricter when
+    they disagree (with a note saying both and which was used)."""
+    declared, stored = declared_dtype(ckpt), weights_dtype(ckpt)
+    disagree = declared is not None and stored is not None and declared != stored
+    seen = (f"config.json says {declared}, the weights are {stored}" if disagree else None)
+    if requested:
+        return DtypeChoice(requested, "--dtype", f"{seen}; checked against --dtype {requested}"
+                           if seen else None)
+    if not disagree:
+        if declared:
+            return DtypeChoice(declared, "config.json")
+        return DtypeChoice(stored or "float32", "weights" if stored else "default")
+    assert declared and stored
+    stricter = min((stored, declared), key=_itemsize)  # min keeps the weights' on a tie
+    return DtypeChoice(stricter, "stricter of config.json and weights",
+                       f"{seen}: checked against {stricter}, the stricter of the two "
+                       f"({_itemsize(stricter)} bytes per element; pass --dtype to choose)")
+
+
+def _itemsize(dtype: str) -> int:
+    return DTYPE_ITEMSIZE.get(dtype, 4)
