@@ -1,4 +1,5 @@
-"""The README's measured repair errors: the equivalence suite's checks on fixed examples.
+"""The measured repair errors (benchmarks/RESULTS.md, "Repair equivalence errors"): the
+equivalence suite's checks on fixed examples.
 
     .venv/bin/python benchmarks/repair_errors.py
 """

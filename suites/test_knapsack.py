@@ -4,7 +4,7 @@ The oracles are independent of the solver's own arithmetic: a plain DP over the 
 with its own candidate list (every aligned rank up to full rank, plus dense) and errors taken
 from numpy's SVD; explicit truncated reconstructions for the errors a plan reports; scipy's
 MILP (HiGHS) on the same instance. Each of these bugs turns the suite red (checked by hand;
-the README's knapsack "mutants" table): an off-by-one in the budget comparison, a candidate
+benchmarks/RESULTS.md, "Knapsack mutants"): an off-by-one in the budget comparison, a candidate
 list without its last multiple, no dense option, singular values used unsquared.
 """
 from __future__ import annotations
