@@ -1,7 +1,7 @@
 """Which data an expected slowdown may be read from, and whether it covers a site's shape.
 
 The data are sweeps: times of one kernel over a contiguous range of one size (SDPA over
-head_dim, a GEMM over K or N) at fixed other sizes, on one GPU, in one dtype. Two kinds:
+head_dim, a GEMM over K or N) at fixed other sizes, on one machine, in one dtype. Two kinds:
 
 * measured: ``baselines/<profile>.json`` recorded on that hardware
   (``python -m gac_check.bench.sweep``), which wins where it covers the shape;
@@ -185,8 +185,8 @@ class Evidence:
         have = sorted({f"{s.dtype} ({s.source})" for s in self.sweeps if s.kind == kind})
         why = (f"no {kind.upper()} sweep in {dtype} or its class ({dtype_class(dtype)}) for "
                f"the {self.profile} profile")
-        have = f"; there are {', '.join(have)}" if have else ""
-        return Slowdown.not_measured(f"{why}{have}; {BENCH_HINT}")
+        there = f"; there are {', '.join(have)}" if have else ""
+        return Slowdown.not_measured(f"{why}{there}; {BENCH_HINT}")
 
     def _note(self, sweep: Sweep, dtype: str) -> str:
         notes = [self.note] if self.note and sweep.source == PUBLISHED else []
