@@ -1,0 +1,49 @@
+"""The README's "complete gate" works as written, on every profile: its two files are copied
+out of README.md into a throwaway project and run there through the installed plugin."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from gac_check.profiles import CHOICES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_file(first_line: str) -> str:
+    """The README's python block that starts with ``first_line`` (a ``# path`` comment)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    (block,) = [b for b in blocks if b.startswith(first_line)]
+    return block
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("gate")
+    (root / "tests").mkdir()
+    (root / "baselines").mkdir()
+    for name in ("conftest.py", "test_alignment_gate.py"):
+        (root / "tests" / name).write_text(readme_file(f"# tests/{name}"))
+    torch.manual_seed(0)  # aligned for every profile: widths 64/256, head_dim 32
+    cfg = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256,
+                      num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=64)
+    LlamaForCausalLM(cfg).save_pretrained(root / "model")
+    return root
+
+
+@pytest.mark.parametrize("profile", CHOICES)
+def test_the_readme_gate_passes_on_an_aligned_model(project, profile):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS"))}
+    env["GAC_BASELINES_DIR"] = str(project / "baselines")  # a project's own, still empty
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
+                          "--gpu", profile, "--model", "model", "tests"], cwd=project, env=env,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert re.search(r"\b2 passed", res.stdout), res.stdout[-2000:]
