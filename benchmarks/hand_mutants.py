@@ -50,6 +50,8 @@ RS = "tests/test_repair_shards.py"
 KS, KB = "gac_check/realign/knapsack.py", "tests/test_knapsack_budget.py"
 FACTORS, CAL = "gac_check/realign/factors.py", "gac_check/realign/calibration.py"
 RP = "tests/test_realign_properties.py"
+RULES, SELECT = "gac_check/contract/rules.py", "gac_check/contract/select.py"
+EVIDENCE, CE = "gac_check/contract/evidence.py", "tests/test_contract_edges.py"
 
 MUTANTS = [
     # ---------------------------------------------------------------- perf verdicts
@@ -176,6 +178,22 @@ MUTANTS = [
     Mutant("realign", "--budget FLOAT ignored (always same)", FACTORS,
            "spent = budget_from_spec(budget, matrices, old)",
            'spent = budget_from_spec("same", matrices, old)', (RP,)),
+    # -------------------------------------------------------------------- contract
+    Mutant("contract", "head_dim limit off by one (256 refused)", RULES,
+           "value > self.max_value", "value >= self.max_value", (CE,)),
+    Mutant("contract", "H200 not treated as Hopper", RULES,
+           'hopper = profile in ("h100", "h200")', 'hopper = profile == "h100"', (CE,)),
+    Mutant("contract", "a measured sweep drops the hard limits of the roles it covers", SELECT,
+           "kept = [r for r in rules if r.max_value is not None or not r.roles & covered]",
+           "kept = [r for r in rules if not r.roles & covered]", (CE,)),
+    Mutant("contract", "H100 quotes the A100's tables", EVIDENCE,
+           '"h100": "h100", "h200": "h100"}', '"h100": "a100", "h200": "h100"}', (CE,)),
+    Mutant("contract", "borrowed figures lose the note saying whose they are", EVIDENCE,
+           "notes = [self.note] if self.note and sweep.source == PUBLISHED else []",
+           "notes = []", (CE,)),
+    Mutant("contract", "published tables read as measured", EVIDENCE,
+           'sweeps += sweeps_of(published.packaged(gpu), PUBLISHED, "published")',
+           'sweeps += sweeps_of(published.packaged(gpu), MEASURED, "published")', (CE,)),
 ]
 
 
