@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
 import subprocess
 import sys
@@ -311,3 +312,27 @@ def test_remote_names_are_checked_before_anything_is_fetched(hub) -> None:
     assert "not a path inside it" in refusal(gac(hub, "hf://org/tiny/config.json"))
     assert not hub.log
 
+
+
+def test_a_terminal_sees_no_download_bars_for_kilobytes(hub) -> None:
+    """huggingface_hub draws a bar per file it downloads; for a few JSON files that is noise,
+    and the remote check must read like the local one on a terminal too."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("HF_") and k not in PROXY_VARS}
+    env |= {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(hub.home), "NO_PROXY": "*"}
+    main, side = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "gac_check.cli", "hf://org/tiny"],
+                            stdout=subprocess.DEVNULL, stderr=side, env=env)
+    os.close(side)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=120) == 1
+    os.close(main)
+    assert b"".join(chunks) == b""
