@@ -11,8 +11,7 @@ import os
 import time
 
 from gac_check.bench import run as bench_run
-from gac_check.bench.workloads import Prepared
-from gac_check.plugin.perf import reference_workload
+from gac_check.bench.workloads import Prepared, reference_workload
 
 FRACTION = float(os.environ.get("GAC_INJECT_SLOWDOWN", "0.10"))
 _original = bench_run.run_interleaved

@@ -21,9 +21,9 @@ import pytest
 from gac_check.bench import baselines, published, timing, workloads
 from gac_check.bench.cases import parse_case_key
 from gac_check.bench.sweep import MAX_SECONDS, Group, RecordPlan, record, record_plan
+from gac_check.bench.workloads import reference_workload
 from gac_check.contract.evidence import evidence_for
 from gac_check.contract.measured import MODULI
-from gac_check.plugin.perf import reference_workload
 from gac_check.profiles import cpu_name, cpu_profile_key
 from gac_check.sites import Role
 

@@ -102,13 +102,6 @@ def _gemm_sweep(m: int, other: int, sizes: range, dtype: str) -> list[workloads.
             + [workloads.gemm(m, other, s, dtype) for s in sizes])
 
 
-def reference_workloads(device: str) -> list[workloads.Workload]:
-    """The kernels the perf gate times every case against (gac_check.plugin.perf)."""
-    if device == "cuda":
-        return [workloads.gemm(4096, 4096, 4096, "float16")]
-    return [workloads.gemm(64, 768, 1024, "float32")]
-
-
 def record_plan(device: str, dtype: str = "float32") -> RecordPlan:
     """What a baseline recording measures on ``device`` ("cuda" or "cpu"); ``dtype`` is the CPU
     process's one dtype (a GPU records fp16 and bf16)."""
@@ -117,7 +110,7 @@ def record_plan(device: str, dtype: str = "float32") -> RecordPlan:
         config = timing.TimingConfig(samples=20, trials=3, warmup_s=0.02)
         sdpa = timing.TimingConfig(samples=10, trials=3, warmup_s=0.02)  # ~1-3 ms per call
         return RecordPlan(device, [
-            Group("reference", reference_workloads(device), config),
+            Group("reference", [workloads.reference_workload(device)], config),
             Group("sdpa-default", [workloads.sdpa(b, s, h, d, dt) for dt in ("float16",
                   "bfloat16") for d in GPU_HEAD_DIMS], sdpa),
             Group("gemm-published-shape", [w for dt in ("float16", "bfloat16")
@@ -136,7 +129,7 @@ def record_plan(device: str, dtype: str = "float32") -> RecordPlan:
     groups = [Group("sdpa-default", [workloads.sdpa(b, s, h, d, dtype) for d in CPU_HEAD_DIMS],
                     config),
               Group("gemm", _gemm_sweep(**CPU_GEMM, dtype=dtype), config)]
-    refs = [w for w in reference_workloads(device) if w.params["dtype"] == dtype]
+    refs = [w for w in [workloads.reference_workload(device)] if w.params["dtype"] == dtype]
     if refs:  # one dtype per process: another dtype's reference waits for its own run
         groups.insert(0, Group("reference", refs, config))
     return RecordPlan(device, groups)

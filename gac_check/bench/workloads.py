@@ -289,3 +289,11 @@ def model_forward(config, b: int, s: int, dtype: str, phase: str = "prefill") ->
                       * p["head_dim"]) + 2.0 * tokens * p["hidden"] * config.vocab_size
     return Workload("model", {**p, "layers": layers, "vocab": config.vocab_size,
                               "phase": phase, "B": b, "S": s, "dtype": dtype}, flops, prepare)
+
+
+def reference_workload(device: str) -> Workload:
+    """The kernel the perf gate times every regression case against, trial by trial, and that a
+    baseline recording measures: an aligned GEMM, cheap on a CPU."""
+    if device == "cuda":
+        return gemm(4096, 4096, 4096, "float16")
+    return gemm(64, 768, 1024, "float32")

@@ -73,15 +73,6 @@ def _device_name(req: str) -> str:
     return "a CUDA GPU" if req == "gpu" else f"an {req.upper()}"
 
 
-def reference_workload(device: str):
-    """The kernel every regression case is timed against: an aligned GEMM, cheap on a CPU."""
-    from gac_check.bench import workloads
-
-    if device == "cuda":
-        return workloads.gemm(4096, 4096, 4096, "float16")
-    return workloads.gemm(64, 768, 1024, "float32")
-
-
 def relative_times(case: list[float], reference: list[float], per_trial: int,
                    q: float) -> list[float]:
     """Per trial, the case's ``q`` quantile over the reference's (samples are stored trial by
@@ -202,6 +193,7 @@ class Bench:
         """Time ``work`` trial by trial against the reference kernel; the Measurement carries
         both its seconds and, per trial, its time relative to the reference."""
         from gac_check.bench import timing
+        from gac_check.bench.workloads import reference_workload
 
         ref = reference_workload(self.device)
         config = config or timing.TimingConfig(**RELATIVE_CONFIG)
