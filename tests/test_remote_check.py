@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from gac_check.checkpoint.remote import FIRST_READ
 from tests import helpers
 from tests.hub_server import HubServer
+from tests.test_formats import slicegpt
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
@@ -44,6 +46,19 @@ def llama(path: Path, intermediate: int, vocab: int = 4096, shard: str | None = 
     return path
 
 
+def sliced(path: Path) -> Path:
+    """SliceGPT's layout in safetensors, its slicing config a sidecar JSON that disagrees with
+    the tensors once (so the check's notes depend on reading the sidecar)."""
+    model = helpers.tiny_llama(num_hidden_layers=3)
+    weights, conf = slicegpt(model, {"embedding": 40, "attn": 52, "mlp": 36})
+    conf["attention_output_dimensions"]["1"] = 48
+    path.mkdir()
+    save_file(weights, path / "model.safetensors")
+    (path / "tiny-llama_0.3.json").write_text(json.dumps(conf))
+    model.config.save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hub")
@@ -53,6 +68,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     return {"sharded": llama(root / "sharded", 170, shard="300KB"),
             "single": llama(root / "single", 256),
             "deep": llama(root / "deep", 170, vocab=128, layers=24),  # a header > FIRST_READ
+            "sliced": sliced(root / "sliced"),
             "pickled": llama(root / "pickled", 256, vocab=128, pickled=True),
             "bad": bad}
 
@@ -62,6 +78,7 @@ def hub(models, tmp_path):
     with HubServer({"org/tiny": {"main": models["sharded"], "v2": models["single"]},
                     "org/single": {"main": models["single"]},
                     "org/deep": {"main": models["deep"]},
+                    "org/sliced": {"main": models["sliced"]},
                     "org/pickled": {"main": models["pickled"]},
                     "org/bad": {"main": models["bad"]},
                     "org/gated": {"main": models["single"]}},
@@ -103,6 +120,7 @@ def refusal(proc: subprocess.CompletedProcess) -> str:
     ("hf://org/tiny@v2", "single"),      # a revision: another tree, one model.safetensors
     ("hf://org/single", "single"),
     ("hf://org/deep", "deep"),           # its header is longer than the first range read
+    ("hf://org/sliced", "sliced"),       # SliceGPT: widths from a sidecar JSON
 ])
 def test_remote_check_prints_what_the_local_check_prints(hub, models, ref, model) -> None:
     rev = ref.partition("@")[2] or "main"
@@ -113,6 +131,8 @@ def test_remote_check_prints_what_the_local_check_prints(hub, models, ref, model
         assert remote.returncode == local.returncode and remote.stderr == local.stderr == ""
         same_but_name(local.stdout, remote.stdout, str(models[model].resolve()), name)
     assert json.loads(remote.stdout)["model_dir"] == name
+    if model == "sliced":  # the widths SliceGPT's sidecar declares were read and compared
+        assert "tiny-llama_0.3.json says attention_output_dimensions[1]=48" in remote.stdout
 
 
 
