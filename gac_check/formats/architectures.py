@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gac_check.checkpoint.index import Checkpoint
+from gac_check.checkpoint.pickletree import pickled_model
 from gac_check.formats.layout import Linear, Shapes
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -89,16 +90,47 @@ def head_dim_of(config: dict) -> int | None:
     return None
 
 
+def infer_head_dim(ckpt: Checkpoint) -> tuple[int | None, str]:
+    """head_dim without a config.json value, from what the checkpoint says about itself.
+
+    In order: the attention modules' ``head_dim`` attribute in a pickled model (when all
+    agree), a rotary ``inv_freq`` buffer (head_dim / 2 entries; older transformers and
+    LLM-Pruner's own modeling keep it in the state dict, current transformers pickle it as a
+    non-persistent buffer), and the pickled config's head_dim (or hidden / heads). Returns
+    (value, where it came from), or (None, "") when none of them is there.
+    """
+    model = pickled_model(ckpt)
+    if model is not None:
+        dims = {a.get("head_dim") for p, a in model.attributes.items()
+                if p.endswith(".self_attn") or p.endswith(".attention")}
+        dims.discard(None)
+        if len(dims) == 1 and isinstance(hd := next(iter(dims)), int) and hd > 0:
+            return hd, "the pickled attention modules' head_dim attribute"
+    buffers = dict(model.buffers) if model else {}
+    buffers.update((n, t.shape) for n, t in ckpt.tensors.items())
+    for name, shape in sorted(buffers.items()):
+        if name.endswith("inv_freq") and len(shape) == 1 and shape[0] > 0:
+            return 2 * shape[0], f"{name} ({shape[0]} rotary frequencies)"
+    if model is not None and (hd := head_dim_of(model.config)):
+        return hd, "the pickled model's config"
+    return None, ""
+
+
 def family_sites(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
-                 resolve: Resolver, head_dim: int | None = None) -> list[DimSite]:
+                 resolve: Resolver, head_dim: tuple[int, str] | None = None) -> list[DimSite]:
     """Per-layer intermediate/head_dim/heads sites plus the global hidden and vocab sites.
 
-    ``head_dim`` is for formats that can infer it from shapes when config.json is missing
-    (pickled LLM-Pruner models); the config's value wins when there is one.
+    head_dim is config.json's; without one, what :func:`infer_head_dim` finds, else
+    ``head_dim`` (value, how) from a format that can infer it from shapes alone (LLM-Pruner's
+    whole-head pruning). An inferred head_dim is noted on every head_dim site.
     """
     shapes = ckpt.shapes
     cfg = ckpt.config
-    hd = head_dim_of(cfg) or head_dim
+    hd, how = head_dim_of(cfg), ""
+    if hd is None:
+        hd, how = infer_head_dim(ckpt)
+    if hd is None and head_dim is not None:
+        hd, how = head_dim
     sites: list[DimSite] = []
     for i in layers:
         base = f"{prefix}.{i}"
@@ -107,7 +139,10 @@ def family_sites(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
         if lin.get("up") and lin.get("down"):
             sites.append(_intermediate_site(cfg, shapes, fam, base, i, lin))
         if hd and all(lin.get(k) for k in ("q", "k", "v", "o")):
-            sites.extend(_attention_sites(cfg, shapes, fam, base, i, lin, hd))
+            attention = _attention_sites(cfg, shapes, fam, base, i, lin, hd)
+            if how:
+                attention[0].notes.append(f"head_dim {hd} inferred from {how}")
+            sites.extend(attention)
     sites.append(_hidden_site(ckpt, fam, prefix, layers, resolve))
     vocab = _vocab_site(ckpt, fam)
     if vocab:

@@ -5,8 +5,9 @@ channels (gate/up rows, down columns) in a range of layers, so sizes vary per la
 8806 at 20%); channel-wise pruning narrows the hidden size everywhere. The pruned model is
 pickled whole (``torch.save({'model': model, 'tokenizer': tok})``) and any config.json next to
 it keeps the dense sizes, or there is none. The tensors are the truth: the family sites already
-trust shapes and note where config.json disagrees; this adapter recognises the pattern and,
-without a config, infers head_dim from the shapes.
+trust shapes and note where config.json disagrees; this adapter recognises the pattern (also
+from the pickled model's own config when there is no config.json) and, when nothing records
+head_dim, infers it from the shapes.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from functools import reduce
 from math import gcd
 
 from gac_check.checkpoint.index import Checkpoint
+from gac_check.checkpoint.pickletree import pickled_model
 from gac_check.formats.architectures import family_sites, find_family, head_dim_of
 from gac_check.formats.base import Format
 from gac_check.formats.layout import dense_linear
@@ -33,7 +35,7 @@ class LLMPruner(Format):
         sizes = _layer_sizes(ckpt)
         if not sizes:
             return False
-        cfg = ckpt.config
+        cfg = declared_config(ckpt)
         per_key = {k: {s[k] for s in sizes.values() if k in s} for k in ("q", "up", "in")}
         if any(len(v) > 1 for v in per_key.values()):
             return True
@@ -49,20 +51,30 @@ class LLMPruner(Format):
         if not found:
             return []
         fam, prefix, layers = found
-        inferred, how = (None, "") if head_dim_of(ckpt.config) else _infer_head_dim(ckpt)
-        sites = family_sites(ckpt, fam, prefix, layers, lambda m: self.linear(ckpt, m), inferred)
+        gcd = _head_dim_from_widths(ckpt)
+        sites = family_sites(ckpt, fam, prefix, layers, lambda m: self.linear(ckpt, m),
+                             gcd if gcd[0] else None)
+        head = next((s.value for s in sites if s.role is Role.HEAD_DIM), None)
         for site in sites:
-            if site.role is Role.HEAD_DIM and inferred:
-                site.notes.append(f"head_dim {inferred} inferred from {how}")
             if site.role is Role.HEADS:
-                _note_partial_heads(ckpt, site, inferred or head_dim_of(ckpt.config))
+                _note_partial_heads(ckpt, site, head)
+                _note_head_attributes(ckpt, site, head)
         hidden = next(s for s in sites if s.role is Role.HIDDEN)
         if not ckpt.config:
             hidden.notes.append(NO_CONFIG)
-            if not inferred:
+            if not head:
                 hidden.notes.append("head_dim could not be inferred from the shapes; attention "
                                     "sites were not checked")
         return sites
+
+
+def declared_config(ckpt: Checkpoint) -> dict:
+    """The sizes the model declares: config.json's, else the pickled model's own config (a
+    whole pickled model carries it, at the dense sizes LLM-Pruner never updates)."""
+    if ckpt.config:
+        return ckpt.config
+    model = pickled_model(ckpt)
+    return model.config if model else {}
 
 
 def _layer_sizes(ckpt: Checkpoint) -> dict[int, dict[str, int]]:
@@ -85,17 +97,15 @@ def _layer_sizes(ckpt: Checkpoint) -> dict[int, dict[str, int]]:
     return out
 
 
-def _infer_head_dim(ckpt: Checkpoint) -> tuple[int | None, str]:
-    """head_dim without a config: the rotary buffer if pickled, else the GCD of q/k/v widths.
+def _head_dim_from_widths(ckpt: Checkpoint) -> tuple[int | None, str]:
+    """head_dim from shapes alone, when nothing records it: the GCD of q/k/v widths.
 
-    Older transformers kept ``rotary_emb.inv_freq`` (head_dim / 2 entries) in the state dict.
-    Otherwise whole-head pruning leaves every q/k/v width a multiple of head_dim, and unpruned
-    layers keep the dense width, so their GCD is head_dim unless all layers share a factor;
-    a GCD above 256 is no head_dim and is not used.
+    Whole-head pruning leaves every q/k/v width a multiple of head_dim, and unpruned layers
+    keep the dense width, so their GCD is head_dim unless all layers share a factor (GQA
+    pruned alike everywhere: 192 and 96 give 96, which is why the pickle's own records come
+    first, :func:`~gac_check.formats.architectures.infer_head_dim`); a GCD above 256 is no
+    head_dim and is not used.
     """
-    for name, info in ckpt.tensors.items():
-        if name.endswith("rotary_emb.inv_freq") and len(info.shape) == 1:
-            return 2 * info.shape[0], f"{name} ({info.shape[0]} frequencies)"
     found = find_family(ckpt)
     if not found:
         return None, ""
@@ -110,6 +120,18 @@ def _infer_head_dim(ckpt: Checkpoint) -> tuple[int | None, str]:
     if 0 < g <= MAX_INFERRED_HEAD_DIM:
         return g, "the GCD of all q/k/v projection widths (whole heads are pruned)"
     return None, ""
+
+
+def _note_head_attributes(ckpt: Checkpoint, site: DimSite, hd: int | None) -> None:
+    """LLM-Pruner sets each attention's num_heads / num_key_value_heads after pruning; say
+    where those pickled attributes disagree with the head counts the tensors give."""
+    model = pickled_model(ckpt)
+    attrs = model.attributes.get(site.module, {}) if model and hd else {}
+    for attr, value in (("num_heads", site.value), ("num_key_value_heads",
+                                                    site.attrs.get("kv_heads"))):
+        recorded = attrs.get(attr)
+        if isinstance(recorded, int) and recorded != value:
+            site.notes.append(f"the pickled module says {attr}={recorded}, tensors have {value}")
 
 
 def _note_partial_heads(ckpt: Checkpoint, site: DimSite, hd: int | None) -> None:
