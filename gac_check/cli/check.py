@@ -17,18 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from huggingface_hub import constants
-
 from gac_check.analysis import CheckResult, check
 from gac_check.checkpoint.files import open_regular
 from gac_check.checkpoint.index import Checkpoint, open_checkpoint
-from gac_check.checkpoint.remote import (
-    HF_SCHEME,
-    RemoteCheckpoint,
-    looks_like_repo_id,
-    open_remote,
-    renamed,
-)
 from gac_check.cli.exits import exit_code
 from gac_check.errors import BadInput
 from gac_check.progress import steps
@@ -41,14 +32,17 @@ from gac_check.report.zoo import render_zoo, write_zoo, zoo_run
 
 #: A --models-from file larger than this is not a list of model names.
 MAX_LIST_BYTES = 1024 * 1024
+#: How a Hub model is named (huggingface_hub's URI scheme). huggingface_hub itself is imported
+#: only for a Hub model: it would double the start-up time of every local check.
+HF_SCHEME = "hf://"
 
 
 def run_check(args: argparse.Namespace) -> int:
     names = model_names(args)
     outputs = None
-    for name in names or [None]:  # every output path is refused before any model is read
-        where = Path(constants.HF_HUB_CACHE) if name is None or is_remote(name) else Path(name)
-        outputs = plan_outputs(args.report, args.junit, where)
+    for name in names:  # every output path is refused before any model is read
+        outputs = plan_outputs(args.report, args.junit, _hub_cache() if is_remote(name)
+                               else Path(name))
     results = [check_model(name, args) for name in
                steps(names, "checking models", enabled=len(names) > 1 and args.output != "json")]
     bench = _bench(results) if args.bench else None
@@ -92,7 +86,20 @@ def _names_in(path: Path) -> list[str]:
 
 def is_remote(name: str) -> bool:
     """``hf://...``, or ``ORG/NAME`` when nothing by that name exists here."""
-    return name.startswith(HF_SCHEME) or (not os.path.lexists(name) and looks_like_repo_id(name))
+    if name.startswith(HF_SCHEME):
+        return True
+    if name.count("/") != 1 or name.startswith((".", "/")) or os.path.lexists(name):
+        return False
+    from gac_check.checkpoint.remote import looks_like_repo_id
+
+    return looks_like_repo_id(name)
+
+
+def _hub_cache() -> Path:
+    """Where the Hub cache is: reports about a Hub model must not land inside it."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
 
 
 def local_model(args: argparse.Namespace, job: str) -> Path:
@@ -110,6 +117,8 @@ def local_model(args: argparse.Namespace, job: str) -> Path:
 def open_model(name: str) -> Checkpoint:
     """A directory's index, or a Hub model's from its headers."""
     if is_remote(name):
+        from gac_check.checkpoint.remote import open_remote
+
         return open_remote(name)
     return open_checkpoint(name)
 
@@ -121,6 +130,10 @@ def check_model(name: str, args: argparse.Namespace) -> CheckResult:
     try:
         result = check(ckpt, args.gpu, args.dtype)
     except BadInput as exc:
+        if not _is_remote(ckpt):
+            raise
+        from gac_check.checkpoint.remote import renamed
+
         raise renamed(exc, ckpt) from None
     if getattr(args, "verbose", False):
         sys.stderr.write(f"gac-check: {_read_line(ckpt, seconds)}\n")
@@ -130,12 +143,17 @@ def check_model(name: str, args: argparse.Namespace) -> CheckResult:
 def _read_line(ckpt: Checkpoint, seconds: float) -> str:
     """What reading a model cost: bytes fetched and requests for a Hub model, time for both."""
     files = len(ckpt.files)
-    if not isinstance(ckpt, RemoteCheckpoint):
+    if not _is_remote(ckpt):
         return f"{ckpt.source}: read {files} weight file header(s) in {seconds:.2f} s"
-    f = ckpt.fetch
+    f = ckpt.fetch  # type: ignore[attr-defined]
     via = "offline, from the cache" if f.offline else f"{f.requests} HTTP response(s)"
     return (f"{ckpt.source}: fetched {f.bytes:,} bytes ({via}) in {f.seconds:.2f} s; "
             f"{files} weight file header(s), {f.headers_cached} from the cache")
+
+
+def _is_remote(ckpt: Checkpoint) -> bool:
+    """A Hub model's checkpoint, told without importing huggingface_hub for a local one."""
+    return ckpt.source.startswith(HF_SCHEME)
 
 
 def _bench(results: list[CheckResult]) -> list:
