@@ -21,6 +21,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -69,6 +70,7 @@ class HubServer:
     gated: set[str] = field(default_factory=set)
     token: str | None = None
     ranges: bool = True  # False: answer every GET with the whole file, as a server without Range
+    delay: float = 0.0  # seconds before each answer: a network's round trip (benchmarks)
     die_on: str | None = None  # a file name: its GET is cut off halfway, then the server stops
     bytes_sent: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, range)
@@ -150,6 +152,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             self._route(head=False)
 
         def _route(self, head: bool) -> None:
+            if server.delay:
+                time.sleep(server.delay)
             path = urlsplit(self.path).path
             server.log.append((self.command, path, self.headers.get("Range", "")))
             if path.startswith("/api/models/"):
