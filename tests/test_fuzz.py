@@ -184,12 +184,32 @@ def join_st(header: str, data: bytes, length: int | None = None) -> bytes:
 def safetensors_mutants(draw: st.DrawFn, raw: bytes) -> Mutant:
     header, data = split_st(raw)
     names = sorted(n for n in header if n != "__metadata__")
-    kind = draw(st.sampled_from(["bytes", "retype", "offsets", "depth", "length", "duplicate",
-                                 "dtype"]))
+    kind = draw(st.sampled_from(["bytes", "retype", "offsets", "gap", "depth", "length",
+                                 "duplicate", "dtype"]))
     if kind == "bytes":
         return draw(byte_edits(len(raw), 8 + len(json.dumps(header))))
+    if kind == "gap":
+        return draw(gaps(header, data))
     text = draw(header_edits(header, names, kind))
     return fixed(f"header {text[1]}", join_st(text[0], data, text[2]))
+
+
+@st.composite
+def gaps(draw: st.DrawFn, header: dict, data: bytes) -> Mutant:
+    """``k`` stray bytes inserted before one tensor (or after the last), it and every later
+    tensor moved up by k: each size still right and nothing overlapping, so only the tiling
+    rule can object."""
+    names = sorted((n for n in header if n != "__metadata__"),
+                   key=lambda n: header[n]["data_offsets"])
+    name, k = draw(st.sampled_from([*names, None])), draw(st.integers(1, 64))
+    if name is None:
+        return fixed(f"header: {k} bytes after the last tensor",
+                     join_st(json.dumps(header), data + b"\0" * k))
+    at = header[name]["data_offsets"][0]
+    for n in names[names.index(name):]:
+        header[n]["data_offsets"] = [o + k for o in header[n]["data_offsets"]]
+    return fixed(f"header: {k}-byte gap before {name!r}",
+                 join_st(json.dumps(header), data[:at] + b"\0" * k + data[at:]))
 
 
 @st.composite
@@ -329,7 +349,7 @@ def test_fuzz_repair_writes_nothing_it_should_not(seeds: dict[str, Path],
 @st.composite
 def index_mutants(draw: st.DrawFn, raw: bytes, shards: list[str]) -> Mutant:
     doc = json.loads(raw)
-    kind = draw(st.sampled_from(["bytes", "value", "retype", "depth", "drop"]))
+    kind = draw(st.sampled_from(["bytes", "value", "retype", "retype", "depth", "drop"]))
     if kind == "bytes":
         return draw(byte_edits(len(raw), len(raw)))
     tensors = sorted(doc["weight_map"])
@@ -353,7 +373,7 @@ def index_mutants(draw: st.DrawFn, raw: bytes, shards: list[str]) -> Mutant:
                  splice(doc, raw_value).encode("utf-8", "surrogatepass"))
 
 
-@fuzz_settings(20)
+@fuzz_settings(30)
 @given(data=st.data())
 def test_fuzz_shard_index(seeds: dict[str, Path], data: st.DataObject) -> None:
     index = seeds["sharded"] / "model.safetensors.index.json"
