@@ -57,7 +57,7 @@ def commit_id(repo_id: str, rev: str, root: Path) -> str:
     h = hashlib.sha1(f"{repo_id}\0{rev}".encode())
     for p in sorted(root.rglob("*")):
         if p.is_file():
-            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + _oid(p).encode())
     return h.hexdigest()
 
 
