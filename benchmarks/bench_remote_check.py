@@ -6,7 +6,7 @@ Writes a Llama-3-8B-shaped checkpoint as the Hub holds it: ``config.json`` with 
 ``model.safetensors.index.json``, four ``model-0000N-of-00004.safetensors`` shards (8.03B
 bf16 parameters, 16 GB, written as sparse files: the headers are real, the data is a hole the
 check never reads), and the sidecars a real repo carries (``generation_config.json``,
-``special_tokens_map.json``, a 50 KB ``tokenizer_config.json``, a 9 MB ``tokenizer.json`` that
+``special_tokens_map.json``, a 25 KB ``tokenizer_config.json``, a 7.7 MB ``tokenizer.json`` that
 the check must skip by its listed size). It is served by the Hub look-alike the tests use
 (:mod:`tests.hub_server`: model info, resolve URLs, LFS redirects to a CDN origin, Range),
 with ``--delay-ms`` before every answer to stand for a network's round trip. Then, each a
