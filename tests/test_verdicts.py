@@ -11,10 +11,14 @@ benchmarks/hand_mutants.py --only verdicts``).
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
 
+from gac_check import profiles
 from gac_check.bench import baselines, stats
 from gac_check.bench.baselines import Baseline, Fingerprint, Measurement, Provenance
 from gac_check.errors import BadInput
@@ -224,3 +228,35 @@ def test_stack_fields_only_warn(field):
     other = Fingerprint(**{**H100.__dict__, field: 7 if field == "threads" else "x"})
     with pytest.warns(baselines.BaselineDriftWarning, match=field):
         assert baselines.check_fingerprint(Baseline("h100", H100, {}), other)
+
+
+# ------------------------------------------------------------- through the pytest plugin
+PERF_TEST = '''
+import pytest
+from gac_check.bench import workloads
+
+
+@pytest.mark.perf
+def test_gemm(gac_bench):
+    gac_bench.regression(workloads.gemm(8, 16, 8, "float32"))
+'''
+
+
+def test_the_perf_gate_refuses_a_cpu_baseline_of_another_isa(tmp_path):
+    """A project's perf test on this CPU, with a stored file for this CPU's profile key but
+    another instruction set: the test skips naming the ISA, it never compares."""
+    here = baselines.present_fingerprint("cpu")
+    other = ("avx2",) if "avx512f" in here.isa else (*here.isa, "avx512f")
+    stored = Fingerprint(**{**here.__dict__, "isa": other})
+    store = tmp_path / "baselines"
+    key = profiles.cpu_profile_key()
+    baselines.save(Baseline(key, stored, {CASE: measured()}), baselines.path_for(key, store))
+    (tmp_path / "test_perf.py").write_text(PERF_TEST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS"))}
+    env["GAC_BASELINES_DIR"] = str(store)
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
+                          "--gac-gpu", "cpu", "test_perf.py"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "1 skipped" in res.stdout
+    assert "different device" in res.stdout and "isa" in res.stdout, res.stdout[-2000:]
