@@ -33,8 +33,8 @@ TARGETS = {
     "stats": (["gac_check/bench/stats.py"],
               ["tests/test_stats.py", "tests/test_stats_edges.py", "tests/test_verdicts.py"]),
     "baselines": (["gac_check/bench/baselines.py"],
-                  ["tests/test_baselines.py", "tests/test_verdicts.py",
-                   "tests/test_perf_gate.py"]),
+                  ["tests/test_baselines.py", "tests/test_baseline_files.py",
+                   "tests/test_verdicts.py", "tests/test_perf_gate.py"]),
 }
 
 

@@ -142,3 +142,39 @@ def test_a_published_verdict_describes_itself():
     text = base.compare(measured([2e-3]), factor=1.2).describe()
     assert text.startswith("regressed: 2.000x") and "threshold 1.20x" in text
     assert "published figure" in text
+
+
+def test_from_samples_derives_throughput_and_the_share_of_the_peak():
+    m = Measurement.from_samples(CASE, [2e-3, 2e-3, 4e-3], MEASURED, flops=4e9,
+                                 peak_tflops=8.0, backend="math")
+    assert m.median_s == 2e-3 and m.tflops == pytest.approx(2.0)
+    assert m.peak_fraction == pytest.approx(0.25) and m.backend == "math"
+    bare = Measurement.from_samples(CASE, [1e-3], MEASURED, flops=4e9)
+    assert bare.tflops == pytest.approx(4.0) and bare.peak_fraction is None
+
+
+def test_a_missing_case_without_a_file_names_the_profile():
+    v = Baseline("cpu-amd-avx512", CPU, {}).compare(measured([1.0]), factor=1.3)
+    assert v.status == stats.NO_BASELINE and "cpu-amd-avx512" in v.reason and v.factor == 1.3
+
+
+def test_ratios_against_another_reference_kernel_are_no_baseline():
+    stored = measured([1.0, 1.0])
+    stored.relative, stored.reference = [1.3, 1.3], "gemm/M=64,K=768,N=1024,dtype=float32"
+    current = measured([1.0, 1.0])
+    current.relative, current.reference = [1.3, 1.3], "gemm/M=64,K=512,N=1024,dtype=float32"
+    v = Baseline("cpu", CPU, {CASE: stored}).compare(current, factor=1.3)
+    assert v.status == stats.NO_BASELINE and v.factor == 1.3
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_alpha_is_the_callers(relative):
+    """Three samples a side, fully separated: p = 0.1, significant at 0.2 but not at 0.05."""
+    stored, current = measured([1.0, 1.01, 1.02]), measured([1.5, 1.51, 1.52])
+    if relative:
+        stored.relative, stored.reference = [1.0, 1.01, 1.02], "ref"
+        current.relative, current.reference = [1.5, 1.51, 1.52], "ref"
+    base = Baseline("cpu", CPU, {CASE: stored})
+    assert base.compare(current).status == stats.UNCHANGED
+    loose = base.compare(current, alpha=0.2)
+    assert loose.status == stats.REGRESSED and loose.p_value == pytest.approx(0.1)
