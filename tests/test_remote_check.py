@@ -23,8 +23,8 @@ from safetensors.torch import save_file
 
 from gac_check.checkpoint.remote import FIRST_READ
 from tests import helpers
+from tests.helpers import slicegpt
 from tests.hub_server import HubServer
-from tests.test_formats import slicegpt
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
@@ -311,7 +311,13 @@ def test_zoo_merges_several_models_into_one_report(hub, models, tmp_path) -> Non
     assert gac(hub, *names, "--gpu", "h100", "--report", report, "--junit", junit,
                "--fail-on", "never").returncode == 0
     html = report.read_text()
-    assert all(s["model_dir"].rsplit("/", 1)[-1] in html for s in singles)
+    table = html[html.index('<h2 id="models">'):html.index('<h2 id="map">')]
+    assert table.count("<tr") == 4  # a header and one row per model, in the order named
+    shown = [f"org/tiny@{commit_of(hub, 'org/tiny')[:12]}",
+             f"org/tiny@{commit_of(hub, 'org/tiny', 'v2')[:12]}", models["single"].name]
+    assert [table.index(f">{m}</td>") for m in shown] == sorted(table.index(f">{m}</td>")
+                                                              for m in shown)
+    assert all(f'title="{s["model_dir"]}"' in table for s in singles)
     assert json.loads(report.with_suffix(".json").read_text())["checks"] == singles
     xml = junit.read_text()
     assert xml.count("<testsuite ") == 3

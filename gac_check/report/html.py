@@ -90,8 +90,17 @@ def _check_view(label: str, check: dict) -> CheckView:
     counts = {"aligned": 0, "warning": 0, "error": 0}
     for s in check["sites"]:
         counts[charts.site_state(s)] += 1
-    model = check["model_dir"].rstrip("/").rsplit("/", 1)[-1] or check["model_dir"]
+    model = model_name(check["model_dir"])
     return CheckView(label, model, check, grid, wide, _groups(check["sites"]), counts)
+
+
+def model_name(model_dir: str) -> str:
+    """A directory's last part; a Hub model's ``org/name@commit`` with the commit cut to 12
+    characters (the full ``hf://`` name stays in the page, as the cell's title)."""
+    if model_dir.startswith("hf://"):
+        name, _, commit = model_dir.removeprefix("hf://").partition("@")
+        return f"{name}@{commit[:12]}" if commit else name
+    return model_dir.rstrip("/").rsplit("/", 1)[-1] or model_dir
 
 
 def _groups(sites: list[dict]) -> list[FindingGroup]:
