@@ -71,6 +71,7 @@ class HubServer:
     token: str | None = None
     ranges: bool = True  # False: answer every GET with the whole file, as a server without Range
     delay: float = 0.0  # seconds before each answer: a network's round trip (benchmarks)
+    info_body: bytes | None = None  # answer model info with this instead (a server gone wrong)
     die_on: str | None = None  # a file name: its GET is cut off halfway, then the server stops
     bytes_sent: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, range)
@@ -168,6 +169,9 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
 
         def _model_info(self, rest: str) -> None:
             repo_id, _, rev = rest.partition("/revision/")
+            if server.info_body is not None:
+                return self._send(200, server.info_body, {"Content-Type": "application/json"},
+                                  head=False)
             repo = server.hub.get(repo_id)
             if repo is None:
                 return self._error(404, "RepoNotFound")

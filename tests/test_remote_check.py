@@ -256,6 +256,18 @@ def test_server_dying_mid_request_is_a_clean_refusal(hub, models, tmp_path) -> N
     assert "cannot reach" in after and "never checked here before" in after
 
 
+
+@pytest.mark.parametrize("body", [
+    b"<html>a captive portal</html>",                              # not JSON
+    b'{"id": "org/tiny", "sha": 5, "siblings": []}',               # no commit
+    b'{"id": "org/tiny", "sha": "' + b"a" * 40 + b'", "siblings": [{"size": 3}]}',  # no names
+    b'{"id": "org/tiny", "sha": "' + b"a" * 40 + b'", "siblings": [{"rfilename": 7}]}',
+])
+def test_a_server_that_is_not_a_hub_is_refused(hub, body) -> None:
+    hub.info_body = body
+    line = refusal(gac(hub, "hf://org/tiny"))
+    assert line.startswith(f"gac-check: hf://org/tiny: {hub.endpoint} ")
+
 def test_pickled_weights_are_refused_as_needing_a_download(hub) -> None:
     line = refusal(gac(hub, "hf://org/pickled"))
     assert "pytorch_model.bin: is a torch.save pickle" in line

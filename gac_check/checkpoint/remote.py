@@ -184,11 +184,16 @@ def _resolve(ref: HubRef, fetch: Fetch) -> tuple[str, dict[str, int | None]]:
             info = HfApi().model_info(ref.repo_id, revision=ref.revision, files_metadata=True)
         except (httpx2.ConnectError, httpx2.TimeoutException) as exc:
             why = f"cannot reach {constants.ENDPOINT} ({reason(exc)})"
+        except HfHubHTTPError:
+            raise  # worded by _hub_errors
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise BadInput(f"{ref}: {constants.ENDPOINT} answered with a model listing that is "
+                           f"not the Hub's ({reason(exc)})") from None
         else:
-            if not info.sha or not COMMIT.match(info.sha):
+            if not isinstance(info.sha, str) or not COMMIT.match(info.sha):
                 raise BadInput(f"{ref}: {constants.ENDPOINT} did not say which commit "
                                f"{revision} is")
-            listing = {s.rfilename: s.size for s in info.siblings or []}
+            listing = _listing(ref, info.siblings)
             cache.save_listing(revision, info.sha, listing)
             return info.sha, listing
     commit = cache.commit(revision)
@@ -198,6 +203,17 @@ def _resolve(ref: HubRef, fetch: Fetch) -> tuple[str, dict[str, int | None]]:
                        "it once online, or check a downloaded copy's directory")
     fetch.offline = True
     return commit, listing
+
+
+def _listing(ref: HubRef, siblings: list | None) -> dict[str, int | None]:
+    """File name -> size as the Hub listed them; a size that is no byte count is unknown."""
+    listing: dict[str, int | None] = {}
+    for s in siblings or []:
+        if not isinstance(s.rfilename, str):
+            raise BadInput(f"{ref}: {constants.ENDPOINT} listed a file named {s.rfilename!r}")
+        size = s.size if type(s.size) is int and s.size >= 0 else None
+        listing[s.rfilename] = size
+    return listing
 
 
 # --- the files of one commit -----------------------------------------------------------------
