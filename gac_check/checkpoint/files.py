@@ -19,6 +19,7 @@ import json
 import math
 import os
 import stat
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -143,14 +144,16 @@ def _constant(text: str) -> float:
     raise JsonRefused(f"holds {text}, which is not JSON")
 
 
-def parse_json(text: str, path: Path, *, what: str = "", parse_int: Callable = _int,
-               object_pairs_hook: Callable | None = None) -> object:
+def parse_json(text: str, path: Path, *, what: str = "", parse_int: Callable | None = _int,
+               object_pairs_hook: Callable | None = None, check: bool = True) -> object:
     """``json.loads`` with every failure a one-line BadInput and the result bounded.
 
     The C parser guards its own recursion (a RecursionError, never a crash); what it returns
     is then walked iteratively to refuse more than :data:`MAX_JSON_DEPTH` levels and strings
     that are not valid UTF-8 (a lone surrogate escape), so no later code recurses into or
-    prints something unbounded. ``what`` prefixes messages ("header ").
+    prints something unbounded. ``what`` prefixes messages ("header "). A caller whose own
+    schema check bounds most of the document (a safetensors header) passes ``check=False``
+    and calls :func:`check_tree` on the rest.
     """
     try:
         data = json.loads(text, parse_int=parse_int, parse_float=finite_float,
@@ -163,18 +166,25 @@ def parse_json(text: str, path: Path, *, what: str = "", parse_int: Callable = _
         raise BadInput(f"{what}is not valid JSON (line {exc.lineno}: {exc.msg})", path) from None
     except ValueError as exc:  # int() limits and the like: still the file's fault
         raise BadInput(f"{what}is not valid JSON ({exc})", path) from None
-    check_tree(data, path, what)
+    if check:
+        check_tree(data, path, what)
     return data
 
 
-def check_tree(data: object, path: Path, what: str = "") -> None:
-    """Refuse nesting deeper than MAX_JSON_DEPTH and strings that are not valid UTF-8."""
-    todo: list[tuple[object, int]] = [(data, 1)]
+def check_tree(data: object, path: Path, what: str = "", depth: int = 1,
+               float_range: bool = False) -> None:
+    """Refuse nesting deeper than MAX_JSON_DEPTH and strings that are not valid UTF-8;
+    ``depth`` is the level ``data`` itself sits at in its document; ``float_range`` also
+    refuses integers no float can hold (what serde_json refuses where it expects any number).
+    """
+    todo: list[tuple[object, int]] = [(data, depth)]
     while todo:
         value, depth = todo.pop()
         if isinstance(value, str):
             _utf8(value, path, what)
             continue
+        if float_range and type(value) is int and abs(value) > sys.float_info.max:
+            raise BadInput(f"{what}holds an integer too large for a float", path)
         if not isinstance(value, dict | list):
             continue
         if depth > MAX_JSON_DEPTH:

@@ -21,11 +21,12 @@ tests/test_fuzz.py holds this module to safetensors' own verdict on mutated file
 """
 from __future__ import annotations
 
+import reprlib
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from gac_check.checkpoint.files import finite_float, open_regular, parse_json
+from gac_check.checkpoint.files import check_tree, finite_float, open_regular, parse_json
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.errors import BadInput
 
@@ -115,10 +116,14 @@ def parse_header(raw: bytes, path: Path) -> list[_Entry]:
             duplicates.append((obj, _first_repeated([k for k, _ in items])))
         return obj
 
-    header = parse_json(text, path, what="header ", parse_int=_header_int,
-                        object_pairs_hook=pairs)
+    # Python's int() reads u64s as serde does, and shapes and offsets are range-checked below;
+    # only "-0" (serde: a float) needs the slower per-integer hook.
+    hook = _header_int if "-0" in text else None
+    header = parse_json(text, path, what="header ", parse_int=hook, object_pairs_hook=pairs,
+                        check=False)
     if not isinstance(header, dict):
         raise BadInput("header is not a JSON object", path)
+    _check_unschemed(header, text, path)
     for obj, key in duplicates:
         if obj is header:
             raise BadInput(f"header names {key!r} twice", path)
@@ -128,6 +133,22 @@ def parse_header(raw: bytes, path: Path) -> list[_Entry]:
     _check_metadata(header.get("__metadata__"), path)
     return [_entry(path, name, value) for name, value in header.items()
             if name != "__metadata__"]
+
+
+def _check_unschemed(header: dict, text: str, path: Path) -> None:
+    """Depth and UTF-8 where the schema does not already bound them.
+
+    Entries, shapes and offsets are checked field by field below, so only extra fields in an
+    entry (ignored, as safetensors ignores them) can nest; a lone surrogate can only come from
+    a ``\\u`` escape (the bytes were strictly decoded), so without one no string needs a look.
+    """
+    if "\\u" in text:
+        check_tree(header, path, "header ")
+    for entry in header.values():
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                if key not in FIELDS:  # serde reads a big integer here as a float
+                    check_tree(value, path, "header ", depth=3, float_range=True)
 
 
 def _first_repeated(keys: list[str]) -> str:
@@ -155,13 +176,13 @@ def _check_metadata(meta: object, path: Path) -> None:
 
 
 def _entry(path: Path, name: str, value: object) -> _Entry:
-    if not isinstance(value, dict):
+    if type(value) is not dict:
         raise BadInput(f"header entry for {name!r} is not a JSON object", path)
-    missing = [f for f in FIELDS if f not in value]
-    if missing:
-        raise BadInput(f"header entry for {name!r} has no {missing[0]}", path)
-    dtype, shape, offsets = (value[f] for f in FIELDS)
-    if not isinstance(dtype, str) or dtype not in SAFETENSORS_TYPES:
+    try:
+        dtype, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
+    except KeyError as missing:
+        raise BadInput(f"header entry for {name!r} has no {missing.args[0]}", path) from None
+    if type(dtype) is not str or dtype not in SAFETENSORS_TYPES:
         why = " (sub-byte; gac-check cannot map it to torch)" if dtype in SUB_BYTE_TYPES else ""
         raise BadInput(f"tensor {name!r} has unsupported dtype {_short(dtype)}{why}", path)
     shape = _unsigned(shape, path, name, "shape")
@@ -171,17 +192,23 @@ def _entry(path: Path, name: str, value: object) -> _Entry:
     return _Entry(name, dtype, shape, offsets[0], offsets[1])
 
 
-def _short(value: object) -> str:
-    text = repr(value)  # bounded: parse_json refused deeper than MAX_JSON_DEPTH
-    return text if len(text) <= 60 else text[:57] + "..."
+#: repr for messages: a field here may nest hundreds of levels (nothing but the parser bounds
+#: it), so nesting and length are cut short instead of recursed into.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 60, 60
+_short = _SHORT.repr
+
+
+_INT = {int}
 
 
 def _unsigned(value: object, path: Path, name: str, field: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-            type(v) is int and 0 <= v <= U64_MAX for v in value):
-        raise BadInput(f"header entry for {name!r}: {field} must be a list of non-negative "
-                       "integers", path)
-    return tuple(value)
+    # set(map(type, ...)) and min/max run in C: this is the per-tensor hot path of a check
+    if type(value) is list and set(map(type, value)) <= _INT and (
+            not value or (min(value) >= 0 and max(value) <= U64_MAX)):
+        return tuple(value)
+    raise BadInput(f"header entry for {name!r}: {field} must be a list of non-negative "
+                   "integers", path)
 
 
 def _tile(entries: list[_Entry], path: Path) -> int:
