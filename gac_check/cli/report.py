@@ -5,12 +5,19 @@ written next to every HTML report, or a bare ``gac-check --format json`` object)
 renders them into one report whose maps, staircases and environments sit next to each other.
 Every input is read and validated before anything is written, so a bad file leaves no output.
 Errors reach the one boundary in :func:`gac_check.cli.main.guarded` (exit 2 or 3, one line).
+
+A run document may come from anywhere, and the report reads dozens of its fields; rather than
+a second copy of the renderer's expectations, each document is rendered alone first, and one
+the renderer cannot draw (``rules: true``, a slowdown without its provenance) is refused,
+naming the file. Everything gac-check itself writes renders (tests/test_report.py).
 """
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+
+from jinja2 import TemplateError
 
 from gac_check.checkpoint.atomic import write_atomic
 from gac_check.errors import BadInput
@@ -38,10 +45,28 @@ def main(argv: Sequence[str], parser_class: type[argparse.ArgumentParser]) -> in
     runs = [load_run(path) for path in args.runs]  # each a regular file, or refused
     if any(out.resolve() == path.resolve() for path in args.runs):
         raise BadInput("the output would overwrite one of the runs being merged", out)
+    for run, path in zip(runs, args.runs, strict=True):
+        _rendered([run], path)
     label_runs(runs, args.runs)
-    html = render_html(runs, title=args.title)
+    html = _rendered(runs, None, title=args.title)
     write_atomic(out, html)
     return 0
+
+
+#: What rendering a document of the wrong shape raises (a string where a list is expected, a
+#: key the template needs missing): the document's fault, as one line naming it.
+RENDER_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, ArithmeticError,
+                 TemplateError)
+
+
+def _rendered(runs: list[dict], path: Path | None, title: str | None = None) -> str:
+    try:
+        return render_html(runs, title=title)
+    except RENDER_ERRORS as exc:
+        what = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if path is None:
+            raise BadInput(f"these runs cannot be drawn in one report ({what})") from None
+        raise BadInput(f"is not a run document gac-check can draw ({what})", path) from None
 
 
 def label_runs(runs: list[dict], paths: list[Path]) -> None:
