@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+from tests import helpers
 
 
 @dataclass
@@ -35,14 +38,14 @@ class Built:
     model: nn.Module
 
 
+#: on tests.helpers.LLAMA (vocabulary 96, hidden 64, MLP 176, 2 layers, 4 heads): the
+#: compressors' base model, untied and in eager attention
+LLAMA = dict(num_key_value_heads=4, head_dim=16, tie_word_embeddings=False,
+             attn_implementation="eager")
+
+
 def tiny_llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
-    kwargs = dict(vocab_size=96, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=4, head_dim=16,
-                  max_position_embeddings=64, tie_word_embeddings=False,
-                  attn_implementation="eager")
-    kwargs.update(overrides)
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**kwargs)).eval()
+    return helpers.tiny_llama(seed, **{**LLAMA, **overrides})
 
 
 def logits(model: nn.Module, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -299,6 +302,233 @@ def build_llm_pruner(root: Path, *, gqa: bool, layers: list[int] | None = None,
                  load_pickled(root / "pytorch_model.bin")[0].float().eval())
 
 
+# ----------------------------------------------------------------------------------- SVD-LLM
+def truncated(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """W ~ U @ V with U [out, r], V [r, in], as sqrt(S) split between the two (SVD-LLM,
+    ASVD and PaLU all store the product this way)."""
+    u, s, vh = torch.linalg.svd(w.double(), full_matrices=False)
+    root = s[:rank].sqrt()
+    return (u[:, :rank] * root).float(), (root[:, None] * vh[:rank]).float()
+
+
+def _pair(w: torch.Tensor, rank: int) -> tuple[nn.Linear, nn.Linear]:
+    """SVD-LLM's ``X_u_proj`` (Linear(r, out)) and ``X_v_proj`` (Linear(in, r))."""
+    left, right = truncated(w, rank)
+    u, v = nn.Linear(rank, w.shape[0], bias=False), nn.Linear(w.shape[1], rank, bias=False)
+    u.weight.data, v.weight.data = left, right
+    return u, v
+
+
+class SVDLlamaMLP(nn.Module):
+    """SVD-LLM's SVD_LlamaMLP: ``{gate,up,down}_{u,v}_proj`` and the ratio it was built at."""
+
+    def __init__(self, mlp: nn.Module, ratio: float) -> None:
+        super().__init__()
+        self.ratio = ratio
+        for name in ("gate", "up", "down"):
+            w = getattr(mlp, f"{name}_proj").weight.data
+            u, v = _pair(w, int(w.shape[0] * w.shape[1] * ratio / (w.shape[0] + w.shape[1])))
+            setattr(self, f"{name}_u_proj", u)
+            setattr(self, f"{name}_v_proj", v)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = self.up_u_proj(self.up_v_proj(x))
+        gate = self.gate_u_proj(self.gate_v_proj(x))
+        return self.down_u_proj(self.down_v_proj(self.act_fn(gate) * up))
+
+
+class SVDLlamaAttention(nn.Module):
+    """SVD-LLM's SVD_LlamaAttention: ``{q,k,v,o}_{u,v}_proj``, the head sizes it keeps as
+    attributes and its own rotary module (inv_freq persistent); the forward takes current
+    transformers' (cos, sin) and runs causal attention."""
+
+    def __init__(self, attn: nn.Module, config: LlamaConfig, ratio: float) -> None:
+        super().__init__()
+        self.config, self.ratio = config, ratio
+        self.hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.max_position_embeddings = config.max_position_embeddings
+        for name in "qkvo":
+            w = getattr(attn, f"{name}_proj").weight.data
+            u, v = _pair(w, int(w.shape[0] * w.shape[1] * ratio / (w.shape[0] + w.shape[1])))
+            setattr(self, f"{name}_u_proj", u)
+            setattr(self, f"{name}_v_proj", v)
+        self.rotary_emb = LegacyRotaryEmbedding(self.head_dim)
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        b, n, _ = hidden_states.shape
+
+        def heads(p: str) -> torch.Tensor:
+            x = getattr(self, f"{p}_u_proj")(getattr(self, f"{p}_v_proj")(hidden_states))
+            return x.view(b, n, -1, self.head_dim).transpose(1, 2)
+
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(heads("q"), heads("k"), cos, sin)
+        out = F.scaled_dot_product_attention(q, k, heads("v"), is_causal=True)
+        return self.o_u_proj(self.o_v_proj(out.transpose(1, 2).reshape(b, n, -1))), None
+
+
+def build_svdllm(root: Path, ratio: float = 0.6) -> Built:
+    """SVDLLM.py's save: every layer's attention and MLP replaced by their SVD modules, then
+    ``torch.save({'model': model, 'tokenizer': tokenizer}, <model>_whitening_only_<ratio>.pt)``
+    in fp32, and no config.json."""
+    model = tiny_llama(6)
+    for layer in model.model.layers:
+        layer.self_attn = SVDLlamaAttention(layer.self_attn, model.config, ratio)
+        layer.mlp = SVDLlamaMLP(layer.mlp, ratio)
+    name = f"tiny_llama_whitening_only_{ratio}.pt"
+    root.mkdir(parents=True)
+    torch.save({"model": model, "tokenizer": tokenizer()}, root / name)
+    return Built(root, lambda p: load_pickled(p / name)[0].eval(),
+                 load_pickled(root / name)[0].eval())
+
+
+# -------------------------------------------------------------------------------------- ASVD
+class ASVDLinear(nn.Module):
+    """ASVD's low-rank linear: ``BLinear`` (in -> r) then ``ALinear`` (r -> out, with bias)."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True) -> None:
+        super().__init__()
+        self.BLinear = nn.Linear(in_features, rank, bias=False)
+        self.ALinear = nn.Linear(rank, out_features, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ALinear(self.BLinear(x))
+
+
+def _swap_linears(model: nn.Module, names: dict[str, object],
+                  make: Callable[[nn.Linear, object], nn.Module]) -> None:
+    for name, arg in names.items():
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent)
+        setattr(owner, child, make(getattr(owner, child), arg))
+
+
+class ASVDLlamaForCausalLM(LlamaForCausalLM):
+    """modeling_asvd_llama.py's class (what ``auto_map`` names): the stock Llama with every
+    module in ``config.truncation_ranks`` swapped for an ASVDLinear of that rank."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__(config)
+        _swap_linears(self, config.truncation_ranks, lambda lin, r: ASVDLinear(
+            lin.in_features, lin.out_features, r, bias=lin.bias is not None))
+
+
+def build_asvd(root: Path, ratio: float = 0.6) -> Built:
+    """build_asvd_repo.py: ``model.save_pretrained`` of the model with its SVD linears, then
+    config.json rewritten with ``truncation_ranks``, ``auto_map`` and the ASVD architecture,
+    and the two modeling files copied beside it (placeholders here: never executed)."""
+    model = tiny_llama(7, intermediate_size=170)
+    ranks = {n: int(m.weight.numel() * ratio / sum(m.weight.shape))
+             for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".layers." in n}
+
+    def factorised(lin: nn.Linear, rank: object) -> ASVDLinear:
+        new = ASVDLinear(lin.in_features, lin.out_features, int(rank), lin.bias is not None)
+        new.ALinear.weight.data, new.BLinear.weight.data = truncated(lin.weight.data, int(rank))
+        return new
+
+    _swap_linears(model, ranks, factorised)
+    model.save_pretrained(root)
+    config = json.loads((root / "config.json").read_text())
+    config.update(truncation_ranks=ranks, architectures=["ASVDLlamaForCausalLM"], auto_map={
+        "AutoConfig": "configuration_asvd_llama.ASVDLlamaConfig",
+        "AutoModelForCausalLM": "modeling_asvd_llama.ASVDLlamaForCausalLM"})
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("configuration_asvd_llama.py", "modeling_asvd_llama.py"):
+        (root / name).write_text("# ASVD's modeling code is copied here by build_asvd_repo.py\n")
+    return Built(root, load_asvd, load_asvd(root))
+
+
+def load_asvd(path: Path) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``: auto_map leads to
+    ASVDLlamaForCausalLM (ours, instead of running the copied file)."""
+    return ASVDLlamaForCausalLM.from_pretrained(path).eval()
+
+
+# -------------------------------------------------------------------------------------- PaLU
+class HeadwiseLowRankModule(nn.Module):
+    """PaLU's k/v projection: ``VT`` to the concatenated group latents, one ``U[g]`` per group
+    of heads, and the sizes it records (``ranks``, ``group_dim``...)."""
+
+    def __init__(self, ranks: list[int], in_features: int, out_features: int,
+                 bias: bool) -> None:
+        super().__init__()
+        self.ranks = list(ranks)
+        self.num_groups = len(ranks)
+        self.in_features, self.out_features = in_features, out_features
+        self.group_dim = out_features // self.num_groups
+        self.VT = nn.Linear(in_features, sum(ranks), bias=False)
+        self.U = nn.ModuleList(nn.Linear(r, self.group_dim, bias=bias) for r in ranks)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        latents = torch.split(self.VT(hidden_states), self.ranks, dim=-1)
+        return torch.cat([u(z) for u, z in zip(self.U, latents, strict=True)], dim=-1)
+
+
+class PaluLlamaConfig(LlamaConfig):
+    model_type = "palullama"
+
+
+class PaluLlamaForCausalLM(LlamaForCausalLM):
+    """palu.model's class, registered for ``palullama`` as ``import palu.model`` does."""
+
+    config_class = PaluLlamaConfig
+
+    def __init__(self, config: PaluLlamaConfig) -> None:
+        super().__init__(config)
+        _swap_linears(self, config.head_wise_ranks, lambda lin, ranks: HeadwiseLowRankModule(
+            list(ranks), lin.in_features, lin.out_features, lin.bias is not None))
+
+
+def _register_palu() -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    AutoConfig.register("palullama", PaluLlamaConfig, exist_ok=True)
+    AutoModelForCausalLM.register(PaluLlamaConfig, PaluLlamaForCausalLM, exist_ok=True)
+
+
+def build_palu(root: Path, ranks: tuple[int, ...] = (13, 11), group_size: int = 2) -> Built:
+    """compress.py's dump_to_huggingface_repos: save_pretrained of the model with every k/v
+    projection a HeadwiseLowRankModule (group g's r_g from ``ranks``), then config.json with
+    ``head_wise_ranks``, ``model_type: palullama`` and ``PaluLlamaForCausalLM``."""
+    model = tiny_llama(8)
+    rows = model.config.head_dim * group_size
+    head_wise = {f"model.layers.{i}.self_attn.{p}": list(ranks)
+                 for i in range(model.config.num_hidden_layers) for p in ("k_proj", "v_proj")}
+
+    def factorised(lin: nn.Linear, group_ranks: object) -> HeadwiseLowRankModule:
+        new = HeadwiseLowRankModule(list(group_ranks), lin.in_features, lin.out_features,
+                                    lin.bias is not None)
+        vts = []
+        for g, r in enumerate(group_ranks):
+            left, right = truncated(lin.weight.data[g * rows:(g + 1) * rows], r)
+            new.U[g].weight.data = left
+            vts.append(right)
+        new.VT.weight.data = torch.cat(vts)
+        return new
+
+    _swap_linears(model, head_wise, factorised)
+    model.save_pretrained(root)
+    config = json.loads((root / "config.json").read_text())
+    config.update(head_wise_ranks=head_wise, model_type="palullama",
+                  architectures=["PaluLlamaForCausalLM"], original_model_name_or_path="tiny")
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    return Built(root, load_palu, load_palu(root))
+
+
+def load_palu(path: Path) -> nn.Module:
+    """``import palu.model`` (registers palullama), then ``AutoModelForCausalLM.from_pretrained
+    (path, trust_remote_code=True)``: the users' own call, unchanged."""
+    from transformers import AutoModelForCausalLM
+
+    _register_palu()
+    return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
 # ----------------------------------------------------------------------------- comparisons
 def max_relative_error(ref: torch.Tensor, got: torch.Tensor) -> float:
     return ((ref - got).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
@@ -309,3 +539,10 @@ def tolerance(dtype: torch.dtype) -> float:
     summation order of a GEMM, not its terms)."""
     return {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 3e-2}[dtype]
 
+
+def assert_loads_same(built: Built, out: Path) -> nn.Module:
+    """Load ``out`` as the compressor's users do; its logits must be the reference's (fp32)."""
+    fixed = built.load(out)
+    err = max_relative_error(logits(built.model, 96), logits(fixed, 96))
+    assert err <= tolerance(torch.float32), f"max relative logit error {err:.3g}"
+    return fixed

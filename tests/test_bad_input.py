@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,16 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-
-def gac(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
-
-
-def snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    """Every path under root with its size and mtime, to prove nothing was written."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*"))}
+from tests.helpers import gac, snapshot
 
 
 def safetensors_file(path: Path) -> None:

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from gac_check.bench import timing, workloads
 from gac_check.bench.cases import case_key, parse_case_key
@@ -25,6 +24,7 @@ from gac_check.bench.peak import peak
 from gac_check.bench.run import run
 from gac_check.bench.sweep import _device_for
 from gac_check.errors import BadInput
+from tests.helpers import gac, tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = timing.TimingConfig(samples=3, trials=2, warmup_s=0.0, min_warmup_calls=1)
@@ -132,14 +132,11 @@ def test_perf_tests_skip_with_the_reason_on_an_absent_gpu(workers):
 def test_cli_bench_times_the_models_sites(tmp_path):
     from gac_check.models.compress import compress_dir
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=150, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
-    LlamaForCausalLM(cfg).eval().save_pretrained(tmp_path / "dense")
+    tiny_llama(intermediate_size=150, num_hidden_layers=1, num_key_value_heads=2,
+               vocab_size=128).save_pretrained(tmp_path / "dense")
     compress_dir(tmp_path / "dense", tmp_path / "c", 0.7)
-    res = subprocess.run([sys.executable, "-m", "gac_check.cli", str(tmp_path / "c"),
-                          "--gpu", "a100", "--bench", "--format", "json", "--fail-on", "never"],
-                         cwd=ROOT, capture_output=True, text=True, check=False)
+    res = gac(tmp_path / "c", "--gpu", "a100", "--bench", "--format", "json", "--fail-on",
+              "never", cwd=ROOT, timeout=None)  # timing takes what it takes
     assert res.returncode == 0, res.stderr
     bench = json.loads(res.stdout)["bench"]
     timed = [s for s in bench["sites"] if s["original_s"]]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from gac_check.report.charts import CELL_H, CELL_W, COLOURS
+from tests.helpers import gac, tiny_llama
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed "
@@ -89,18 +89,12 @@ def cell_scanlines(image: np.ndarray, hex_colour: str, tol: int = 8) -> int:
 def report(tmp_path_factory) -> Path:
     """The CLI's report of a real Llama whose MLP width (1843) a pruner left misaligned."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     root = tmp_path_factory.mktemp("browser")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=256, intermediate_size=1843,
-                      num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=64,
-                      torch_dtype="float16")
-    LlamaForCausalLM(cfg).to(torch.float16).save_pretrained(root / "llama-1843")
+    tiny_llama(dtype=torch.float16, vocab_size=128, hidden_size=256, intermediate_size=1843,
+               num_hidden_layers=4, torch_dtype="float16").save_pretrained(root / "llama-1843")
     out = root / "report.html"
-    proc = subprocess.run([sys.executable, "-m", "gac_check.cli", str(root / "llama-1843"),
-                           "--gpu", "h100", "--report", str(out)], capture_output=True,
-                          text=True, timeout=120)
+    proc = gac(root / "llama-1843", "--gpu", "h100", "--report", out)
     assert proc.returncode == 1, proc.stderr
     return out
 

@@ -16,33 +16,19 @@ import os
 import re
 import shutil
 import struct
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from gac_check.checkpoint.index import open_checkpoint, read_json
 from gac_check.checkpoint.outdir import copy_side_files
 from gac_check.errors import BadInput
+from tests.helpers import gac, save_torch_state, tiny_llama
 
-SMALL = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "max_position_embeddings": 64}
 OUTSIDE = Path("/etc/hostname")  # a real file no model directory owns
-
-
-def gac(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
-
-
-def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**SMALL)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +179,7 @@ def trainer_state(d: Path, model: torch.nn.Module) -> None:
 @pytest.mark.parametrize("weights", ["pytorch_model.bin", "model.pt"])
 def test_trainer_folder_indexes_only_the_weights(tmp_path: Path, weights: str) -> None:
     model = tiny_llama()
-    model.config.save_pretrained(tmp_path)
-    torch.save(model.state_dict(), tmp_path / weights)
+    save_torch_state(model, tmp_path, weights)
     trainer_state(tmp_path, model)
     ckpt = open_checkpoint(tmp_path)
     assert [f.name for f in ckpt.files] == [weights]

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.test_bad_input import snapshot
+from tests.helpers import gac, llm_pruner, save_llm_pruner, snapshot, tiny_llama
 
 JSON_KEYS = {"schema", "model_dir", "format", "hardware", "sites", "summary"}
 SITE_KEYS = {"name", "role", "value", "aligned", "rules", "repair_to", "tensors"}
@@ -25,17 +24,9 @@ SUMMARY_KEYS = {"sites", "misaligned", "misaligned_fraction", "params",
                 "repair_overhead_fraction"}
 
 
-def gac(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
-
-
 def llama(path: Path, intermediate: int, dtype: torch.dtype) -> Path:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=intermediate,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=64)
-    LlamaForCausalLM(cfg).to(dtype).save_pretrained(path)
+    tiny_llama(dtype=dtype, vocab_size=128, intermediate_size=intermediate,
+               num_key_value_heads=2).save_pretrained(path)
     return path
 
 
@@ -106,11 +97,8 @@ def test_cpu_profile_only_when_asked(models) -> None:
 def test_llm_pruner_odd_mlp_is_flagged(tmp_path: Path) -> None:
     """A pickled LLM-Pruner model: its 141-wide MLPs (like 8806) are errors on a GPU."""
     pytest.importorskip("gac_check.checkpoint.torchzip")
-    from tests.test_formats import llm_pruner
-
     model = llm_pruner(range(1, 3), 0.2, drop_heads=1)
-    torch.save({"model": model, "tokenizer": None}, tmp_path / "pytorch_model.bin")
-    model.config.save_pretrained(tmp_path)
+    save_llm_pruner(model, tmp_path)
     proc = gac(tmp_path, "--gpu", "a100", "--format", "json")
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
+from transformers import BertForMaskedLM, LlamaForCausalLM
 
 from gac_check.analysis import check
 from gac_check.checkpoint.index import open_checkpoint
@@ -17,6 +17,7 @@ from gac_check.errors import BadInput
 from gac_check.models.compress import asvd_rank, compress_dir, layer_linears
 from gac_check.models.loaders import load_model
 from gac_check.models.lowrank import factorize
+from tests import helpers
 
 
 @pytest.mark.parametrize(("out", "inp", "ratio", "rank"), [
@@ -29,10 +30,7 @@ def test_rank_formula_reproduces_asvd_published_ranks(out, inp, ratio, rank):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
-    model = LlamaForCausalLM(cfg).eval()
+    model = helpers.tiny_llama(intermediate_size=160, num_key_value_heads=2, vocab_size=128)
     src = tmp_path_factory.mktemp("dense")
     model.save_pretrained(src)
     return model, src
@@ -165,10 +163,8 @@ def test_unusable_config_is_one_line_not_a_traceback(tiny_llama, tmp_path, confi
 def test_bert_mlm_with_tied_decoder_compresses_and_loads(tmp_path):
     """BERT ties cls.predictions.decoder.weight to the word embeddings and aliases its bias to
     cls.predictions.bias; neither is lm_head, so the aliases must come from the model."""
-    torch.manual_seed(0)
-    cfg = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=48, vocab_size=90, max_position_embeddings=32)
-    dense = BertForMaskedLM(cfg).eval()
+    dense = helpers.tiny_bert(masked_lm=True, hidden_size=32, intermediate_size=48,
+                              vocab_size=90, max_position_embeddings=32)
     with torch.no_grad():
         dense.cls.predictions.bias.normal_()  # zeros at init would hide a lost alias
     dense.save_pretrained(tmp_path / "dense")
@@ -177,7 +173,7 @@ def test_bert_mlm_with_tied_decoder_compresses_and_loads(tmp_path):
     written = open_checkpoint(tmp_path / "c").tensors
     assert "cls.predictions.decoder.weight" not in written
     assert "cls.predictions.decoder.bias" not in written
-    reference = BertForMaskedLM(cfg).eval()
+    reference = BertForMaskedLM(dense.config).eval()
     reference.load_state_dict(dense.state_dict())
     for name, lin in layer_linears(reference).items():
         f = factorize(lin.weight.detach(), ranks[name])

@@ -17,9 +17,6 @@ Each test was run against a mutant of the contract code and went red
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -28,6 +25,7 @@ from gac_check.bench.baselines import Baseline, Fingerprint, Measurement, Proven
 from gac_check.contract.select import for_hardware
 from gac_check.sites import DimSite, Role
 from gac_check.testing.strategies import TinyModel
+from tests.helpers import gac
 
 GPUS = ("a100", "h100", "h200", "gpu")
 DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn")
@@ -135,10 +133,8 @@ def misaligned_model(tmp_path_factory):
 
 
 def figures(model, gpu: str, tmp_path) -> tuple[str, list[dict]]:
-    env = {**os.environ, "GAC_BASELINES_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run([sys.executable, "-m", "gac_check.cli", str(model), "--gpu", gpu,
-                          "--dtype", "float16", "--format", "json"], capture_output=True,
-                         text=True, env=env, timeout=300)
+    run = gac(model, "--gpu", gpu, "--dtype", "float16", "--format", "json", timeout=300,
+              env={"GAC_BASELINES_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""})
     doc = json.loads(run.stdout)
     quoted = [s["slowdown"] for s in doc["sites"] if s["slowdown"] and s["slowdown"]["value"]]
     return doc["hardware"]["profile"], quoted

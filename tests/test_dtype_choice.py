@@ -4,21 +4,20 @@ runs (SliceGPT's 179 needs 184 in fp16, not fp32's 180)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from tests import helpers
 from tests.compressors import build_llm_pruner, build_slicegpt
 
 NOTE = ("config.json says float32, the weights are float16: checked against float16, the "
         "stricter of the two")
 
 
-def gac(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+#: the CLI, with the time a repair (writing a whole model) may take
+gac = partial(helpers.gac, timeout=300)
 
 
 @pytest.fixture(scope="module")

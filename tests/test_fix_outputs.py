@@ -7,21 +7,19 @@ of the input instead of OUT shows up as a disagreement.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
 from gac_check.models.compress import compress_dir
+from tests import helpers
 from tests.compressors import build_slicegpt, tiny_llama
 
-
-def gac(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+#: the CLI, with the time a repair (writing a whole model) may take
+gac = partial(helpers.gac, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -8,47 +8,19 @@ rotation and slicing for SliceGPT) and written the way the tool writes it.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 from torch import nn
-from transformers import (
-    BertConfig,
-    BertModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
 
 from gac_check.checkpoint.index import open_checkpoint
 from gac_check.formats import FORMATS, detect
 from gac_check.sites import AxisKind, DimSite, Role
+from tests.helpers import llm_pruner, save_llm_pruner, save_torch_state, slicegpt, tiny
 
 HD = 16  # head_dim of every tiny model
-SMALL = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 176,
-         "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}
-
-
-def tiny(kind: str, **overrides) -> nn.Module:
-    torch.manual_seed(0)
-    if kind == "bert":
-        cfg = BertConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=144, max_position_embeddings=64, **overrides)
-        return BertModel(cfg).eval()
-    args = {**SMALL, **overrides}
-    if kind == "llama":
-        return LlamaForCausalLM(LlamaConfig(**args)).eval()
-    if kind == "mistral":
-        return MistralForCausalLM(MistralConfig(num_key_value_heads=2, **args)).eval()
-    if kind == "qwen2":
-        return Qwen2ForCausalLM(Qwen2Config(num_key_value_heads=2, **args)).eval()
-    raise ValueError(kind)
 
 
 def check(path: Path):
@@ -304,49 +276,20 @@ def test_svd_llm_pickled_whole_model(tmp_path: Path) -> None:
     torch.save({"model": model, "tokenizer": None}, tmp_path / "svdllm_0.6.pt")
     by = assert_svd_llm_sites(tmp_path, model)
     assert by["hidden"].value == 64
-    assert not any(s.role is Role.HEAD_DIM for s in by.values())  # no config: head_dim unknown
+    head = by["model.layers.0.self_attn:head_dim"]  # no config: the pickled attention says
+    assert head.value == HD and "head_dim attribute" in head.notes[0]
 
 
 # -------------------------------------------------------------------------------- LLM-Pruner
-
-def prune_linear(lin: nn.Linear, rows: torch.Tensor | None = None,
-                 cols: torch.Tensor | None = None) -> nn.Linear:
-    w = lin.weight.data
-    w = w[rows] if rows is not None else w
-    w = w[:, cols] if cols is not None else w
-    new = nn.Linear(w.shape[1], w.shape[0], bias=lin.bias is not None)
-    new.weight.data = w.clone()
-    if lin.bias is not None:
-        new.bias.data = lin.bias.data[rows].clone() if rows is not None else lin.bias.data
-    return new
-
-
-def llm_pruner(layers: range, ratio: float, drop_heads: int) -> nn.Module:
-    """Block-wise LLM-Pruner: whole heads out of q/k/v/o, single channels out of the MLP."""
-    model = tiny("llama", num_hidden_layers=4)
-    for i in layers:
-        attn, mlp = model.model.layers[i].self_attn, model.model.layers[i].mlp
-        keep_heads = torch.arange(drop_heads, 4)  # drop the first heads
-        rows = (keep_heads[:, None] * HD + torch.arange(HD)).flatten()
-        for p in ("q_proj", "k_proj", "v_proj"):
-            setattr(attn, p, prune_linear(getattr(attn, p), rows=rows))
-        attn.o_proj = prune_linear(attn.o_proj, cols=rows)
-        width = mlp.up_proj.out_features
-        keep = torch.randperm(width)[: math.ceil(width * (1 - ratio))].sort().values
-        mlp.gate_proj = prune_linear(mlp.gate_proj, rows=keep)
-        mlp.up_proj = prune_linear(mlp.up_proj, rows=keep)
-        mlp.down_proj = prune_linear(mlp.down_proj, cols=keep)
-    return model
-
+# llm_pruner(layers, ratio, drop_heads) (tests/helpers.py): block-wise LLM-Pruner on a 4-layer
+# tiny Llama, whole heads out of q/k/v/o and single channels out of the MLP.
 
 @pytest.mark.parametrize("with_config", [True, False])
 def test_llm_pruner(tmp_path: Path, with_config: bool) -> None:
     pytest.importorskip("gac_check.checkpoint.torchzip")
     model = llm_pruner(range(1, 3), 0.2, drop_heads=1)
     assert model(torch.randint(0, 96, (1, 5))).logits.shape == (1, 5, 96)  # still runs
-    torch.save({"model": model, "tokenizer": None}, tmp_path / "pytorch_model.bin")
-    if with_config:
-        model.config.save_pretrained(tmp_path)  # LLM-Pruner never updates the dense sizes
+    save_llm_pruner(model, tmp_path, with_config)  # the config keeps the dense sizes
     _, fmt, _, by = check(tmp_path)
     assert fmt.name == "llm-pruner"
     inter = [by[f"model.layers.{i}.mlp:intermediate"] for i in range(4)]
@@ -381,9 +324,7 @@ def test_llm_pruner_head_dim_from_gcd(tmp_path: Path) -> None:
 def test_dense_not_mistaken_for_llm_pruner(tmp_path: Path) -> None:
     """Uniform layers whose sizes match config.json are dense, whatever the container."""
     pytest.importorskip("gac_check.checkpoint.torchzip")
-    model = tiny("llama")
-    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
-    model.config.save_pretrained(tmp_path)
+    save_torch_state(tiny("llama"), tmp_path)
     assert check(tmp_path)[1].name == "dense"
 
 
@@ -397,59 +338,8 @@ def test_llm_pruner_detected_from_config_alone(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- SliceGPT
-
-def slicegpt(model: nn.Module, dims: dict[str, int]) -> tuple[dict, dict]:
-    """SliceGPT's rotate-and-slice with random orthogonal Qs (its PCA needs data we skip).
-
-    Norm weights are fused into the following linears and dropped (RMSN has none), every
-    residual segment is rotated by its own Q and cut to its width, and the shortcut Qs carry the
-    residual between segments, as rotate_and_slice_sequential does.
-    """
-    sd = {k: v.detach().double().clone() for k, v in model.state_dict().items()}
-    n, hidden = model.config.num_hidden_layers, model.config.hidden_size
-    gen = torch.Generator().manual_seed(0)
-
-    def ortho() -> torch.Tensor:
-        return torch.linalg.qr(torch.randn(hidden, hidden, generator=gen,
-                                           dtype=torch.float64))[0]
-
-    def fuse(norm: str, linears: list[str]) -> None:
-        w = sd.pop(f"{norm}.weight")
-        for lin in linears:
-            sd[f"{lin}.weight"] = sd[f"{lin}.weight"] * w
-
-    q_prev, d_prev = ortho(), dims["embedding"]
-    sd["model.embed_tokens.weight"] = (sd["model.embed_tokens.weight"] @ q_prev)[:, :d_prev]
-    conf = {"hidden_size": hidden, "layers_num": n, "do_slice_head": False,
-            "parallel_blocks": False, "embedding_dimensions": {"0": d_prev},
-            "attention_input_dimensions": {}, "attention_output_dimensions": {},
-            "mlp_input_dimensions": {}, "mlp_output_dimensions": {},
-            "head_dimension": hidden, "const_dimension": None}
-    for i in range(n):
-        b = f"model.layers.{i}"
-        fuse(f"{b}.input_layernorm", [f"{b}.self_attn.{p}_proj" for p in "qkv"])
-        fuse(f"{b}.post_attention_layernorm", [f"{b}.mlp.gate_proj", f"{b}.mlp.up_proj"])
-        for p in "qkv":
-            sd[f"{b}.self_attn.{p}_proj.weight"] = (sd[f"{b}.self_attn.{p}_proj.weight"]
-                                                    @ q_prev)[:, :d_prev]
-        q_attn, d_attn = ortho(), dims["attn"]
-        d_mlp = dims["mlp"] if i < n - 1 else hidden  # the last segment feeds the unsliced head
-        sd[f"{b}.attn_shortcut_Q"] = (q_prev.T @ q_attn)[:d_prev, :d_attn]
-        sd[f"{b}.self_attn.o_proj.weight"] = (q_attn.T @ sd[f"{b}.self_attn.o_proj.weight"])[
-            :d_attn]
-        for p in ("gate", "up"):
-            sd[f"{b}.mlp.{p}_proj.weight"] = (sd[f"{b}.mlp.{p}_proj.weight"] @ q_attn)[:, :d_attn]
-        q_mlp = ortho()
-        sd[f"{b}.mlp_shortcut_Q"] = (q_attn.T @ q_mlp)[:d_attn, :d_mlp]
-        sd[f"{b}.mlp.down_proj.weight"] = (q_mlp.T @ sd[f"{b}.mlp.down_proj.weight"])[:d_mlp]
-        for key, v in (("attention_input", d_prev), ("attention_output", d_attn),
-                       ("mlp_input", d_attn), ("mlp_output", d_mlp)):
-            conf[f"{key}_dimensions"][str(i)] = v
-        q_prev, d_prev = q_mlp, d_mlp
-    fuse("model.norm", ["lm_head"])
-    sd["lm_head.weight"] = sd["lm_head.weight"] @ q_prev
-    return {k: v.float().contiguous() for k, v in sd.items()}, conf
-
+# slicegpt(model, dims) (tests/helpers.py): SliceGPT's rotate-and-slice with random
+# orthogonal Qs, returning the sliced state dict and its slicing config.
 
 def write_slicegpt(path: Path, dims: dict[str, int], save_config: bool = True) -> dict:
     pytest.importorskip("gac_check.checkpoint.torchzip")

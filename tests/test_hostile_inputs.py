@@ -9,7 +9,6 @@ namespace, or ``RLIMIT_FSIZE``), kills are real ``SIGKILL``.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import resource
@@ -22,23 +21,20 @@ import sys
 import time
 import zipfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from gac_check.checkpoint.torchzip import MAX_OPCODES
+from tests import helpers
+from tests.helpers import SEED_LLAMA, tiny_llama, tree_digest
 
-TINY = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 170, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "max_position_embeddings": 64}
 TIMEOUT = 60  # seconds: every case here finishes in a few; a hang fails instead of blocking
-
-
-def gac(*args: object, timeout: float = TIMEOUT, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, **kwargs)
+#: the CLI as a subprocess, failing any case that runs past TIMEOUT
+gac = partial(helpers.gac, timeout=TIMEOUT)
 
 
 def refused(proc: subprocess.CompletedProcess, *fragments: str) -> str:
@@ -57,36 +53,11 @@ def accepted(proc: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def digest(root: Path) -> dict[str, str]:
-    """Every file under root (links not followed) by content, to prove inputs are untouched."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_symlink():
-            out[str(p.relative_to(root))] = "-> " + os.readlink(p)
-        elif p.is_file():
-            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The same tiny Llama as safetensors (one file and sharded) and as a torch zip."""
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
-    root = tmp_path_factory.mktemp("tiny")
-    out = {"single": root / "single", "sharded": root / "sharded", "torch": root / "torch"}
-    model.save_pretrained(out["single"])
-    model.save_pretrained(out["sharded"], max_shard_size="150KB")
-    out["torch"].mkdir()
-    shutil.copy(out["single"] / "config.json", out["torch"])
-    torch.save(model.state_dict(), out["torch"] / "pytorch_model.bin")
-    return out
-
-
 @pytest.fixture
-def copy(tiny: dict[str, Path], tmp_path: Path) -> Callable[[str], Path]:
+def copy(tiny_checkpoints: dict[str, Path], tmp_path: Path) -> Callable[[str], Path]:
+    """An editable copy of one of the shared tiny checkpoints (conftest.py), by layout."""
     def make(kind: str) -> Path:
-        return Path(shutil.copytree(tiny[kind], tmp_path / kind))
+        return Path(shutil.copytree(tiny_checkpoints[kind], tmp_path / kind))
     return make
 
 
@@ -149,24 +120,26 @@ def test_dict_key_nested_200000_tuples_deep_is_refused_not_a_segfault(tmp_path: 
     refused(gac(tmp_path), "pytorch_model.bin", "nests tuples deeper than 1000 levels")
 
 
-def test_opcode_bomb_stops_at_the_budget(tmp_path: Path, tiny: dict[str, Path]) -> None:
-    real = zipfile.ZipFile(tiny["torch"] / "pytorch_model.bin")
+def test_opcode_bomb_stops_at_the_budget(tmp_path: Path,
+                                         tiny_checkpoints: dict[str, Path]) -> None:
+    weights = tiny_checkpoints["torch"] / "pytorch_model.bin"
+    real = zipfile.ZipFile(weights)
     pkl = real.read(next(n for n in real.namelist() if n.endswith("/data.pkl")))
     # NONE, POP: two trivial opcodes per pair, a little more than the budget in all
     bomb = pkl[:2] + b"N0" * (MAX_OPCODES // 2 + 1) + pkl[2:]
-    f = torch_zip_with(tmp_path / "pytorch_model.bin", bomb, tiny["torch"] / "pytorch_model.bin")
+    f = torch_zip_with(tmp_path / "pytorch_model.bin", bomb, weights)
     assert f.stat().st_size < 600_000 < len(bomb)  # the weights, plus ~10 KB for 10 MB of bomb
     refused(gac(tmp_path), "pytorch_model.bin", f"more than {MAX_OPCODES} opcodes")
 
 
 def test_torch_save_protocol_0_is_read_like_protocol_2(tmp_path: Path,
-                                                       tiny: dict[str, Path]) -> None:
-    state = LlamaForCausalLM(LlamaConfig(**TINY)).state_dict()
+                                                       tiny_checkpoints: dict[str, Path]) -> None:
+    state = tiny_llama(None, **SEED_LLAMA).state_dict()
     docs = {}
     for proto in (0, 2):
         d = tmp_path / f"p{proto}"
         d.mkdir()
-        shutil.copy(tiny["torch"] / "config.json", d)
+        shutil.copy(tiny_checkpoints["torch"] / "config.json", d)
         torch.save(state, d / "pytorch_model.bin", pickle_protocol=proto)
         proc = gac(d, "--format", "json")
         accepted(proc)
@@ -303,10 +276,10 @@ def test_overlapping_offsets_are_refused_and_never_repaired(copy, tmp_path: Path
                                       embed["data_offsets"][0] + size]}
     write_st(d / "model.safetensors", header, blob)
     assert not safetensors_accepts(d / "model.safetensors")
-    before = digest(d)
+    before = tree_digest(d)
     refused(gac(d), "model.safetensors", "overlaps")
     refused(gac(d, "--repair", tmp_path / "out"), "overlaps")
-    assert not (tmp_path / "out").exists() and digest(d) == before
+    assert not (tmp_path / "out").exists() and tree_digest(d) == before
     assert not list(tmp_path.glob(".out.*"))
 
 
@@ -366,8 +339,8 @@ def test_duplicate_tensor_names_are_refused(copy) -> None:
 # ------------------------------------------------------------------ report merge
 
 @pytest.fixture
-def run_json(tmp_path: Path, tiny: dict[str, Path]) -> Path:
-    proc = gac(tiny["single"], "--format", "json")
+def run_json(tmp_path: Path, tiny_checkpoints: dict[str, Path]) -> Path:
+    proc = gac(tiny_checkpoints["single"], "--format", "json")
     accepted(proc)
     path = tmp_path / "a100.json"
     path.write_text(proc.stdout)
@@ -425,10 +398,8 @@ def test_report_merge_into_a_read_only_directory_names_the_file(run_json: Path,
 
 def big_model(root: Path) -> Path:
     """Large enough (~20 MB, misaligned) that a repair is still writing when it is killed."""
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=2000, hidden_size=256, intermediate_size=700,
-                         num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=64)
-    LlamaForCausalLM(config).save_pretrained(root)
+    tiny_llama(vocab_size=2000, hidden_size=256, intermediate_size=700,
+               num_hidden_layers=4).save_pretrained(root)
     return root
 
 
@@ -463,11 +434,11 @@ def test_force_swap_cut_in_half_puts_the_old_output_back(tmp_path: Path, copy) -
     either. The next run must restore the old OUT rather than lose it."""
     model, out = copy("single"), tmp_path / "out"
     accepted(gac(model, "--repair", out, "--gpu", "a100"))
-    old = digest(out)
+    old = tree_digest(out)
     out.rename(tmp_path / ".out.abcd1234.replaced")
     shutil.copytree(tmp_path / ".out.abcd1234.replaced", tmp_path / ".out.abcd1234.partial")
     refused(gac(model, "--repair", out, "--gpu", "a100"), "already exists")
-    assert digest(out) == old and leftovers(tmp_path, out) == []
+    assert tree_digest(out) == old and leftovers(tmp_path, out) == []
 
 
 def limit_file_size(limit: int) -> Callable[[], None]:
@@ -480,11 +451,11 @@ def limit_file_size(limit: int) -> Callable[[], None]:
 def test_force_keeps_the_old_output_when_the_new_one_cannot_be_written(tmp_path: Path) -> None:
     model, out = big_model(tmp_path / "model"), tmp_path / "out"
     accepted(gac(model, "--repair", out, "--gpu", "a100"))
-    old = digest(out)
+    old = tree_digest(out)
     proc = gac(model, "--repair", out, "--gpu", "a100", "--force",
                preexec_fn=limit_file_size(1 << 20))
     refused(proc, str(out / "model.safetensors"), "File too large")
-    assert digest(out) == old and leftovers(tmp_path, out) == []
+    assert tree_digest(out) == old and leftovers(tmp_path, out) == []
 
 
 def test_repair_on_a_full_disk_names_the_file_and_leaves_nothing(tmp_path: Path,

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import tiny_llama
+
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_PIN = os.environ.get("GAC_TORCH_PIN", f"torch=={torch.__version__.split('+')[0]}")
 
@@ -57,12 +59,7 @@ def installed(tmp_path_factory) -> Path:
 
 def misaligned_llama(path: Path) -> None:
     """A one-layer Llama with MLP width 1843 (a pruner's output), random weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=1843,
-                      num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=64)
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    tiny_llama(vocab_size=128, intermediate_size=1843, num_hidden_layers=1).save_pretrained(path)
 
 
 def test_the_wheel_installs_and_its_cli_and_plugin_work_outside_the_checkout(installed,

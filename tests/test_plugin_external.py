@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import tiny_llama
+
 if not any(ep.value == "gac_check.plugin.hooks" for ep in entry_points(group="pytest11")):
     pytest.skip("gac-check is not installed (pip install -e .), so its pytest11 entry point "
                 "is not active", allow_module_level=True)
@@ -92,13 +94,7 @@ def project(tmp_path_factory) -> Path:
 
 
 def _tiny_model(path: Path) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
-                      num_attention_heads=4, max_position_embeddings=64)
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    tiny_llama(intermediate_size=172).save_pretrained(path)
 
 
 def clean_env(root: Path) -> dict[str, str]:

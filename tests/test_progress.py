@@ -10,26 +10,22 @@ import sys
 import termios
 from pathlib import Path
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from gac_check.models.compress import compress_dir
+from tests.helpers import gac, tiny_llama
 
 
 def compressed_llama(root: Path) -> Path:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=100, num_hidden_layers=1,
-                      num_attention_heads=4, max_position_embeddings=32)
-    LlamaForCausalLM(cfg).save_pretrained(root / "dense")
+    tiny_llama(vocab_size=64, hidden_size=48, intermediate_size=100, num_hidden_layers=1,
+               max_position_embeddings=32).save_pretrained(root / "dense")
     compress_dir(root / "dense", root / "c", 0.7)
     return root / "c"
 
 
 def stderr_of(args: list[str], tty: bool) -> str:
     """Run the CLI with stderr on a pseudo-terminal (as a person sees it) or on a pipe."""
-    cmd = [sys.executable, "-m", "gac_check.cli", *args]
     if not tty:
-        return subprocess.run(cmd, capture_output=True, text=True, check=False).stderr
+        return gac(*args, timeout=300).stderr
+    cmd = [sys.executable, "-m", "gac_check.cli", *args]
     main, side = pty.openpty()
     fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))  # rows, cols
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=side)

@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from gac_check.profiles import CHOICES
+from tests.helpers import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,10 +30,9 @@ def project(tmp_path_factory) -> Path:
     (root / "baselines").mkdir()
     for name in ("conftest.py", "test_alignment_gate.py"):
         (root / "tests" / name).write_text(readme_file(f"# tests/{name}"))
-    torch.manual_seed(0)  # aligned for every profile: widths 64/256, head_dim 32
-    cfg = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256,
-                      num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=64)
-    LlamaForCausalLM(cfg).save_pretrained(root / "model")
+    # aligned for every profile: widths 64/256, head_dim 32
+    tiny_llama(vocab_size=128, hidden_size=128, intermediate_size=256,
+               num_hidden_layers=1).save_pretrained(root / "model")
     return root
 
 

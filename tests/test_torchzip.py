@@ -15,20 +15,20 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from gac_check.checkpoint import torchzip
 from gac_check.checkpoint.index import open_checkpoint
 from gac_check.checkpoint.torchzip import read_tensor, read_torch_zip
 from gac_check.errors import BadInput, UnsafeCheckpoint
+from tests import helpers
 
-TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+#: on tests.helpers.LLAMA (2 layers, 4 heads): head_dim 8, 2 key/value heads
+TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_key_value_heads=2)
 
 
 def tiny_llama(**overrides: object) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**{**TINY, **overrides})).eval()
+    return helpers.tiny_llama(**{**TINY, **overrides})
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,24 @@
+"""Fixtures tests/ shares; the plain builders they are made of are in tests/helpers.py.
+
+(The repository's conftest.py, one level up, loads the plugin and the hypothesis profile.)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import SEED_LLAMA, save_layouts, tiny_llama
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny Llama of :data:`tests.helpers.SEED_LLAMA` (seed 0) saved three ways by
+    :func:`tests.helpers.save_layouts`: ``single`` (one model.safetensors), ``sharded``
+    (150 KB safetensors shards and their index) and ``torch`` (config.json and a torch.save
+    zip of the state dict). The hostile corpus and the fuzzers start from these files.
+
+    Shared by the whole session (each xdist worker builds its own): read them, never write
+    them; copy one (``shutil.copytree``) to edit it.
+    """
+    return save_layouts(tiny_llama(**SEED_LLAMA), tmp_path_factory.mktemp("tiny"))

@@ -1,0 +1,255 @@
+"""Builders the tests share: the CLI as a subprocess (:func:`gac`), tiny stock models,
+checkpoint writers, and digests that prove an input untouched.
+
+Imported as ``from tests.helpers import ...`` (the repository root is on ``sys.path``: its
+conftest.py puts it there); the fixtures built on these live in tests/conftest.py.
+
+Every model is a stock transformers model with seeded random weights and nothing downloaded.
+Each ``tiny_*`` builder starts from one small config per architecture (:data:`LLAMA`,
+:data:`MISTRAL`, :data:`QWEN2`, :data:`BERT`) and takes the test's own sizes as keyword
+overrides: the sizes are what a test is about (an MLP of 1843, a head_dim of 106), so a test
+states every size it relies on.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+#: Seconds a CLI run may take before the test fails instead of hanging (the tiny models here
+#: check in about a second; repairs and the hostile corpus pass their own limits).
+CLI_TIMEOUT = 120
+
+#: The base config of each architecture's tiny model: head_dim 16, two layers, MHA.
+LLAMA = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "max_position_embeddings": 64}
+#: Mistral and Qwen2: grouped-query attention (2 key/value heads for 4 query heads).
+MISTRAL = {**LLAMA, "num_key_value_heads": 2}
+QWEN2 = {**LLAMA, "num_key_value_heads": 2}
+BERT = {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 144, "max_position_embeddings": 64}
+#: The overrides of the hostile corpus's and the fuzzers' seed Llama (the ``tiny_checkpoints``
+#: fixture): an MLP of 170 is an error on a GPU contract, so every check has findings to
+#: report and every repair something to pad.
+SEED_LLAMA = {"intermediate_size": 170}
+
+
+# ------------------------------------------------------------------------------ the CLI
+def gac(*args: object, timeout: float | None = CLI_TIMEOUT, cwd: Path | None = None,
+        env: Mapping[str, str | None] | None = None,
+        **kwargs: object) -> subprocess.CompletedProcess:
+    """``gac-check ARGS`` as a real subprocess (``python -m gac_check.cli``), output captured
+    as text; no ``check``: the exit code is the caller's to assert.
+
+    The child inherits this process's environment without ``GAC_DEBUG`` (set, the CLI re-raises
+    internal errors as tracebacks instead of its one-line contract, which tests assert);
+    ``env`` sets variables on top of that, a None value removing one. ``timeout`` fails a hung
+    run instead of blocking the session; other keywords go to :func:`subprocess.run`
+    (``preexec_fn``, ...).
+    """
+    child = {k: v for k, v in os.environ.items() if k != "GAC_DEBUG"}
+    for key, value in (env or {}).items():
+        if value is None:
+            child.pop(key, None)
+        else:
+            child[key] = value
+    return subprocess.run([sys.executable, "-m", "gac_check.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, env=child,
+                          **kwargs)
+
+
+# ------------------------------------------------------------------------- tiny models
+def _tiny(config_cls: str, model_cls: str, base: dict, seed: int | None,
+          dtype: torch.dtype | None, overrides: dict) -> nn.Module:
+    import transformers
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(**{**base, **overrides})
+    model = getattr(transformers, model_cls)(config).eval()
+    return model if dtype is None else model.to(dtype)
+
+
+def tiny_llama(seed: int | None = 0, dtype: torch.dtype | None = None, **overrides: object):
+    """A ``LlamaForCausalLM`` of :data:`LLAMA` with ``overrides``, in eval mode.
+
+    Built right after ``torch.manual_seed(seed)`` (``seed=None``: from the RNG as it stands),
+    then cast to ``dtype`` when given. Save it with ``save_pretrained``.
+    """
+    return _tiny("LlamaConfig", "LlamaForCausalLM", LLAMA, seed, dtype, overrides)
+
+
+def tiny_mistral(seed: int | None = 0, dtype: torch.dtype | None = None, **overrides: object):
+    """A ``MistralForCausalLM`` of :data:`MISTRAL` with ``overrides`` (as :func:`tiny_llama`)."""
+    return _tiny("MistralConfig", "MistralForCausalLM", MISTRAL, seed, dtype, overrides)
+
+
+def tiny_qwen2(seed: int | None = 0, dtype: torch.dtype | None = None, **overrides: object):
+    """A ``Qwen2ForCausalLM`` of :data:`QWEN2` with ``overrides`` (as :func:`tiny_llama`; its
+    q/k/v biases stay as transformers initialises them: zeros)."""
+    return _tiny("Qwen2Config", "Qwen2ForCausalLM", QWEN2, seed, dtype, overrides)
+
+
+def tiny_bert(seed: int | None = 0, dtype: torch.dtype | None = None, masked_lm: bool = False,
+              **overrides: object):
+    """A ``BertModel`` (``masked_lm``: ``BertForMaskedLM``) of :data:`BERT` with
+    ``overrides`` (as :func:`tiny_llama`)."""
+    return _tiny("BertConfig", "BertForMaskedLM" if masked_lm else "BertModel", BERT, seed,
+                 dtype, overrides)
+
+
+def tiny(family: str, seed: int | None = 0, **overrides: object) -> nn.Module:
+    """The tiny model of ``family`` ("llama", "mistral", "qwen2", "bert")."""
+    builders = {"llama": tiny_llama, "mistral": tiny_mistral, "qwen2": tiny_qwen2,
+                "bert": tiny_bert}
+    if family not in builders:
+        raise ValueError(family)
+    return builders[family](seed, **overrides)
+
+
+# --------------------------------------------------------------- compressed models in memory
+def prune_linear(lin: nn.Linear, rows: torch.Tensor | None = None,
+                 cols: torch.Tensor | None = None) -> nn.Linear:
+    """A new nn.Linear holding only ``rows`` (outputs) and ``cols`` (inputs) of ``lin``."""
+    w = lin.weight.data
+    w = w[rows] if rows is not None else w
+    w = w[:, cols] if cols is not None else w
+    new = nn.Linear(w.shape[1], w.shape[0], bias=lin.bias is not None)
+    new.weight.data = w.clone()
+    if lin.bias is not None:
+        new.bias.data = lin.bias.data[rows].clone() if rows is not None else lin.bias.data
+    return new
+
+
+def llm_pruner(layers: range, ratio: float, drop_heads: int, head_dim: int = 16) -> nn.Module:
+    """Block-wise LLM-Pruner on a 4-layer :func:`tiny_llama`: whole heads out of q/k/v/o (the
+    first ``drop_heads``), single channels out of the MLP (``ratio`` of them, at random), in
+    ``layers``; the config keeps the dense sizes, as LLM-Pruner leaves it."""
+    model = tiny_llama(num_hidden_layers=4)
+    for i in layers:
+        attn, mlp = model.model.layers[i].self_attn, model.model.layers[i].mlp
+        keep_heads = torch.arange(drop_heads, 4)  # drop the first heads
+        rows = (keep_heads[:, None] * head_dim + torch.arange(head_dim)).flatten()
+        for p in ("q_proj", "k_proj", "v_proj"):
+            setattr(attn, p, prune_linear(getattr(attn, p), rows=rows))
+        attn.o_proj = prune_linear(attn.o_proj, cols=rows)
+        width = mlp.up_proj.out_features
+        keep = torch.randperm(width)[: math.ceil(width * (1 - ratio))].sort().values
+        mlp.gate_proj = prune_linear(mlp.gate_proj, rows=keep)
+        mlp.up_proj = prune_linear(mlp.up_proj, rows=keep)
+        mlp.down_proj = prune_linear(mlp.down_proj, cols=keep)
+    return model
+
+
+def slicegpt(model: nn.Module, dims: dict[str, int]) -> tuple[dict, dict]:
+    """SliceGPT's rotate-and-slice with random orthogonal Qs (its PCA needs data we skip).
+
+    Norm weights are fused into the following linears and dropped (RMSN has none), every
+    residual segment is rotated by its own Q and cut to its width, and the shortcut Qs carry the
+    residual between segments, as rotate_and_slice_sequential does.
+    """
+    sd = {k: v.detach().double().clone() for k, v in model.state_dict().items()}
+    n, hidden = model.config.num_hidden_layers, model.config.hidden_size
+    gen = torch.Generator().manual_seed(0)
+
+    def ortho() -> torch.Tensor:
+        return torch.linalg.qr(torch.randn(hidden, hidden, generator=gen,
+                                           dtype=torch.float64))[0]
+
+    def fuse(norm: str, linears: list[str]) -> None:
+        w = sd.pop(f"{norm}.weight")
+        for lin in linears:
+            sd[f"{lin}.weight"] = sd[f"{lin}.weight"] * w
+
+    q_prev, d_prev = ortho(), dims["embedding"]
+    sd["model.embed_tokens.weight"] = (sd["model.embed_tokens.weight"] @ q_prev)[:, :d_prev]
+    conf = {"hidden_size": hidden, "layers_num": n, "do_slice_head": False,
+            "parallel_blocks": False, "embedding_dimensions": {"0": d_prev},
+            "attention_input_dimensions": {}, "attention_output_dimensions": {},
+            "mlp_input_dimensions": {}, "mlp_output_dimensions": {},
+            "head_dimension": hidden, "const_dimension": None}
+    for i in range(n):
+        b = f"model.layers.{i}"
+        fuse(f"{b}.input_layernorm", [f"{b}.self_attn.{p}_proj" for p in "qkv"])
+        fuse(f"{b}.post_attention_layernorm", [f"{b}.mlp.gate_proj", f"{b}.mlp.up_proj"])
+        for p in "qkv":
+            sd[f"{b}.self_attn.{p}_proj.weight"] = (sd[f"{b}.self_attn.{p}_proj.weight"]
+                                                    @ q_prev)[:, :d_prev]
+        q_attn, d_attn = ortho(), dims["attn"]
+        d_mlp = dims["mlp"] if i < n - 1 else hidden  # the last segment feeds the unsliced head
+        sd[f"{b}.attn_shortcut_Q"] = (q_prev.T @ q_attn)[:d_prev, :d_attn]
+        sd[f"{b}.self_attn.o_proj.weight"] = (q_attn.T @ sd[f"{b}.self_attn.o_proj.weight"])[
+            :d_attn]
+        for p in ("gate", "up"):
+            sd[f"{b}.mlp.{p}_proj.weight"] = (sd[f"{b}.mlp.{p}_proj.weight"] @ q_attn)[:, :d_attn]
+        q_mlp = ortho()
+        sd[f"{b}.mlp_shortcut_Q"] = (q_attn.T @ q_mlp)[:d_attn, :d_mlp]
+        sd[f"{b}.mlp.down_proj.weight"] = (q_mlp.T @ sd[f"{b}.mlp.down_proj.weight"])[:d_mlp]
+        for key, v in (("attention_input", d_prev), ("attention_output", d_attn),
+                       ("mlp_input", d_attn), ("mlp_output", d_mlp)):
+            conf[f"{key}_dimensions"][str(i)] = v
+        q_prev, d_prev = q_mlp, d_mlp
+    fuse("model.norm", ["lm_head"])
+    sd["lm_head.weight"] = sd["lm_head.weight"] @ q_prev
+    return {k: v.float().contiguous() for k, v in sd.items()}, conf
+
+
+# ------------------------------------------------------------------ checkpoint writers
+def save_torch_state(model: nn.Module, path: Path, name: str = "pytorch_model.bin") -> Path:
+    """``model.config.save_pretrained(path)`` and ``torch.save(model.state_dict())`` as
+    ``name``: a plain pickled state dict next to its config (Trainer's and older
+    transformers' layout). Returns the weights file."""
+    model.config.save_pretrained(path)
+    torch.save(model.state_dict(), path / name)
+    return path / name
+
+
+def save_llm_pruner(model: nn.Module, path: Path, with_config: bool = True) -> Path:
+    """The whole model pickled as LLM-Pruner saves it (``torch.save({'model': model,
+    'tokenizer': ...})``), with the model's (dense) config.json unless ``with_config`` is
+    False. Returns the weights file."""
+    torch.save({"model": model, "tokenizer": None}, path / "pytorch_model.bin")
+    if with_config:
+        model.config.save_pretrained(path)  # LLM-Pruner never updates the dense sizes
+    return path / "pytorch_model.bin"
+
+
+def save_layouts(model: nn.Module, root: Path, shard_size: str = "150KB") -> dict[str, Path]:
+    """``model`` three ways under ``root``: ``single`` (one model.safetensors), ``sharded``
+    (safetensors shards of ``shard_size`` and their index) and ``torch`` (the single layout's
+    config.json and a torch.save zip of the state dict)."""
+    out = {"single": root / "single", "sharded": root / "sharded", "torch": root / "torch"}
+    model.save_pretrained(out["single"])
+    model.save_pretrained(out["sharded"], max_shard_size=shard_size)
+    out["torch"].mkdir()
+    shutil.copy(out["single"] / "config.json", out["torch"])
+    torch.save(model.state_dict(), out["torch"] / "pytorch_model.bin")
+    return out
+
+
+# ------------------------------------------------------------ proving inputs untouched
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under root with its size and mtime, to prove nothing was written."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))}
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under root by content (sha256), every link by its target and, where that is
+    a file, its content: to prove a directory's contents untouched."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        content = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
+        if p.is_symlink():
+            out[str(p.relative_to(root))] = f"-> {os.readlink(p)} {content}".rstrip()
+        elif p.is_file():
+            out[str(p.relative_to(root))] = content
+    return out
