@@ -38,8 +38,10 @@ from gac_check.checkpoint.files import open_regular
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.errors import BadInput, GacError, UnsafeCheckpoint
 
-#: data.pkl holds names and small objects only; a larger one is not a checkpoint we can walk.
-MAX_PICKLE_BYTES = 256 * 1024 * 1024
+#: data.pkl holds names and small objects only (a whole pickled model with a slow tokenizer's
+#: vocabulary: tens of MB); a larger one is refused before it is inflated, which bounds memory
+#: (zipfile briefly holds it twice: about 130 MiB at the cap).
+MAX_PICKLE_BYTES = 64 * 1024 * 1024
 #: Opcodes executed before the walk is refused: a state dict needs ~30 per tensor and a whole
 #: pickled model with a slow tokenizer's vocabulary a few million; 250 MiB of one-byte opcodes
 #: compresses into a 250 KB archive and would otherwise run for minutes.
