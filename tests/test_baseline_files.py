@@ -178,3 +178,25 @@ def test_alpha_is_the_callers(relative):
     assert base.compare(current).status == stats.UNCHANGED
     loose = base.compare(current, alpha=0.2)
     assert loose.status == stats.REGRESSED and loose.p_value == pytest.approx(0.1)
+
+
+def test_the_present_cpu_fingerprint():
+    """What a CPU baseline is keyed and refused by: this CPU, its ISA, torch without the local
+    build suffix ("2.13.0+cpu" is the same stack as "2.13.0"), one thread unless told."""
+    import torch
+
+    from gac_check import profiles
+
+    fp = baselines.present_fingerprint("cpu")
+    assert (fp.kind, fp.device, fp.isa) == ("cpu", profiles.cpu_name(), profiles.cpu_isa())
+    assert fp.torch == torch.__version__.split("+")[0] and "+" not in fp.torch
+    assert fp.threads == 1 and baselines.present_fingerprint("cpu", threads=4).threads == 4
+    assert fp.capability is None and fp.cuda is None
+
+
+def test_a_relative_verdict_keeps_the_callers_factor():
+    stored, current = measured([1.0, 1.0]), measured([1.0, 1.0])
+    stored.relative, stored.reference = [1.3] * 6, "ref"
+    current.relative, current.reference = [1.3] * 6, "ref"
+    v = Baseline("cpu", CPU, {CASE: stored}).compare(current, factor=1.07)
+    assert v.status == stats.UNCHANGED and v.factor == 1.07 and "relative to ref" in v.reason
