@@ -1,15 +1,16 @@
 """Exact zero-padding repair, the writer: stream a padded, loadable checkpoint to OUT.
 
-The writer streams: it reads one tensor's bytes at a time (byte ranges for safetensors, the
-archive member for torch zip files), pads it, writes it, and copies untouched tensors byte for
-byte, so peak memory is about twice the largest padded tensor whatever the model's size. OUT
+The writer streams: a safetensors tensor, padded or not, is a list of source byte ranges and
+zero runs (:meth:`~gac_check.repair.plan.TensorEdit.byte_pieces`) that go into the output file's
+buffers (:class:`~gac_check.repair.sink.Sink`: aligned, written with O_DIRECT beside the
+reading), so peak memory is those few buffers whatever the model's size; only a tensor that must
+be rescaled, or one read from a torch zip archive, is materialised (about twice its size). OUT
 appears all at once (:func:`gac_check.checkpoint.outdir.atomic_output_dir`) or not at all.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
 from gac_check.repair.plan import ConfigEdit, RepairPlan, TensorEdit
+from gac_check.repair.sink import Sink
 
 #: The provenance file every repaired directory carries (what was padded, what was refused).
 PROVENANCE = "gac-repair.json"
@@ -35,13 +37,8 @@ PICKLE_NOTE = (
     "written, so the output holds the same tensors as safetensors (a state dict) plus config"
 )
 ST_DTYPES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
-#: Writes go out in pieces of a few MiB: on this project's VMs dd ran 5x slower at bs=64M than
-#: at bs=1M, and a few MiB was never slower than whole-tensor writes in our timings.
-WRITE_CHUNK = 4 << 20
-#: Source pieces at least this large on average go file to file (copy_file_range).
-COPY_PIECE = 256 << 10
-#: Buffers per writev call (Linux's IOV_MAX is 1024).
-IOV_BATCH = 1024
+#: Zero padding is copied into the output from blocks of at most this size.
+ZERO_BLOCK = 1 << 20
 
 
 # ---------------------------------------------------------------------------------- applying
@@ -309,7 +306,7 @@ def _write_file(dst: Path, entries: list[_Entry], metadata: dict | None,
         offset += e.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(len(raw) + 8) % 8)  # data starts 8-byte aligned, as safetensors writes
-    with dst.open("wb") as out:
+    with Sink(dst) as out:
         out.write(len(raw).to_bytes(8, "little") + raw)
         for e in entries:
             _write_tensor(out, e)
@@ -317,11 +314,11 @@ def _write_file(dst: Path, entries: list[_Entry], metadata: dict | None,
     return offset
 
 
-def _write_tensor(out, e: _Entry) -> None:
+def _write_tensor(out: Sink, e: _Entry) -> None:
     info = e.info
     if info.storage is None and (e.edit is None or not e.edit.scaled):
         if e.edit is None:
-            _copy_range(info.file, info.begin, info.end - info.begin, out)
+            out.read(info.file, info.begin, info.end - info.begin)
         else:
             _write_pieces(out, info, e.edit.byte_pieces(_nbytes(info) // max(info.numel, 1)))
         return
@@ -334,9 +331,7 @@ def _write_tensor(out, e: _Entry) -> None:
     if data.numel():
         import torch
 
-        raw = memoryview(data.view(torch.uint8).numpy())
-        for i in range(0, len(raw), WRITE_CHUNK):
-            out.write(raw[i:i + WRITE_CHUNK])
+        out.write(data.view(torch.uint8).numpy())
 
 
 def _zeros(n: int) -> bytes:
@@ -344,73 +339,15 @@ def _zeros(n: int) -> bytes:
     return bytes(n)
 
 
-def _write_pieces(out, info: TensorInfo, pieces: list[tuple[int | None, int]]) -> None:
-    """Padded bytes without a tensor: large source pieces copied file to file in the kernel,
-    small ones (one row of a column-padded matrix) sliced from one read of the source."""
-    sources = [n for src, n in pieces if src is not None]
-    if sources and sum(sources) / len(sources) >= COPY_PIECE:
-        for src, n in pieces:
-            if src is None:
-                _write_zeros(out, n)
-            else:
-                _copy_range(info.file, info.begin + src, n, out)
-        return
-    buf = bytearray(info.end - info.begin)
-    with info.file.open("rb") as fh:
-        fh.seek(info.begin)
-        if fh.readinto(buf) != len(buf):
-            raise BadInput(f"is truncated inside tensor {info.name!r}", info.file)
-    view = memoryview(buf)
-    out.flush()
-    fd = out.fileno()
+def _write_pieces(out: Sink, info: TensorInfo, pieces: list[tuple[int | None, int]]) -> None:
+    """Padded bytes without a tensor: source pieces read from the file straight into the
+    output buffer (one ``preadv`` for a run of rows), zero pieces copied in between."""
     zero_cache: dict[int, bytes] = {}
-    iov: list = []
     for src, n in pieces:
-        iov.append(zero_cache.setdefault(n, _zeros(n)) if src is None else view[src:src + n])
-        if len(iov) == IOV_BATCH:
-            _writev_all(fd, iov)
-            iov = []
-    _writev_all(fd, iov)
-
-
-def _writev_all(fd: int, iov: list) -> None:
-    """os.writev until every buffer is out (a write may stop short)."""
-    first = 0
-    while first < len(iov):
-        done = os.writev(fd, iov[first:] if first else iov)
-        while first < len(iov) and done >= len(iov[first]):
-            done -= len(iov[first])
-            first += 1
-        if done:
-            iov[first] = memoryview(iov[first])[done:]
-
-
-def _write_zeros(out, n: int) -> None:
-    while n > 0:
-        k = min(n, WRITE_CHUNK)
-        out.write(_zeros(k))
-        n -= k
-
-
-def _copy_range(src: Path, begin: int, length: int, out) -> None:
-    """Copy bytes file to file in the kernel where it can (no user-space buffer)."""
-    out.flush()
-    with src.open("rb") as fh:
-        done = 0
-        copy = getattr(os, "copy_file_range", None)
-        if copy is not None:
-            try:
-                while done < length:
-                    n = copy(fh.fileno(), out.fileno(), length - done, begin + done)
-                    if n == 0:
-                        break
-                    done += n
-            except OSError:
-                pass  # other filesystems: fall back to a buffered copy of what is left
-        fh.seek(begin + done)
-        while done < length:
-            chunk = fh.read(min(64 << 20, length - done))
-            if not chunk:
-                raise BadInput("is truncated", src)
-            out.write(chunk)
-            done += len(chunk)
+        if src is not None:
+            out.read(info.file, info.begin + src, n)
+            continue
+        while n > 0:
+            k = min(n, ZERO_BLOCK)
+            out.write(zero_cache.get(k) or zero_cache.setdefault(k, _zeros(k)))
+            n -= k
