@@ -335,6 +335,35 @@ def tensor_call(node: Node) -> TensorCall | None:
     return TensorCall(node, pid.items[2].value, pid.items[4], args[1], args[2], args[3])
 
 
+def walk(root: Node) -> Iterator[Node]:
+    """Every node reachable from ``root``, each once (memo reads make the tree a DAG)."""
+    todo, seen = [root], set()
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if len(seen) > MAX_VISITS:
+            raise BadInput(f"data.pkl builds more than {MAX_VISITS} objects")
+        yield node
+        todo.extend(node.items)
+        for k, v in node.pairs:
+            todo += [k, v]
+        if node.state is not None:
+            todo.append(node.state)
+
+
+def tensor_calls(root: Node) -> dict[str, list[TensorCall]]:
+    """Every tensor rebuild in the pickle, by storage key (two calls on one key share data)."""
+    out: dict[str, list[TensorCall]] = {}
+    for node in walk(root):
+        if node.call_of() in REBUILD_TENSOR:
+            call = tensor_call(node)
+            if call is not None:
+                out.setdefault(call.key, []).append(call)
+    return out
+
+
 def is_module(node: Node) -> bool:
     """An nn.Module's object node: its state dict has _parameters and _modules."""
     return node.kind == "obj" and node.state is not None and node.state.kind == "dict" and \
@@ -469,22 +498,20 @@ def _stamp(path: Path) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=8)
 def _pickled_model(key: tuple, names: tuple) -> PickledModel | None:
-    by_storage = {(file, storage): name for file, storage, name in names}
     attributes: dict[str, dict[str, Any]] = {}
     buffers: dict[str, tuple[int, ...]] = {}
     config: dict[str, Any] = {}
     found = False
     for file, *_ in key:
         prefix, data = read_data_pkl(Path(file))
-        mods = modules(parse(data).root)
-        if not mods:
+        index = module_index(parse(data).root, prefix,
+                             {storage: name for f, storage, name in names if f == file})
+        if not index:
             continue
         found = True
-        shift = _name_prefix(mods, prefix, {s: n for (f, s), n in by_storage.items()
-                                            if f == file})
-        config = config or object_fields(mods[0].attribute("config"))
-        for mod in mods:
-            path = shift + mod.path if mod.path else shift.rstrip(".")
+        outermost = min(index, key=len)
+        config = config or object_fields(index[outermost].attribute("config"))
+        for path, mod in index.items():
             attributes[path] = object_fields(mod.node)
             for name, node in mod.buffers():
                 call = tensor_call(node)
@@ -492,6 +519,18 @@ def _pickled_model(key: tuple, names: tuple) -> PickledModel | None:
                     dims = tuple(scalar(n) for n in call.size.items)
                     buffers[f"{path}.{name}" if path else name] = dims  # type: ignore[assignment]
     return PickledModel(attributes, buffers, config) if found else None
+
+
+def module_index(root: Node, prefix: str, names: dict[str, str]) -> dict[str, ModuleNode]:
+    """Every pickled module by the path its tensors are named under (``model.layers.0.mlp``).
+
+    ``names`` maps archive storage members (``archive/data/3``) to the walker's tensor names;
+    a parameter's storage ties the two namings, since the walker may have stepped into a
+    wrapper (``{'model': m}``) or not.
+    """
+    mods = modules(root)
+    shift = _name_prefix(mods, prefix, names)
+    return {(shift + m.path) if m.path else shift.rstrip("."): m for m in mods}
 
 
 def _name_prefix(mods: list[ModuleNode], prefix: str, by_storage: dict[str, str]) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gac_check.checkpoint.index import SAFETENSORS_DTYPES, Checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.outdir import (
     atomic_output_dir,
     check_output_dir,
@@ -27,16 +27,12 @@ from gac_check.checkpoint.outdir import (
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
+from gac_check.repair.pickled import prepare_pickled
 from gac_check.repair.plan import ConfigEdit, RepairPlan, TensorEdit
 from gac_check.repair.sink import Sink
 
 #: The provenance file every repaired directory carries (what was padded, what was refused).
 PROVENANCE = "gac-repair.json"
-PICKLE_NOTE = (
-    "the input is a pickled torch checkpoint; a whole-model pickle cannot and must not be "
-    "written, so the output holds the same tensors as safetensors (a state dict) plus config"
-)
-ST_DTYPES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 #: Zero padding is copied into the output from blocks of at most this size.
 ZERO_BLOCK = 1 << 20
 
@@ -119,14 +115,15 @@ def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
     _check_plan_fits(repair_plan, ckpt)
     notes = list(extra_notes)
     progress = progress or Progress(sum(_nbytes(t) for t in ckpt.tensors.values()))
+    # a torch pickle is rewritten in its own layout; what cannot be is refused before OUT exists
+    pickled = prepare_pickled(repair_plan, ckpt) if ckpt.container != "safetensors" else None
     with atomic_output_dir(out, force) as tmp:
-        if ckpt.container == "safetensors":
+        if pickled is None:
             files = _write_safetensors_shards(repair_plan, ckpt, tmp, progress)
-            container_out = "safetensors"
         else:
-            files = _write_converted(repair_plan, ckpt, tmp, progress)
-            container_out = "safetensors (converted from a torch pickle)"
-            notes.append(PICKLE_NOTE)
+            files = pickled.write(tmp, progress.advance)
+            notes.append(pickled.note)
+        container_out = ckpt.container
         sidecars, sidecar_changes = _edited_sidecars(repair_plan, ckpt)
         for name, data in sidecars.items():
             (tmp / name).write_text(json.dumps(data, indent=2) + "\n")
@@ -243,38 +240,9 @@ def _write_safetensors_shards(repair_plan: RepairPlan, ckpt: Checkpoint, tmp: Pa
         files.append(src.name)
     index = ckpt.path / "model.safetensors.index.json"
     if index.exists():
-        _write_index(index, tmp / index.name, None, sum(sizes.values()))
+        _write_index(index, tmp / index.name, sum(sizes.values()))
         files.append(index.name)
     return files
-
-
-def _write_converted(repair_plan: RepairPlan, ckpt: Checkpoint, tmp: Path,
-                     progress: Progress) -> list[str]:
-    """Torch zip shards become safetensors shards of the same stem (model-0000x-of-0000y)."""
-    renamed = {f.name: _safetensors_name(f.name) for f in ckpt.files}
-    files, total = [], 0
-    for src in ckpt.files:
-        infos = [i for i in ckpt.tensors.values() if i.file == src]
-        entries = []
-        for i in infos:
-            if i.dtype not in ST_DTYPES:
-                raise BadInput(f"tensor {i.name!r} has dtype {i.dtype}, which safetensors "
-                               "cannot hold", src)
-            entries.append(_entry(i, ST_DTYPES[i.dtype], repair_plan.edits.get(i.name)))
-        total += _write_file(tmp / renamed[src.name], entries, {"format": "pt"}, progress)
-        files.append(renamed[src.name])
-    index = ckpt.path / "pytorch_model.bin.index.json"
-    if index.exists():
-        _write_index(index, tmp / "model.safetensors.index.json", renamed, total)
-        files.append("model.safetensors.index.json")
-    return files
-
-
-def _safetensors_name(name: str) -> str:
-    stem = name.rsplit(".", 1)[0]
-    if stem.startswith("pytorch_model"):
-        stem = "model" + stem[len("pytorch_model"):]
-    return stem + ".safetensors"
 
 
 def _entry(info: TensorInfo, st_dtype: str, edit: TensorEdit | None) -> _Entry:
@@ -283,11 +251,8 @@ def _entry(info: TensorInfo, st_dtype: str, edit: TensorEdit | None) -> _Entry:
     return _Entry(info, st_dtype, shape, math.prod(shape) * itemsize, edit)
 
 
-def _write_index(src: Path, dst: Path, renamed: dict[str, str] | None, total: int) -> None:
+def _write_index(src: Path, dst: Path, total: int) -> None:
     index = json.loads(src.read_text(encoding="utf-8"))
-    if renamed is not None:
-        index["weight_map"] = {k: renamed.get(Path(v).name, v)
-                               for k, v in index["weight_map"].items()}
     meta = index.get("metadata") if isinstance(index.get("metadata"), dict) else {}
     index["metadata"] = {**meta, "total_size": total}
     dst.write_text(json.dumps(index, indent=2) + "\n")

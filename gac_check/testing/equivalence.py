@@ -165,15 +165,16 @@ def check_palu(tiny: TinyModel, group_size: int, ranks: list[list[int]],
 
 def check_svdllm(tiny: TinyModel, rank: int, tmp: Path, pickle: bool) -> tuple[float, float]:
     """SVD-LLM layout (X_u_proj / X_v_proj), as safetensors or as a pickled state dict (which
-    the repair rewrites as safetensors, never as a pickle)."""
+    the repair rewrites in place: the same file name, still a torch pickle)."""
     model = tiny.build(seed=4)
     names = [n for n, m in model.named_modules()
              if isinstance(m, nn.Linear) and ".layers." in n and n.endswith("_proj")]
     state = svdllm_state(model, {n: rank for n in names})
     src = write_layout(model, state, tmp / "svdllm", pickle=pickle)
     report = repaired(src, tmp / "fixed", "minimal")
-    assert report.container_out.startswith("safetensors")
-    assert not list((tmp / "fixed").glob("*.bin"))
+    assert report.container_out == ("torch-zip" if pickle else "safetensors")
+    assert sorted(p.name for p in (tmp / "fixed").glob("*.*") if p.suffix != ".json") == [
+        "pytorch_model.bin" if pickle else "model.safetensors"]
     ids = inputs(tiny.kwargs["vocab_size"])
     return assert_equivalent(run(load_model(src), ids), run(load_model(tmp / "fixed"), ids),
                              f"SVD-LLM rank {rank} ({'pickle' if pickle else 'safetensors'})")

@@ -1,0 +1,75 @@
+"""The symbolic pickle rewrite on the layouts torch.save can produce: protocol 4 (FRAME
+opcodes, which count bytes), tensors that are views at an offset into a larger storage, and
+storages two tensors share where neither is padded. Each repaired file is loaded back with
+``torch.load`` (files this test wrote) and compared value by value."""
+from __future__ import annotations
+
+import json
+import pickletools
+import zipfile
+from pathlib import Path
+
+import torch
+
+from gac_check.cli.repair import repair_dir
+from tests.compressors import tiny_llama
+
+
+def data_pkl(path: Path) -> bytes:
+    with zipfile.ZipFile(path) as zf:
+        return zf.read(next(n for n in zf.namelist() if n.endswith("/data.pkl")))
+
+
+def write(root: Path, protocol: int, view: bool, tie: bool) -> dict[str, torch.Tensor]:
+    model = tiny_llama(2, intermediate_size=37, tie_word_embeddings=tie)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if view:  # up_proj lives at an offset inside a storage no other tensor uses
+        w = state["model.layers.0.mlp.up_proj.weight"]
+        big = torch.cat([torch.randn(100), w.reshape(-1), torch.randn(7)])
+        state["model.layers.0.mlp.up_proj.weight"] = big[100:100 + w.numel()].view(w.shape)
+    if tie:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps(model.config.to_dict()))
+    torch.save(state, root / "pytorch_model.bin", pickle_protocol=protocol)
+    return state
+
+
+def padded_equal(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """``after`` holds ``before`` in its leading corner and zeros elsewhere."""
+    corner = tuple(slice(0, n) for n in before.shape)
+    rest = after.clone()
+    rest[corner] = 0
+    return torch.equal(after[corner], before) and not rest.any()
+
+
+def test_protocol_4_views_and_shared_storage(tmp_path):
+    state = write(tmp_path / "src", protocol=4, view=True, tie=True)
+    assert any(op.name == "FRAME" for op, _, _ in pickletools.genops(
+        data_pkl(tmp_path / "src" / "pytorch_model.bin")))
+    repair_dir(tmp_path / "src", tmp_path / "out", "gpu", dtype="float16")
+    # torch's weights-only unpickler lacks protocol 4's MEMOIZE; this test wrote the input
+    got = torch.load(tmp_path / "out" / "pytorch_model.bin", weights_only=False)
+    assert list(got) == list(state)
+    for name, before in state.items():
+        after = got[name]
+        if "mlp" in name:
+            assert after.shape != before.shape and 40 in after.shape, name
+        assert padded_equal(before, after), name
+    up = got["model.layers.0.mlp.up_proj.weight"]
+    assert up.storage_offset() == 0 and up.untyped_storage().nbytes() == up.numel() * 4
+    assert got["lm_head.weight"].data_ptr() == got["model.embed_tokens.weight"].data_ptr()
+    assert not any(op.name == "FRAME" for op, _, _ in pickletools.genops(
+        data_pkl(tmp_path / "out" / "pytorch_model.bin")))
+
+
+def test_untouched_tensors_keep_their_bytes(tmp_path):
+    """Every record but data.pkl and the padded tensors' storages is copied byte for byte."""
+    write(tmp_path / "src", protocol=2, view=False, tie=False)
+    repair_dir(tmp_path / "src", tmp_path / "out", "gpu", dtype="float16")
+    with zipfile.ZipFile(tmp_path / "src" / "pytorch_model.bin") as a, \
+            zipfile.ZipFile(tmp_path / "out" / "pytorch_model.bin") as b:
+        assert a.namelist() == b.namelist()
+        changed = [n for n in a.namelist() if a.read(n) != b.read(n)]
+    assert len(changed) == 7 and changed[0].endswith("/data.pkl")  # + gate/up/down x 2 layers
+    assert all("/data/" in n for n in changed[1:])
