@@ -10,7 +10,7 @@ from gac_check.checkpoint.outdir import check_output_dir
 from gac_check.cli.exits import exit_code
 from gac_check.cli.fixing import plan_fix_outputs, write_fix_outputs
 from gac_check.errors import BadInput
-from gac_check.realign.factors import RealignReport, realign
+from gac_check.realign.factors import RealignReport, rank_alignment, realign
 from gac_check.report.realign import render_realign
 
 
@@ -35,16 +35,39 @@ def run_realign(args: argparse.Namespace) -> int:
     return exit_code(remaining, args.fail_on)
 
 
+#: What to run instead of --realign, per format it cannot rewrite.
+INSTEAD = {
+    "palu": "run --repair OUT instead: it pads each group latent r_g exactly, in PaLU's own "
+            "layout (VT/U, head_wise_ranks), loadable with PaLU's from_pretrained; or re-run "
+            "PaLU's compress.py so that every r_g is a multiple of {align}",
+    "svd-llm": "run --repair OUT instead: it pads every rank exactly, in SVD-LLM's own layout "
+               "(a pickled {{'model', 'tokenizer'}} stays one, u/v factors padded), loadable "
+               "with torch.load as SVD-LLM's users do; or re-run SVDLLM.py with ratios whose "
+               "ranks are multiples of {align}",
+}
+
+
+def not_realignable(fmt: str, align: int) -> str:
+    """Why --realign refuses a format, and the command that fixes it instead."""
+    head = (f"is in {fmt} format; --realign re-selects ranks only in the ASVD layout "
+            "(BLinear/ALinear + truncation_ranks)")
+    advice = INSTEAD.get(fmt, "it has no low-rank factors to re-select; run --repair OUT to "
+                         "zero-pad its misaligned sizes exactly in its own layout")
+    return f"{head}; {advice.format(align=align)}"
+
+
 def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: str = "auto",
                 dtype: str | None = None, budget: str = "same", strategy: str = "minimal",
                 force: bool = False, calib: Path | None = None, progress: bool = True
                 ) -> RealignReport:
-    """Check ``model_dir`` and write its realigned model to ``out`` (ASVD layout only)."""
+    """Check ``model_dir`` and write its realigned model to ``out`` (ASVD layout only; other
+    formats are refused with what to run instead, before anything is written)."""
     inputs = [Path(model_dir)] + ([Path(base_dir)] if base_dir else [])
     check_output_dir(Path(out), force, *inputs)
     result = check(model_dir, gpu, dtype)
     if result.format.name != "asvd":
-        raise BadInput(f"is in {result.format.name} format; --realign writes ASVD-layout "
-                       "low-rank models (ours and ASVD's)", result.checkpoint.path)
+        raise BadInput(not_realignable(result.format.name,
+                                       rank_alignment(result.contract, strategy)),
+                       result.checkpoint.path)
     return realign(result.checkpoint, result.sites, result.contract, Path(out), base_dir,
                    budget, strategy, force, calib, progress)
