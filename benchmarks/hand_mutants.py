@@ -13,7 +13,8 @@ longer in the file is reported "stale" (the code moved on; rewrite or drop the m
     python benchmarks/hand_mutants.py --only torchzip --against tests/test_torchzip.py
 
 The working tree is never modified: everything happens in a temporary copy (tracked and
-untracked, not ignored, files), imported through PYTHONPATH ahead of the editable install.
+untracked, not ignored, files; ``--head``: the committed tree), imported through PYTHONPATH
+ahead of the editable install.
 Exit status 1 when a mutant survives or the unmutated tests fail. Figures: benchmarks/RESULTS.md
 ("Mutation score").
 """
@@ -47,6 +48,8 @@ STATS, BASELINES = "gac_check/bench/stats.py", "gac_check/bench/baselines.py"
 TZ, TZA = "gac_check/checkpoint/torchzip.py", "tests/test_torchzip_allowlist.py"
 PLAN, WRITE, SITES = "gac_check/repair/plan.py", "gac_check/repair/write.py", "gac_check/sites.py"
 RS = "tests/test_repair_shards.py"
+PICKLED, TZW = "gac_check/repair/pickled.py", "gac_check/checkpoint/torchzip_write.py"
+RT, TW = "tests/test_roundtrip_compressors.py", "tests/test_torchzip_write.py"
 KS, KB = "gac_check/realign/knapsack.py", "tests/test_knapsack_budget.py"
 FACTORS, CAL = "gac_check/realign/factors.py", "gac_check/realign/calibration.py"
 RP = "tests/test_realign_properties.py"
@@ -126,16 +129,21 @@ MUTANTS = [
     Mutant("repair", "safetensors index total_size from the last shard only", WRITE,
            "_write_index(index, tmp / index.name, None, sum(sizes.values()))",
            "_write_index(index, tmp / index.name, None, sizes[src.name])", (RS,)),
-    Mutant("repair", "converted shards: total_size from the last shard only", WRITE,
-           "total += _write_file(tmp / renamed[src.name]", "total = _write_file(tmp / "
-           "renamed[src.name]", (RS,)),
-    Mutant("repair", "converted index keeps the .bin shard names", WRITE,
-           "{k: renamed.get(Path(v).name, v)", "{k: v", (RS,)),
-    Mutant("repair", "converted index written under the pickled index's name", WRITE,
-           '_write_index(index, tmp / "model.safetensors.index.json", renamed, total)',
-           "_write_index(index, tmp / index.name, renamed, total)", (RS,)),
-    Mutant("repair", "converted shard names lose their numbers", WRITE,
-           'stem = "model" + stem[len("pytorch_model"):]', 'stem = "model"', (RS,)),
+    Mutant("repair", "pickled shards: total_size counted from the first shard only", PICKLED,
+           "for rw in self.archives:\n            for name, shape in rw.shapes.items():",
+           "for rw in self.archives[:1]:\n            for name, shape in rw.shapes.items():",
+           (RS,)),
+    Mutant("repair", "pickle rewrite keeps the storage size of the unpadded tensor", TZW,
+           "(call.offset, 0), (call.numel, math.prod(shape))]", "(call.offset, 0)]", (RT,)),
+    Mutant("repair", "pickle rewrite keeps the view's storage offset", TZW,
+           "(call.offset, 0), (call.numel", "(call.numel", (TW,)),
+    Mutant("repair", "FRAME opcodes kept after lengths change", TZW,
+           'cuts.update({pos: (end, b"") for pos, end in frames})', "pass", (TW,)),
+    Mutant("repair", "nn.Linear in_features/out_features left at the old size", PICKLED,
+           "for attr, axis in WEIGHT_ATTRIBUTES:", "for attr, axis in WEIGHT_ATTRIBUTES[2:]:",
+           (RT,)),
+    Mutant("repair", "a padded tensor sharing its storage rewritten anyway", TZW,
+           "if others or len(found) != 1 or found[0].call.gets:", "if False:", (RT,)),
     Mutant("repair", "zero insertions applied in the order the sites came", PLAN,
            "for pos, count in sorted(self.inserts):", "for pos, count in self.inserts:", (RS,)),
     Mutant("repair", "per-head padding counted once, not per block", SITES,
@@ -194,11 +202,50 @@ MUTANTS = [
     Mutant("contract", "published tables read as measured", EVIDENCE,
            'sweeps += sweeps_of(published.packaged(gpu), PUBLISHED, "published")',
            'sweeps += sweeps_of(published.packaged(gpu), MEASURED, "published")', (CE,)),
+    # ----------------------------------------- elsewhere: the same kind of gap, other modules
+    Mutant("elsewhere", "ASVD rank rounded instead of floored", "gac_check/models/compress.py",
+           "return max(1, int(out_features * in_features * ratio) // (in_features + "
+           "out_features))",
+           "return max(1, round(out_features * in_features * ratio / (in_features + "
+           "out_features)))", ("tests/test_compress.py",)),
+    Mutant("elsewhere", "layer numbers sorted as text (layer 10 before 9)", SITES,
+           '[(0, int(t), "") if t.isdigit() else (1, 0, t) for t in parts]',
+           '[(1, 0, t) for t in parts]', ("tests/test_site_order.py",)),
+    Mutant("elsewhere", "GPT-style '.h.N' layers not recognised", SITES,
+           'if p in ("layers", "layer", "h", "blocks") and nxt.isdigit():',
+           'if p in ("layers", "layer") and nxt.isdigit():', ("tests/test_site_order.py",)),
+    Mutant("elsewhere", "measured modulus matters on one significant pair",
+           "gac_check/contract/measured.py",
+           "and self.significant * 3 >= self.pairs * 2)", "and self.significant >= 1)",
+           ("tests/test_measured_edges.py",)),
+    Mutant("elsewhere", "measured rules: every effect graded an error",
+           "gac_check/contract/measured.py",
+           "severity = ERROR if e.rescue >= 1 + ERROR_GAIN else WARNING", "severity = ERROR",
+           ("tests/test_measured_edges.py",)),
+    Mutant("elsewhere", "forced-backend SDPA families judged like the default dispatch",
+           "gac_check/contract/measured.py",
+           '        if kind == "sdpa" and params.get("backend", "default") != sdpa_backend:\n'
+           "            continue\n", "", ("tests/test_measured_edges.py",)),
+    Mutant("elsewhere", "pairs of a larger power of two credited to a modulus",
+           "gac_check/contract/measured.py",
+           "return pow2 == m or (m == MODULI[-1] and pow2 >= m)", "return pow2 >= m",
+           ("tests/test_measured_edges.py",)),
+    Mutant("elsewhere", "perf gate on a CPU uses the GPU's quantile", "gac_check/plugin/perf.py",
+           'q = GPU_Q if target.device == "cuda" else CPU_Q', "q = GPU_Q", (V,)),
+    Mutant("elsewhere", "perf gate on a CPU uses the GPU's factor", "gac_check/plugin/perf.py",
+           "GPU_PERF_FACTOR if target.device == \"cuda\" else CPU_PERF_FACTOR)",
+           "GPU_PERF_FACTOR)", (V,)),
 ]
 
 
-def copy_tree(dst: Path) -> None:
-    """Tracked and untracked (not ignored) files of the working tree, as they are now."""
+def copy_tree(dst: Path, head: bool = False) -> None:
+    """Tracked and untracked (not ignored) files of the working tree, as they are now; with
+    ``head``, the committed tree only (what a figure quoted with a commit measured)."""
+    if head:
+        archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dst)], input=archive, check=True)
+        return
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
                              "--exclude-standard"], cwd=ROOT, capture_output=True, check=True)
     for rel in filter(None, listed.stdout.decode().split("\0")):
@@ -225,6 +272,8 @@ def main() -> int:
     ap.add_argument("--only", help="run one group")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per test run")
+    ap.add_argument("--head", action="store_true",
+                    help="mutate the committed tree (HEAD), not the working tree")
     ap.add_argument("--against", nargs="+", metavar="TEST",
                     help="run these tests instead of each mutant's own (what did the suite "
                          "catch before a test file existed?)")
@@ -239,7 +288,7 @@ def main() -> int:
     results: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="gac-mutants-") as tmp:
         tree = Path(tmp)
-        copy_tree(tree)
+        copy_tree(tree, args.head)
         for tests in sorted({m.tests for m in chosen}):
             rc, _ = run_tests(tree, tests, args.timeout)
             if rc != 0:

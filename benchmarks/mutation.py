@@ -11,8 +11,9 @@ whole package, each tied to the tests that must catch it.
     python benchmarks/mutation.py --only stats --survivors
 
 Everything happens in a scratch copy of the working tree (tracked and untracked, not ignored,
-files) with mutmut's configuration written into the copy's setup.cfg, so the repository's own
-configuration and files are never touched. Figures: benchmarks/RESULTS.md ("Mutation score").
+files; ``--head``: the committed tree) with mutmut's configuration written into the copy's
+setup.cfg, so the repository's own configuration and files are never touched. Figures:
+benchmarks/RESULTS.md ("Mutation score").
 """
 from __future__ import annotations
 
@@ -55,12 +56,12 @@ def config(modules: list[str], tests: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(name: str, children: int, survivors: bool) -> dict:
+def run(name: str, children: int, survivors: bool, head: bool) -> dict:
     modules, tests = TARGETS[name]
     exe = mutmut()
     with tempfile.TemporaryDirectory(prefix=f"gac-mutmut-{name}-") as tmp:
         tree = Path(tmp)
-        copy_tree(tree)
+        copy_tree(tree, head)
         (tree / "setup.cfg").write_text(config(modules, tests))
         t0 = time.perf_counter()
         subprocess.run([exe, "run", "--max-children", str(children)], cwd=tree,
@@ -90,9 +91,11 @@ def main() -> int:
     ap.add_argument("--only", choices=sorted(TARGETS))
     ap.add_argument("--children", type=int, default=2, help="mutants run at once")
     ap.add_argument("--survivors", action="store_true", help="print each survivor's diff")
+    ap.add_argument("--head", action="store_true",
+                    help="mutate the committed tree (HEAD), not the working tree")
     args = ap.parse_args()
     for name in [args.only] if args.only else list(TARGETS):
-        r = run(name, args.children, args.survivors)
+        r = run(name, args.children, args.survivors, args.head)
         print(f"{name}: {r['killed']} killed + {r['timeout']} timed out of {r['total']} "
               f"mutants = {r['score']:.1%}; {r['survived']} survived "
               f"({', '.join(r['modules'])}; {r['seconds']} s)")

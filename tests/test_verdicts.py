@@ -260,3 +260,26 @@ def test_the_perf_gate_refuses_a_cpu_baseline_of_another_isa(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     assert "1 skipped" in res.stdout
     assert "different device" in res.stdout and "isa" in res.stdout, res.stdout[-2000:]
+
+
+DEFAULTS_TEST = '''
+from gac_check.profiles import CPU_PERF_FACTOR
+
+
+def test_defaults(gac_bench, request):
+    given = request.config.getoption("--gac-perf-factor")
+    assert gac_bench.session.factor == (given or CPU_PERF_FACTOR)
+    assert gac_bench.session.q == 0.0  # the minimum: interference on a CPU only adds time
+'''
+
+
+@pytest.mark.parametrize("factor", [None, "1.3"])
+def test_on_a_cpu_the_gate_uses_the_cpus_factor_and_quantile(tmp_path, factor):
+    (tmp_path / "test_defaults.py").write_text(DEFAULTS_TEST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS"))}
+    env["GAC_BASELINES_DIR"] = str(tmp_path / "baselines")
+    extra = ["--gac-perf-factor", factor] if factor else []
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                          "--gac-gpu", "cpu", *extra, "test_defaults.py"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0 and "1 passed" in res.stdout, res.stdout[-3000:]
