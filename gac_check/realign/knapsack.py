@@ -24,6 +24,16 @@ combines those merged groups with the few irregular matrices (a band that holds 
 option, a custom candidate set). Every elimination is a proof, so the result is optimal; scipy's
 MILP (HiGHS) and brute force are the cross-checks; they live in
 :mod:`gac_check.testing.knapsack`, which only tests and benchmarks need.
+
+The worst case is bounded. Where the bound proves little (flat or tied spectra, whose
+Lagrangian bound sits far below any integer plan; tiny cost units, when rows + columns differ
+per matrix), the DP of step (4) could need billions of cells. Its size is counted before it
+runs: past ``work_limit`` cells (:data:`WORK_LIMIT`, about a second here) or
+:data:`TABLE_LIMIT` bytes of tables, the solver returns its best incumbent instead (the greedy,
+then leftover budget spent on any candidate, not only hull vertices) with ``optimal=False``
+and the Lagrangian bound, so :attr:`RankPlan.gap` is a proven bound on how far it can be from
+the optimum. The limit counts cells, not seconds, so the same
+instance gets the same plan on any machine.
 """
 from __future__ import annotations
 
@@ -38,6 +48,14 @@ from gac_check.errors import BadInput
 
 DENSE = "dense"
 DEFAULT_ALIGN = 8
+#: DP cells (budget units x options) the exact step may touch: about 1 s on a 2-core VM.
+WORK_LIMIT = 1_000_000_000
+#: Cells charged per option visited (the Python loop's own cost, about 1 us).
+OPTION_CELLS = 1_000
+#: Bytes of DP tables the exact step may hold.
+TABLE_LIMIT = 200 << 20
+#: Moves the incumbent's leftover budget may buy (each costs one pass over all candidates).
+FILL_MOVES = 64
 
 Rank = int | str  # an int rank, or DENSE
 
@@ -136,7 +154,8 @@ class RankPlan:
     """A rank per matrix, with the budget it was chosen under and how it was chosen.
 
     ``lower_bound`` is a proven bound on the best objective (the Lagrangian bound for the exact
-    solver); ``optimal`` says whether the method proves this plan is a best one.
+    solver); ``optimal`` says whether the method proves this plan is a best one. When it is not
+    (the solver's work limit was reached), :attr:`gap` bounds how much better a plan can be.
     """
 
     choices: tuple[Choice, ...]
@@ -159,6 +178,23 @@ class RankPlan:
         return math.fsum(c.retained for c in self.choices)
 
     @property
+    def gap(self) -> float | None:
+        """Proven bound on objective - optimum: 0 when optimal, None without a lower bound."""
+        if self.optimal:
+            return 0.0
+        if self.lower_bound is None:
+            return None
+        return max(self.objective - self.lower_bound, 0.0)
+
+    @property
+    def relative_gap(self) -> float | None:
+        """:attr:`gap` as a fraction of the objective (0 for a zero objective)."""
+        gap = self.gap
+        if gap is None:
+            return None
+        return gap / self.objective if self.objective > 0 else 0.0
+
+    @property
     def within_budget(self) -> bool:
         return self.total_params <= self.budget
 
@@ -173,7 +209,7 @@ class RankPlan:
         return {
             "method": self.method, "budget": self.budget, "total_params": self.total_params,
             "objective": self.objective, "lower_bound": self.lower_bound,
-            "optimal": self.optimal,
+            "optimal": self.optimal, "gap": self.gap, "relative_gap": self.relative_gap,
             "choices": [{"name": c.name, "m": c.m, "n": c.n, "rank": c.rank,
                          "params": c.params, "error": c.error} for c in self.choices],
         }
@@ -321,16 +357,17 @@ def check_budget(options: Sequence[_Options], budget: int) -> None:
 
 def realign_plan(matrices: Sequence[Matrix], budget: int, align: int = DEFAULT_ALIGN,
                  candidates: Mapping[str, Sequence[Rank]] | None = None,
-                 allow_dense: bool = True) -> RankPlan:
-    """Provably optimal aligned ranks: least total error with total parameters <= budget.
+                 allow_dense: bool = True, work_limit: int = WORK_LIMIT) -> RankPlan:
+    """Aligned ranks with the least total error and total parameters <= budget: provably
+    optimal, or, past ``work_limit`` DP cells, the best plan found with a proven gap.
 
     ``candidates`` replaces the default set for the matrices it names (e.g. the sizes a
     latency table says are fast); each entry is a multiple of ``align`` or DENSE.
     """
     options = build_options(matrices, align, candidates, allow_dense)
     check_budget(options, budget)
-    picks, bound = _solve_exact(options, int(budget))
-    return plan_from_picks(matrices, options, picks, budget, "knapsack", True, bound)
+    picks, bound, optimal = _solve(options, int(budget), work_limit)
+    return plan_from_picks(matrices, options, picks, budget, "knapsack", optimal, bound)
 
 
 @dataclass
@@ -367,8 +404,10 @@ def _pad(options: Sequence[_Options], unit: int) -> _Padded:
     return _Padded(cost, err, keep, width)
 
 
-def _solve_exact(options: Sequence[_Options], budget: int) -> tuple[list[int], float]:
-    """Optimal option index per matrix, and the Lagrangian lower bound that was used."""
+def _solve(options: Sequence[_Options], budget: int, work_limit: int
+           ) -> tuple[list[int], float, bool]:
+    """Option index per matrix, the Lagrangian lower bound, and whether the picks are proven
+    optimal (False: the DP would have needed more than ``work_limit`` cells)."""
     unit = cost_unit(options)
     pad = _pad(options, unit)
     cap = budget // unit  # all costs are multiples of unit, so this loses nothing
@@ -376,8 +415,9 @@ def _solve_exact(options: Sequence[_Options], budget: int) -> tuple[list[int], f
     last = pad.width - 1
     if pad.cost[rows, last].sum() <= cap:  # everything at its best fits: nothing to trade
         best = pad.err[rows, last]
-        return _original(pad, last), float(best.sum())
+        return _original(pad, last), float(best.sum()), True
     lam, incumbent = _lagrange(pad, cap)
+    incumbent = _fill_any(pad, incumbent, cap)
     reduced = pad.err + lam * pad.cost
     best = reduced.min(axis=1, keepdims=True)
     bound = float(best.sum() - lam * cap)  # L(lam): a lower bound whatever lam is
@@ -391,11 +431,14 @@ def _solve_exact(options: Sequence[_Options], budget: int) -> tuple[list[int], f
     # The objective is L(lam) + sum of reduced costs + lam * (unspent units), so a plan that
     # leaves more than (gap / lam) units unspent cannot beat the incumbent.
     lowest = max(0, math.ceil(room - (gap + tol) / lam) - 1)
+    cells, table = _dp_size(items, room, lowest)
+    if cells > work_limit or table > TABLE_LIMIT:
+        return _original(pad, incumbent), bound, False
     picks = _dp(items, room, lowest)
     for item, k in zip(items, picks, strict=True):
         for row, col in item.expand(k):
             idx[row] = col
-    return _original(pad, idx), bound
+    return _original(pad, idx), bound, True
 
 
 def _original(pad: _Padded, idx: np.ndarray) -> list[int]:
@@ -536,6 +579,24 @@ def _greedy_fill(pad: _Padded, hull: _Hull, idx: np.ndarray, slack: int) -> np.n
     return idx
 
 
+def _fill_any(pad: _Padded, idx: np.ndarray, cap: int) -> np.ndarray:
+    """Spend what the incumbent leaves unspent on the single move that saves the most error,
+    over every candidate (the greedy moves along hull vertices only, so a row whose next hull
+    vertex is far, e.g. dense after a flat run of ranks, would otherwise keep its slack)."""
+    idx = idx.copy()
+    for _ in range(FILL_MOVES):
+        cur_cost, cur_err = pad.picked(idx)
+        slack = cap - cur_cost.sum()
+        extra = pad.cost - cur_cost[:, None]
+        gain = np.where((extra > 0) & (extra <= slack), cur_err[:, None] - pad.err, 0.0)
+        flat = int(np.argmax(gain))
+        if gain.flat[flat] <= 0:
+            break
+        row, col = divmod(flat, pad.cost.shape[1])
+        idx[row] = col
+    return idx
+
+
 # ----------------------------------------------------------------------------- DP items
 
 @dataclass
@@ -612,18 +673,37 @@ def _group(pad: _Padded, alive: np.ndarray, reduced: np.ndarray, members: list[i
                  np.array(members), np.array(base_cols), owner_all[order[lo_k:]])
 
 
+def _windows(items: list[_Item], room: int, lowest: int) -> list[tuple[int, int]]:
+    """Per DP stage, the spent units that can still end in [lowest, room]."""
+    widest = [int(it.costs[-1]) for it in items]
+    after = list(itertools.accumulate(reversed(widest[1:]), initial=0))[::-1]
+    before = list(itertools.accumulate(widest))
+    return [(max(0, lowest - a), min(b, room)) for a, b in zip(after, before, strict=True)]
+
+
+def _dp_size(items: list[_Item], room: int, lowest: int) -> tuple[int, int]:
+    """What :func:`_dp` would cost, counted without running it: cells touched (each option's
+    reachable part of each window, plus a fixed charge per option for the loop itself) and
+    bytes (the backtracking tables it keeps and its widest float rows)."""
+    cells, table, widest, f_lo, f_hi = 0, 0, 0, 0, 0
+    for it, (lo, hi) in zip(items, _windows(items, room, lowest), strict=True):
+        a = np.maximum(lo, f_lo + it.costs)
+        b = np.minimum(hi, f_hi + it.costs)
+        cells += int(np.maximum(b - a + 1, 0).sum()) + OPTION_CELLS * len(it.costs)
+        table += (hi - lo + 1) * np.min_scalar_type(len(it.costs)).itemsize
+        widest = max(widest, hi - lo + 1)
+        f_lo, f_hi = lo, hi
+    return cells, table + 4 * 8 * widest  # + the float rows alive at once
+
+
 def _dp(items: list[_Item], room: int, lowest: int) -> list[int]:
     """Min-plus DP over spent units, kept to the window that can still end in [lowest, room]."""
-    widest = np.array([int(it.costs[-1]) for it in items])
-    after = np.concatenate((np.cumsum(widest[::-1])[::-1][1:], [0]))
-    before = np.cumsum(widest)
     f = np.zeros(1)
     f_lo = 0
     choices: list[tuple[int, np.ndarray]] = []
-    for t, it in enumerate(items):
-        lo, hi = max(0, lowest - int(after[t])), min(int(before[t]), room)
+    for it, (lo, hi) in zip(items, _windows(items, room, lowest), strict=True):
         g = np.full(hi - lo + 1, np.inf)
-        arg = np.zeros(hi - lo + 1, dtype=np.int64)
+        arg = np.zeros(hi - lo + 1, dtype=np.min_scalar_type(len(it.costs)))
         f_hi = f_lo + len(f) - 1
         for j, (w, e) in enumerate(zip(it.costs.tolist(), it.errors.tolist(), strict=True)):
             a, b = max(lo, f_lo + w), min(hi, f_hi + w)  # targets reachable with option j
