@@ -16,9 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gac_check.errors import BadInput
-from gac_check.realign.knapsack import DENSE, budget_from_ranks, realign_plan
+from gac_check.realign.knapsack import (
+    DENSE,
+    WORK_LIMIT,
+    budget_from_ranks,
+    build_options,
+    realign_plan,
+)
 from gac_check.testing.knapsack import (
     Instance,
+    family_instances,
     instances,
     nearest,
     round_down,
@@ -143,3 +150,43 @@ def test_more_budget_never_hurts(inst: Instance, extra: int) -> None:
     loose = realign_plan(inst.matrices, inst.budget + extra, inst.align,
                          allow_dense=inst.allow_dense)
     assert loose.objective <= tight.objective * (1 + REL) + 1e-12 * _energy(inst)
+
+
+def _check_against(plan, best: float, scale: float, align: int, budget: int) -> None:
+    """A plan is feasible and aligned; its bound and gap are true; if optimal, it is best."""
+    tol = REL * max(abs(best), 1e-12 * scale, 1e-300)
+    assert plan.total_params <= budget and plan.aligned(align)
+    assert plan.objective >= best - tol
+    assert plan.lower_bound <= best + tol
+    assert plan.objective - plan.gap <= best + tol
+    if plan.optimal:
+        assert plan.gap == 0.0 and _close(plan.objective, best, scale)
+
+
+@settings(CI, max_examples=40)
+@given(family_instances())
+def test_hard_families_are_optimal_or_certified(inst: Instance) -> None:
+    """Flat, near-equal, coprime-cost and alignment-2 instances (issue 13), and their mixes,
+    against the first-principles DP and, where few enough, brute force: the default solver and
+    one forced past its work limit (``work_limit=0``: no DP at all, the incumbent and its
+    certified gap) are both right about what they claim."""
+    best = reference_optimum(inst)
+    options = build_options(inst.matrices, inst.align)
+    if math.prod(len(o.costs) for o in options) <= 50_000:
+        brute = solve_bruteforce(inst.matrices, inst.budget, inst.align)
+        assert _close(brute.objective, best, _energy(inst))
+    for limit in (WORK_LIMIT, 0):
+        plan = realign_plan(inst.matrices, inst.budget, inst.align, work_limit=limit)
+        _check_against(plan, best, _energy(inst), inst.align, inst.budget)
+
+
+@settings(CI, max_examples=15)
+@given(family_instances(max_layers=1))
+def test_hard_families_agree_with_milp(inst: Instance) -> None:
+    """HiGHS on the same families; where it proves its optimum, ours is no worse and, when
+    ours claims optimality, equal."""
+    milp = solve_milp(inst.matrices, inst.budget, inst.align, time_limit=20)
+    assert milp.total_params <= inst.budget
+    if milp.optimal:
+        plan = realign_plan(inst.matrices, inst.budget, inst.align)
+        _check_against(plan, milp.objective, _energy(inst), inst.align, inst.budget)

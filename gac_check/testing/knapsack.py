@@ -37,6 +37,16 @@ from gac_check.realign.knapsack import (
 )
 
 SPECTRA = ("random", "flat", "power", "steep", "lowrank")
+#: What makes a rank re-selection hard for a bound-and-DP solver (issue 13): "flat" spectra (all
+#: singular values equal: every rank ties and the Lagrangian bound sits far below any integer
+#: plan), "near_equal" (1 + 1e-9 noise: the same, without exact ties), "coprime" shapes (rows and
+#: columns shortened by 0-63 per matrix, so the gcd of all costs, the DP's unit, is tiny) and
+#: "align2" (alignment 2: four times the candidates of 8).
+FAMILIES = ("flat", "near_equal", "coprime", "align2")
+#: Llama-3-70B's low-rank sites per layer (rows, columns).
+LLAMA70B_SHAPES = {"q_proj": (8192, 8192), "k_proj": (1024, 8192), "v_proj": (1024, 8192),
+                   "o_proj": (8192, 8192), "gate_proj": (28672, 8192),
+                   "up_proj": (28672, 8192), "down_proj": (8192, 28672)}
 
 
 @dataclass
@@ -58,6 +68,8 @@ def spectrum(rng: np.random.Generator, kind: str, p: int) -> np.ndarray:
         return np.sort(rng.uniform(0, 1, p))[::-1]
     if kind == "flat":
         return np.full(p, rng.uniform(0.5, 2))
+    if kind == "near_equal":
+        return np.sort(1 + 1e-9 * rng.standard_normal(p))[::-1]
     if kind == "power":
         return k ** -rng.uniform(0.1, 1.0)
     if kind == "steep":
@@ -106,6 +118,69 @@ def instances(draw: st.DrawFn, max_matrices: int = 6, max_dim: int = 48,
     else:
         budget = draw(st.integers(cheapest, richest))
     return Instance(weights, matrices, align, budget, allow_dense, ranks)
+
+
+def llama_instance(layers: int, families: Sequence[str] = (), seed: int = 0,
+                   shapes: Mapping[str, tuple[int, int]] = LLAMA70B_SHAPES
+                   ) -> tuple[list[Matrix], int, int]:
+    """A Llama-shaped instance ``(matrices, budget, align)`` from singular values alone.
+
+    Without ``families``: power-law spectra (exponent 0.3-1.2 and scale per matrix, 5%
+    log-normal noise), the benchmark's instance. ``families`` (any of :data:`FAMILIES`) make it
+    pathological. The budget is that of odd compressor ranks keeping 20-50% of each matrix's
+    largest useful rank (``--budget same``).
+    """
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown instance families {sorted(unknown)}")
+    rng = np.random.default_rng(seed)
+    matrices, ranks = [], {}
+    for layer in range(layers):
+        for proj, (m, n) in shapes.items():
+            if "coprime" in families:
+                m, n = max(1, m - int(rng.integers(0, 64))), max(1, n - int(rng.integers(0, 64)))
+            p = min(m, n)
+            if "flat" in families:
+                sv = np.ones(p)
+            elif "near_equal" in families:
+                sv = 1 + 1e-9 * rng.standard_normal(p)
+            else:
+                k = np.arange(1, p + 1)
+                alpha = rng.uniform(0.3, 1.2)
+                sv = rng.uniform(0.5, 2.0) * k ** (-alpha / 2) * np.exp(rng.normal(0, 0.05, p))
+            name = f"layers.{layer}.{proj}"
+            matrices.append(Matrix(name, m, n, sv=sv))
+            useful = max(matrices[-1].max_useful_rank(), 1)
+            ranks[name] = int(rng.uniform(0.2, 0.5) * useful) | 1  # odd: never aligned
+    align = 2 if "align2" in families else DEFAULT_ALIGN
+    return matrices, budget_from_ranks(matrices, ranks), align
+
+
+@st.composite
+def family_instances(draw: st.DrawFn, max_layers: int = 2, scale: int = 256) -> Instance:
+    """Small Llama-shaped instances (Llama-3-70B's shapes / ``scale``) from any combination of
+    :data:`FAMILIES`, with real weights of those spectra, for the oracles."""
+    families = draw(st.sets(st.sampled_from(FAMILIES)))
+    layers = draw(st.integers(1, max_layers))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    align = 2 if "align2" in families else DEFAULT_ALIGN
+    kind = ("flat" if "flat" in families else "near_equal" if "near_equal" in families
+            else "power")
+    weights, matrices, ranks = {}, [], {}
+    for layer in range(layers):
+        for proj, (m, n) in LLAMA70B_SHAPES.items():
+            m, n = max(1, m // scale), max(1, n // scale)
+            if "coprime" in families:
+                m, n = m + int(rng.integers(0, 8)), n + int(rng.integers(0, 8))
+            name = f"layers.{layer}.{proj}"
+            w = weight(rng, m, n, kind)
+            weights[name] = w
+            matrices.append(Matrix(name, m, n, sv=np.linalg.svd(w, compute_uv=False)))
+            ranks[name] = draw(st.integers(1, min(m, n)))
+    options = build_options(matrices, align)
+    cheapest = sum(int(o.costs.min()) for o in options)
+    richest = sum(int(o.costs.max()) for o in options)
+    return Instance(weights, matrices, align, draw(st.integers(cheapest, richest)), True, ranks)
 
 
 # ----------------------------------------------------------------------------- cross-checks
