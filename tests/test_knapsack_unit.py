@@ -178,3 +178,22 @@ def test_hard_families_at_full_size_stay_within_the_limit() -> None:
     a, b = realign_plan(mats, budget, align), realign_plan(mats, budget, align)
     assert a.ranks == b.ranks and a.within_budget and a.aligned(align)
     assert not a.optimal and 0 < a.relative_gap < 0.01
+
+
+def test_the_realign_summary_prints_the_certified_gap(tmp_path) -> None:
+    """What a user reads when the solver stopped at its work limit: the proven distance to the
+    optimum, absolute and relative, not just "heuristic"."""
+    from gac_check.realign.factors import RealignReport
+    from gac_check.report.realign import render_realign
+    from gac_check.testing.knapsack import llama_instance
+
+    mats, budget, align = llama_instance(1, ("flat",), shapes={"q": (64, 64), "mlp": (224, 64)})
+    for plan in (realign_plan(mats, budget, align), realign_plan(mats, budget, align,
+                                                                 work_limit=0)):
+        report = RealignReport(tmp_path, plan, align, {m.name: 8 for m in mats}, budget, 1.0,
+                               False)
+        text = render_realign(report)
+        if plan.optimal:
+            assert "exact knapsack (proved optimal)" in text
+        else:
+            assert f"at most {plan.gap:.6g} ({plan.relative_gap:.3%}) above the optimum" in text

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gac_check.realign.factors import RealignReport
-from gac_check.realign.knapsack import DENSE
+from gac_check.realign.knapsack import DENSE, RankPlan
 
 
 def render_realign(report: RealignReport) -> str:
@@ -18,6 +18,16 @@ def render_realign(report: RealignReport) -> str:
         f"  weight-space error (sum of discarded s^2): {report.old_error:.6g} -> "
         f"{p.objective:.6g}" + (f" ({p.objective / report.old_error:.3f}x)"
                                 if report.old_error else ""),
-        "  solver: exact knapsack (proved optimal)" if p.optimal else "  solver: heuristic",
+        _solver_line(p),
     ]
     return "\n".join(lines + [f"  note: {n}" for n in report.notes])
+
+
+def _solver_line(p: RankPlan) -> str:
+    """Proved optimal, or (past the solver's work limit) how far from optimal it can be."""
+    if p.optimal:
+        return "  solver: exact knapsack (proved optimal)"
+    if p.gap is None:
+        return "  solver: heuristic"
+    return (f"  solver: knapsack, work limit reached: at most {p.gap:.6g} "
+            f"({p.relative_gap:.3%}) above the optimum (certified gap)")
