@@ -155,7 +155,7 @@ def test_past_the_work_limit_the_plan_says_how_far_from_optimal_it_can_be() -> N
     optimum (the default solver's, proven here) lies within."""
     from gac_check.testing.knapsack import llama_instance
 
-    mats, budget, align = llama_instance(1, ("flat",), shapes={"q": (64, 64), "mlp": (224, 64)})
+    mats, budget, align, _ = llama_instance(1, ("flat",), shapes={"q": (64, 64), "mlp": (224, 64)})
     exact = realign_plan(mats, budget, align)
     capped = realign_plan(mats, budget, align, work_limit=0)
     assert exact.optimal and exact.gap == 0.0 and exact.relative_gap == 0.0
@@ -174,7 +174,7 @@ def test_hard_families_at_full_size_stay_within_the_limit() -> None:
     machine (timings: benchmarks/bench_knapsack.py)."""
     from gac_check.testing.knapsack import llama_instance
 
-    mats, budget, align = llama_instance(80, ("flat", "coprime"))
+    mats, budget, align, _ = llama_instance(80, ("flat", "coprime"))
     a, b = realign_plan(mats, budget, align), realign_plan(mats, budget, align)
     assert a.ranks == b.ranks and a.within_budget and a.aligned(align)
     assert not a.optimal and 0 < a.relative_gap < 0.01
@@ -187,7 +187,7 @@ def test_the_realign_summary_prints_the_certified_gap(tmp_path) -> None:
     from gac_check.report.realign import render_realign
     from gac_check.testing.knapsack import llama_instance
 
-    mats, budget, align = llama_instance(1, ("flat",), shapes={"q": (64, 64), "mlp": (224, 64)})
+    mats, budget, align, _ = llama_instance(1, ("flat",), shapes={"q": (64, 64), "mlp": (224, 64)})
     for plan in (realign_plan(mats, budget, align), realign_plan(mats, budget, align,
                                                                  work_limit=0)):
         report = RealignReport(tmp_path, plan, align, {m.name: 8 for m in mats}, budget, 1.0,

@@ -122,8 +122,9 @@ def instances(draw: st.DrawFn, max_matrices: int = 6, max_dim: int = 48,
 
 def llama_instance(layers: int, families: Sequence[str] = (), seed: int = 0,
                    shapes: Mapping[str, tuple[int, int]] = LLAMA70B_SHAPES
-                   ) -> tuple[list[Matrix], int, int]:
-    """A Llama-shaped instance ``(matrices, budget, align)`` from singular values alone.
+                   ) -> tuple[list[Matrix], int, int, dict[str, int]]:
+    """A Llama-shaped instance ``(matrices, budget, align, ranks)`` from singular values alone
+    (``ranks``: the misaligned compressor ranks the budget is the cost of).
 
     Without ``families``: power-law spectra (exponent 0.3-1.2 and scale per matrix, 5%
     log-normal noise), the benchmark's instance. ``families`` (any of :data:`FAMILIES`) make it
@@ -153,7 +154,7 @@ def llama_instance(layers: int, families: Sequence[str] = (), seed: int = 0,
             useful = max(matrices[-1].max_useful_rank(), 1)
             ranks[name] = int(rng.uniform(0.2, 0.5) * useful) | 1  # odd: never aligned
     align = 2 if "align2" in families else DEFAULT_ALIGN
-    return matrices, budget_from_ranks(matrices, ranks), align
+    return matrices, budget_from_ranks(matrices, ranks), align, ranks
 
 
 @st.composite
