@@ -16,7 +16,7 @@ import functools
 import pickletools
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ CONSTANT_OPS = {"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4",
                 "BINSTRING", "SHORT_BINSTRING"}
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     """One value the pickle builds, and the byte span ``[pos, end)`` of the opcode that made it.
 
@@ -45,15 +45,16 @@ class Node:
     ``items`` holds tuple/list/set members, call arguments ``[func, args]``, an object's
     ``[cls]`` or a persistent id's ``[pid]``; ``pairs`` a dict's (key, value) nodes in order;
     ``state`` what BUILD gave an object. ``gets`` counts memo reads: a node read back more
-    than once is shared, and editing it would edit every place that reads it.
+    than once is shared, and editing it would edit every place that reads it. Containers get
+    their own lists; every other node shares the empty tuple (a pickle has ~10^5 constants).
     """
 
     kind: str
     pos: int
     end: int = 0
     value: Any = None
-    items: list[Node] = field(default_factory=list)
-    pairs: list[tuple[Node, Node]] = field(default_factory=list)
+    items: list[Node] | tuple = ()
+    pairs: list[tuple[Node, Node]] | tuple = ()
     state: Node | None = None
     gets: int = 0
 
@@ -113,6 +114,7 @@ class _Parser:
         self.marks: list[list[Node]] = []
         self.memo: dict[int, Node] = {}
         self.frames: list[tuple[int, int]] = []
+        self.handlers: dict[str, Any] = {}
 
     def run(self) -> PickleTree:
         last: Node | None = None
@@ -159,7 +161,9 @@ class _Parser:
             self.marks.append(self.stack)
             self.stack = []
             return None
-        handler = getattr(self, "op_" + name, None)
+        handler = self.handlers.get(name)
+        if handler is None:
+            handler = self.handlers[name] = getattr(self, "op_" + name, None)
         if handler is None:
             raise BadInput(f"data.pkl uses opcode {name}, which torch.save never writes")
         handler(arg, pos)
@@ -176,16 +180,16 @@ class _Parser:
         self.push(Node("bool", pos, value=False))
 
     def op_EMPTY_LIST(self, arg: None, pos: int) -> None:
-        self.push(Node("list", pos))
+        self.push(Node("list", pos, items=[]))
 
     def op_EMPTY_TUPLE(self, arg: None, pos: int) -> None:
-        self.push(Node("tuple", pos))
+        self.push(Node("tuple", pos, items=[]))
 
     def op_EMPTY_DICT(self, arg: None, pos: int) -> None:
-        self.push(Node("dict", pos))
+        self.push(Node("dict", pos, pairs=[]))
 
     def op_EMPTY_SET(self, arg: None, pos: int) -> None:
-        self.push(Node("set", pos))
+        self.push(Node("set", pos, items=[]))
 
     def op_LIST(self, arg: None, pos: int) -> None:
         self.push(Node("list", pos, items=self.pop_mark()))
@@ -259,12 +263,12 @@ class _Parser:
         args = self.stack.pop()
         func = self.stack.pop()
         if func.global_name == ORDERED_DICT:
-            node = Node("dict", pos)
+            node = Node("dict", pos, pairs=[])
             for pair in (args.items[0].items if args.items else []):
                 node.pairs.append((pair.items[0], pair.items[1]))
             self.push(node)
             return
-        self.push(Node("call", pos, items=[func, args]))
+        self.push(Node("call", pos, items=[func, args], pairs=[]))
 
     def op_NEWOBJ(self, arg: None, pos: int) -> None:
         self.stack.pop()  # __new__ arguments
@@ -276,17 +280,19 @@ class _Parser:
 
     def new_object(self, cls: Node, pos: int) -> Node:
         if cls.global_name in (("builtins", "dict"), ORDERED_DICT):
-            return Node("dict", pos)
-        return Node("obj", pos, items=[cls])
+            return Node("dict", pos, pairs=[])
+        return Node("obj", pos, items=[cls], pairs=[])
 
     def op_INST(self, arg: str, pos: int) -> None:
         module, _, name = arg.partition(" ")
         args = Node("tuple", pos, items=self.pop_mark())
-        self.push(Node("call", pos, items=[Node("global", pos, value=(module, name)), args]))
+        self.push(Node("call", pos, items=[Node("global", pos, value=(module, name)), args],
+                       pairs=[]))
 
     def op_OBJ(self, arg: None, pos: int) -> None:
         items = self.pop_mark()
-        self.push(Node("call", pos, items=[items[0], Node("tuple", pos, items=items[1:])]))
+        self.push(Node("call", pos, items=[items[0], Node("tuple", pos, items=items[1:])],
+                       pairs=[]))
 
     def op_BUILD(self, arg: None, pos: int) -> None:
         state = self.stack.pop()
