@@ -12,12 +12,16 @@ states every size it relies on.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import math
 import os
+import pty
 import shutil
+import struct
 import subprocess
 import sys
+import termios
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -67,6 +71,29 @@ def gac(*args: object, timeout: float | None = CLI_TIMEOUT, cwd: Path | None = N
 
 
 # ------------------------------------------------------------------------- tiny models
+def gac_on_terminal(*args: object, env: Mapping[str, str] | None = None,
+                    timeout: float = 300) -> tuple[int, str]:
+    """Run the CLI with stderr on a 100-column pseudo-terminal, as a person at a terminal sees
+    it (progress bars draw only there); returns the exit code and what reached the terminal."""
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))  # rows, cols
+    proc = subprocess.Popen([sys.executable, "-m", "gac_check.cli", *map(str, args)],
+                            stdout=subprocess.DEVNULL, stderr=side, env=env)
+    os.close(side)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    code = proc.wait(timeout=timeout)
+    os.close(main)
+    return code, b"".join(chunks).decode(errors="replace")
+
+
 def _tiny(config_cls: str, model_cls: str, base: dict, seed: int | None,
           dtype: torch.dtype | None, overrides: dict) -> nn.Module:
     import transformers

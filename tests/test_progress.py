@@ -1,17 +1,10 @@
 """Long steps show progress to a person at a terminal, and nothing in a pipe or with JSON."""
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
-import struct
-import subprocess
-import sys
-import termios
 from pathlib import Path
 
 from gac_check.models.compress import compress_dir
-from tests.helpers import gac, tiny_llama
+from tests.helpers import gac, gac_on_terminal, tiny_llama
 
 
 def compressed_llama(root: Path) -> Path:
@@ -22,26 +15,8 @@ def compressed_llama(root: Path) -> Path:
 
 
 def stderr_of(args: list[str], tty: bool) -> str:
-    """Run the CLI with stderr on a pseudo-terminal (as a person sees it) or on a pipe."""
-    if not tty:
-        return gac(*args, timeout=300).stderr
-    cmd = [sys.executable, "-m", "gac_check.cli", *args]
-    main, side = pty.openpty()
-    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))  # rows, cols
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=side)
-    os.close(side)
-    chunks = []
-    while True:
-        try:
-            data = os.read(main, 4096)
-        except OSError:  # the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    proc.wait(timeout=300)
-    os.close(main)
-    return b"".join(chunks).decode(errors="replace")
+    """What reaches stderr on a terminal (as a person sees it) or on a pipe."""
+    return gac_on_terminal(*args)[1] if tty else gac(*args, timeout=300).stderr
 
 
 def test_realign_progress_on_a_terminal_only(tmp_path):

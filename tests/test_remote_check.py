@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from safetensors.torch import save_file
 
 from gac_check.checkpoint.remote import FIRST_READ
 from tests import helpers
-from tests.helpers import slicegpt
+from tests.helpers import gac_on_terminal, slicegpt
 from tests.hub_server import HubServer
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
@@ -358,19 +357,5 @@ def test_a_terminal_sees_no_download_bars_for_kilobytes(hub) -> None:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("HF_") and k not in PROXY_VARS}
     env |= {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(hub.home), "NO_PROXY": "*"}
-    main, side = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "gac_check.cli", "hf://org/tiny"],
-                            stdout=subprocess.DEVNULL, stderr=side, env=env)
-    os.close(side)
-    chunks = []
-    while True:
-        try:
-            data = os.read(main, 4096)
-        except OSError:  # the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    assert proc.wait(timeout=120) == 1
-    os.close(main)
-    assert b"".join(chunks) == b""
+    code, seen = gac_on_terminal("hf://org/tiny", env=env, timeout=120)
+    assert code == 1 and seen == ""
