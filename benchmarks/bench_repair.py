@@ -16,7 +16,9 @@ and its median reported. Three comparisons:
 - ``disk``: the same, with ``cp -r`` followed by ``sync`` of its files, so both outputs end on
   disk. Goal: <= 1.0x.
 - ``cold``: input dropped from the page cache before each command; ``cp -r`` against a repair.
-  Goal (issue 13): <= 1.0x.
+  Goal (issue 13): <= 1.0x. Not reachable either: the repair reads and writes 2.2 GB each on a
+  disk whose bandwidth reading and writing share, ``cp -r`` only reads.
+- ``cold-disk``: cold, with ``cp -r`` + ``sync``. Goal: <= 1.0x.
 
 Peak RSS of the repair (getrusage of the child) must stay under 2x the largest tensor + 300 MB.
 
@@ -38,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_check import BIG, COMMON, GAC, tensor_shapes, write_checkpoint
 
-GOALS = {"warm": 1.2, "disk": 1.0, "cold": 1.0}
+GOALS = {"warm": 1.2, "disk": 1.0, "cold": 1.0, "cold-disk": 1.0}
 
 
 #: Runs a command from a small process and prints its wall seconds and peak RSS: a child of
@@ -74,13 +76,14 @@ def prepare(root: Path, model: Path, cold: bool) -> None:
 
 def pair(root: Path, model: Path, mode: str, i: int) -> tuple[float, float, float]:
     """(repair s, copy s, repair peak MiB) of one pair."""
-    prepare(root, model, mode == "cold")
+    cold = mode.startswith("cold")
+    prepare(root, model, cold)
     rep, peak = timed([*GAC, str(model), "--repair", str(root / f"out-r{i}"), "--gpu", "gpu",
                        "--format", "json"])
-    prepare(root, model, mode == "cold")
+    prepare(root, model, cold)
     copy = root / f"out-c{i}"
     cmd = ["cp", "-r", str(model), str(copy)]
-    if mode == "disk":
+    if mode.endswith("disk"):
         cmd = ["sh", "-c", f'cp -r "{model}" "{copy}" && exec sync "{copy}"/* "{copy}"']
     cp, _ = timed(cmd)
     return rep, cp, peak
