@@ -166,7 +166,8 @@ MUTANTS = [
            "return self.total_params <= self.budget", "return self.total_params < self.budget",
            (KB,)),
     Mutant("knapsack", "DP window stops one unit short of the room", KS,
-           "min(int(before[t]), room)", "min(int(before[t]), room - 1)", (KB,)),
+           "min(b, room)) for a, b in zip(after, before", "min(b, room - 1)) for a, b in "
+           "zip(after, before", (KB,)),
     # --------------------------------------------------------------------- realign
     Mutant("realign", "calibrated factors left scaled (W diag(s))", FACTORS,
            "        Vh = Vh / s\n", "", (RP,)),
