@@ -26,7 +26,7 @@ from gac_check.errors import BadInput
 
 #: Bytes per buffer: O_DIRECT writes of 2-8 MiB ran fastest here (2.8 GB/s; 16 MiB: 2.3 GB/s).
 BUFFER = 4 << 20
-#: Buffers in flight: one being filled, one being written, one spare so neither side waits.
+#: Buffers in flight: one being filled, one being written, spares so neither side waits.
 BUFFERS = 4
 #: O_DIRECT offsets and lengths: a multiple of every logical block size in use (512, 4096).
 BLOCK = 4096
