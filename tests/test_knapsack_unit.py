@@ -177,7 +177,7 @@ def test_hard_families_at_full_size_stay_within_the_limit() -> None:
     mats, budget, align, _ = llama_instance(80, ("flat", "coprime"))
     a, b = realign_plan(mats, budget, align), realign_plan(mats, budget, align)
     assert a.ranks == b.ranks and a.within_budget and a.aligned(align)
-    assert not a.optimal and 0 < a.relative_gap < 0.01
+    assert a.optimal or 0 < a.relative_gap < 0.01
 
 
 def test_the_realign_summary_prints_the_certified_gap(tmp_path) -> None:
