@@ -93,3 +93,33 @@ def test_o_direct_refused_at_write_time_falls_back_to_buffered(tmp_path, source,
     assert (tmp_path / "out").read_bytes() == data[3: BUFFER + 8]
     assert refused or not direct
 
+
+
+@pytest.mark.parametrize("row, pad", [(13, 3), (1, 1), (5000, 0), (BUFFER + 7, 2)])
+def test_rows_with_padding_land_between_their_zeros(tmp_path, source, row, pad):
+    """read_rows (a column-padded matrix in one go): rows of any width, tiny ones (more than
+    one preadv holds), rows that straddle a buffer, rows wider than a buffer, after an odd
+    header and before a plain read; padding that is not zeros shows where it went."""
+    path, data = source
+    count = min(3000, (len(data) - 11) // row)
+    fill = bytes(range(1, pad + 1))
+    expected = bytearray(b"hdr")
+    with Sink(tmp_path / "out") as out:
+        out.write(b"hdr")
+        out.read_rows(path, 11, row, fill, count)
+        out.read(path, 0, 5)
+    for j in range(count):
+        expected += data[11 + j * row: 11 + (j + 1) * row] + fill
+    expected += data[:5]
+    assert (tmp_path / "out").read_bytes() == bytes(expected)
+
+
+def test_a_run_of_rows_is_only_equal_contiguous_rows_each_with_equal_zeros():
+    from gac_check.repair.write import _row_run
+
+    rows = [(0, 4), (None, 2), (4, 4), (None, 2), (8, 4), (None, 2)]
+    assert _row_run(rows, 0) == 3 and _row_run(rows, 2) == 2 and _row_run(rows, 1) == 0
+    assert _row_run([*rows[:4], (9, 4), (None, 2)], 0) == 2  # a gap in the source ends it
+    assert _row_run([*rows[:3], (None, 3)], 0) == 1  # other zeros end it
+    assert _row_run([*rows[:2], (4, 5), (None, 2)], 0) == 1  # another width ends it
+    assert _row_run([(0, 4), (4, 4)], 0) == 0  # no zeros between: not rows

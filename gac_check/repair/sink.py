@@ -99,6 +99,31 @@ class Sink:
             length -= k
             self._advance(k)
 
+    def read_rows(self, src: Path, offset: int, row: int, pad: bytes, count: int) -> None:
+        """Append ``count`` rows of ``src`` (``row`` bytes each, one after another from
+        ``offset``), each followed by ``pad``: a column-padded matrix. The rows that fit in the
+        buffer are laid out with their padding in one copy and read into place in one
+        ``preadv``, so a row costs one slice, not two calls."""
+        stride = row + len(pad)
+        layout = b""
+        while count:
+            fit = min((BUFFER - self._pos) // stride, count, IOV_MAX)
+            if fit == 0:  # the row that straddles two buffers goes piece by piece
+                self.read(src, offset, row)
+                self.write(pad)
+                offset, count = offset + row, count - 1
+                continue
+            if len(layout) < fit * stride:
+                layout = (bytes(row) + pad) * min(count, IOV_MAX, BUFFER // stride)
+            region = self._view[self._pos:self._pos + fit * stride]
+            region[:] = memoryview(layout)[: fit * stride]
+            self._do_reads()
+            self._read_src, self._read_start, self._read_end = src, offset, offset + fit * row
+            self._reads = [region[j * stride: j * stride + row] for j in range(fit)]
+            region.release()
+            offset, count = offset + fit * row, count - fit
+            self._advance(fit * stride)
+
     def _advance(self, k: int) -> None:
         self._pos += k
         self.size += k

@@ -306,13 +306,40 @@ def _zeros(n: int) -> bytes:
 
 def _write_pieces(out: Sink, info: TensorInfo, pieces: list[tuple[int | None, int]]) -> None:
     """Padded bytes without a tensor: source pieces read from the file straight into the
-    output buffer (one ``preadv`` for a run of rows), zero pieces copied in between."""
+    output buffer, zero pieces copied in between; a run of equal rows each followed by equal
+    zeros (a column-padded matrix) goes to :meth:`Sink.read_rows` whole."""
     zero_cache: dict[int, bytes] = {}
-    for src, n in pieces:
+
+    def zeros(n: int) -> bytes:
+        return zero_cache.get(n) or zero_cache.setdefault(n, _zeros(n))
+
+    i = 0
+    while i < len(pieces):
+        src, n = pieces[i]
+        rows = _row_run(pieces, i)
+        if src is not None and rows > 1:
+            out.read_rows(info.file, info.begin + src, n, zeros(pieces[i + 1][1]), rows)
+            i += 2 * rows
+            continue
         if src is not None:
             out.read(info.file, info.begin + src, n)
-            continue
-        while n > 0:
+        while src is None and n > 0:
             k = min(n, ZERO_BLOCK)
-            out.write(zero_cache.get(k) or zero_cache.setdefault(k, _zeros(k)))
+            out.write(zeros(k))
             n -= k
+        i += 1
+
+
+def _row_run(pieces: list[tuple[int | None, int]], i: int) -> int:
+    """How many (source, n), (None, z) pairs from ``i`` on repeat with the same n and z and
+    sources one after another (0 or 1: no run)."""
+    if i + 1 >= len(pieces) or pieces[i][0] is None or pieces[i + 1][0] is not None:
+        return 0
+    (src, n), (_, z) = pieces[i], pieces[i + 1]
+    if z > ZERO_BLOCK:
+        return 0
+    count, j = 1, i + 2
+    while (j + 1 < len(pieces) and pieces[j] == (src + count * n, n)
+           and pieces[j + 1] == (None, z)):
+        count, j = count + 1, j + 2
+    return count
