@@ -15,7 +15,7 @@ the directory and ``load`` OUT: the round trip a user makes.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -311,6 +311,20 @@ def truncated(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (u[:, :rank] * root).float(), (root[:, None] * vh[:rank]).float()
 
 
+def svd_rank(shape: Sequence[int], ratio: float) -> int:
+    """The rank SVD-LLM keeps of an [out, in] weight: as many parameters as ``ratio`` of it."""
+    rows, cols = shape
+    return int(rows * cols * ratio / (rows + cols))
+
+
+def svdllm_ranks(ratio: float) -> set[int]:
+    """Every rank :func:`build_svdllm` writes at ``ratio``; for ratios in [0.512, 0.531) they
+    are 16 and 24 alone, all aligned, and such a model gives a repair nothing to do."""
+    llama = helpers.LLAMA
+    attn, mlp = (llama["hidden_size"],) * 2, (llama["intermediate_size"], llama["hidden_size"])
+    return {svd_rank(attn, ratio), svd_rank(mlp, ratio), svd_rank(mlp[::-1], ratio)}
+
+
 def _pair(w: torch.Tensor, rank: int) -> tuple[nn.Linear, nn.Linear]:
     """SVD-LLM's ``X_u_proj`` (Linear(r, out)) and ``X_v_proj`` (Linear(in, r))."""
     left, right = truncated(w, rank)
@@ -327,7 +341,7 @@ class SVDLlamaMLP(nn.Module):
         self.ratio = ratio
         for name in ("gate", "up", "down"):
             w = getattr(mlp, f"{name}_proj").weight.data
-            u, v = _pair(w, int(w.shape[0] * w.shape[1] * ratio / (w.shape[0] + w.shape[1])))
+            u, v = _pair(w, svd_rank(w.shape, ratio))
             setattr(self, f"{name}_u_proj", u)
             setattr(self, f"{name}_v_proj", v)
         self.act_fn = nn.SiLU()
@@ -352,7 +366,7 @@ class SVDLlamaAttention(nn.Module):
         self.max_position_embeddings = config.max_position_embeddings
         for name in "qkvo":
             w = getattr(attn, f"{name}_proj").weight.data
-            u, v = _pair(w, int(w.shape[0] * w.shape[1] * ratio / (w.shape[0] + w.shape[1])))
+            u, v = _pair(w, svd_rank(w.shape, ratio))
             setattr(self, f"{name}_u_proj", u)
             setattr(self, f"{name}_v_proj", v)
         self.rotary_emb = LegacyRotaryEmbedding(self.head_dim)

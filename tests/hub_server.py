@@ -75,6 +75,9 @@ class HubServer:
     die_on: str | None = None  # a file name: its GET is cut off halfway, then the server stops
     bytes_sent: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, range)
+    #: Set once both sockets are closed: a server that :attr:`die_on` stops from its own thread,
+    #: and a test must wait for that before it relies on nothing listening.
+    stopped: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -104,6 +107,7 @@ class HubServer:
             if thread.is_alive():
                 httpd.shutdown()
             httpd.server_close()
+        self.stopped.set()
 
     def count(self, n: int) -> None:
         with self._lock:

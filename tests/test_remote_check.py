@@ -251,6 +251,7 @@ def test_server_dying_mid_request_is_a_clean_refusal(hub, models, tmp_path) -> N
     line = refusal(gac(hub, "hf://org/tiny", "--report", report))
     assert "hf://org/tiny" in line and "connection" in line and "nothing was checked" in line
     assert not report.exists() and not report.with_suffix(".json").exists()
+    assert hub.stopped.wait(30), "the server never stopped"
     after = refusal(gac(hub, "hf://org/single"))  # and now nothing listens at all
     assert "cannot reach" in after and "never checked here before" in after
 
