@@ -125,3 +125,10 @@ def test_plain_check_imports_no_torch(models) -> None:
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.stderr.strip().splitlines()[-1] == "[]", proc.stderr
     assert "checked against: gpu" in proc.stdout  # auto with no GPU: the generic contract
+
+
+def test_version_names_the_installed_distribution() -> None:
+    from importlib.metadata import version
+
+    run = gac("--version")
+    assert (run.returncode, run.stdout.strip()) == (0, f"gac-check {version('gac-check')}")

@@ -28,6 +28,15 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+def _version() -> str:
+    """The installed distribution's version (what a bug report should quote)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("gac-check")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gac-check", description="Find, repair and gate GPU-hostile dimensions "
                 "in a compressed model checkpoint.")
@@ -37,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "directory exists; several models make one model-zoo report")
     p.add_argument("--models-from", type=Path, metavar="FILE",
                    help="also check the models named in FILE, one a line (# comments)")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="say what reading each model cost on stderr (bytes fetched, "
                    "requests and seconds for a Hub model)")
