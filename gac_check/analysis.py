@@ -14,6 +14,7 @@ from gac_check.contract.dtype_choice import DtypeChoice, choose_dtype
 from gac_check.contract.rules import Contract, Finding
 from gac_check.contract.select import for_hardware
 from gac_check.formats import Format, detect
+from gac_check.formats.architectures import find_family
 from gac_check.profiles import resolve_profile
 from gac_check.repair.plan import RepairPlan, plan
 from gac_check.sites import DimSite
@@ -30,6 +31,12 @@ class CheckResult:
     findings: list[Finding]
     #: how the contract's dtype was chosen (config.json, weights, --dtype) and any disagreement
     dtype_choice: DtypeChoice | None = None
+
+    @cached_property
+    def family(self) -> str | None:
+        """The architecture family the layers belong to (``llama``, ``opt``, ...), or None."""
+        found = find_family(self.checkpoint)
+        return found[0].name if found else None
 
     @property
     def by_site(self) -> dict[str, Finding]:

@@ -81,7 +81,8 @@ def test_pruned_intermediate_sharded_repairs_exactly(tiny, strategy, tmp_path_fa
 
 
 @MODEL_SETTINGS
-@given(tiny=tiny_models(family="qwen2", max_layers=1).filter(
+@given(tiny=st.sampled_from(("qwen2", "mistral")).flatmap(
+           lambda f: tiny_models(family=f, max_layers=1)).filter(
            lambda t: t.kwargs["num_key_value_heads"] >= 2),
        group_size=st.sampled_from((1, 2)),
        ranks=st.lists(rank_sets(max_rank=8, min_size=2, max_size=4), min_size=1, max_size=2))
@@ -90,7 +91,8 @@ def test_palu_group_latents_repair_exactly(tiny, group_size, ranks, tmp_path_fac
 
 
 @MODEL_SETTINGS
-@given(tiny=tiny_models(family="llama", max_layers=1), rank=misaligned_dims(8, 3, 7),
+@given(tiny=st.sampled_from(("llama", "mistral")).flatmap(
+           lambda f: tiny_models(family=f, max_layers=1)), rank=misaligned_dims(8, 3, 7),
        pickle=st.booleans())
 def test_svdllm_repairs_exactly(tiny, rank, pickle, tmp_path_factory):
     check_svdllm(tiny, rank, tmp_path_factory.mktemp("svdllm"), pickle)

@@ -23,9 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from tests import helpers
+from tests import helpers, slicegpt
 
 
 @dataclass
@@ -55,86 +54,7 @@ def logits(model: nn.Module, vocab: int, seed: int = 0) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------- SliceGPT
-class RMSN(nn.Module):
-    """SliceGPT's weightless RMSNorm: it divides by the *dense* hidden size (mean_dim), so
-    zero features appended to a sliced stream change nothing."""
-
-    def __init__(self, mean_dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.mean_dim, self.eps = mean_dim, eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.float().pow(2).sum(-1, keepdim=True) / self.mean_dim
-        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
-
-
-class CompressedLlamaDecoderLayer(LlamaDecoderLayer):
-    """SliceGPT's layer: the residual is carried between sliced streams by the shortcut Qs."""
-
-    attn_shortcut_Q: nn.Parameter
-    mlp_shortcut_Q: nn.Parameter
-
-    def forward(self, hidden_states, attention_mask=None, position_ids=None,
-                past_key_values=None, use_cache=False, position_embeddings=None, **kwargs):
-        residual = hidden_states
-        hidden_states, _ = self.self_attn(
-            hidden_states=self.input_layernorm(hidden_states), attention_mask=attention_mask,
-            position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
-            position_embeddings=position_embeddings, **kwargs)
-        hidden_states = residual @ self.attn_shortcut_Q.to(residual.dtype) + hidden_states
-        residual = hidden_states
-        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
-        return residual @ self.mlp_shortcut_Q.to(residual.dtype) + hidden_states
-
-
-def _slice_skeleton(config: LlamaConfig, conf: dict) -> LlamaForCausalLM:
-    """load_sliced_model's model before its load_state_dict: replace_layers, fuse_modules (norms
-    become RMSN), the shortcut Qs, and slice_rotated_model's widths from the slicing config."""
-    model = LlamaForCausalLM(config)
-    hidden = config.hidden_size
-    dims = {k: {int(i): v for i, v in conf[k].items()} for k in
-            ("embedding_dimensions", "attention_input_dimensions", "attention_output_dimensions",
-             "mlp_input_dimensions", "mlp_output_dimensions")}
-
-    def linear(old: nn.Linear, out_f: int, in_f: int) -> nn.Linear:
-        return nn.Linear(in_f, out_f, bias=old.bias is not None)
-
-    emb = model.model.embed_tokens
-    model.model.embed_tokens = nn.Embedding(emb.num_embeddings, dims["embedding_dimensions"][0])
-    for i in range(len(model.model.layers)):
-        layer = CompressedLlamaDecoderLayer(config, i)
-        d_in, d_attn = dims["attention_input_dimensions"][i], dims["attention_output_dimensions"][i]
-        d_mlp_in, d_out = dims["mlp_input_dimensions"][i], dims["mlp_output_dimensions"][i]
-        attn, mlp = layer.self_attn, layer.mlp
-        for p in ("q_proj", "k_proj", "v_proj"):
-            lin = getattr(attn, p)
-            setattr(attn, p, linear(lin, lin.out_features, d_in))
-        attn.o_proj = linear(attn.o_proj, d_attn, attn.o_proj.in_features)
-        for p in ("gate_proj", "up_proj"):
-            lin = getattr(mlp, p)
-            setattr(mlp, p, linear(lin, lin.out_features, d_mlp_in))
-        mlp.down_proj = linear(mlp.down_proj, d_out, mlp.down_proj.in_features)
-        layer.input_layernorm = RMSN(hidden)
-        layer.post_attention_layernorm = RMSN(hidden)
-        layer.attn_shortcut_Q = nn.Parameter(torch.zeros(d_in, d_attn))
-        layer.mlp_shortcut_Q = nn.Parameter(torch.zeros(d_mlp_in, d_out))
-        model.model.layers[i] = layer
-    model.model.norm = RMSN(hidden)
-    last = dims["mlp_output_dimensions"][len(model.model.layers) - 1]
-    model.lm_head = nn.Linear(last, config.vocab_size, bias=False)
-    return model
-
-
-def load_slicegpt(path: Path, stem: str) -> nn.Module:
-    """``load_sliced_model(model_name, path, sparsity=s)``: config.json, ``<stem>.json`` (the
-    slicing config) and ``model.load_state_dict(torch.load(<stem>.pt))``, strict."""
-    config = LlamaConfig.from_pretrained(path)
-    conf = json.loads((path / f"{stem}.json").read_text())
-    model = _slice_skeleton(config, conf)
-    model.load_state_dict(torch.load(path / f"{stem}.pt", map_location="cpu"))
-    return model.eval()
-
-
+# (every family's loader: tests/slicegpt.py)
 def _orthogonal(n: int, gen: torch.Generator) -> torch.Tensor:
     return torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))[0]
 
@@ -201,7 +121,8 @@ def build_slicegpt(root: Path, widths: list[int], dtype: torch.dtype = torch.flo
     (root / f"{stem}.json").write_text(json.dumps(conf))
     config = dense.config.to_dict() | {"torch_dtype": config_dtype, "dtype": config_dtype}
     (root / "config.json").write_text(json.dumps(config))
-    return Built(root, lambda p: load_slicegpt(p, stem), load_slicegpt(root, stem))
+    return Built(root, lambda p: slicegpt.load(p, "llama", stem),
+                 slicegpt.load(root, "llama", stem))
 
 
 # -------------------------------------------------------------------------------- LLM-Pruner

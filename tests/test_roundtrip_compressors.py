@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from tests import compressors as C
-from tests import helpers
+from tests import helpers, slicegpt
 
 
 def repair(src: Path, out: Path, *args: str) -> dict:
@@ -172,3 +172,108 @@ def test_shared_storage_is_refused_before_anything_is_written(tmp_path):
     assert run.returncode == 2 and run.stderr.count("\n") == 1
     assert "shares its storage" in run.stderr and "up_proj" in run.stderr
     assert not out.exists() and sorted(files(tmp_path)) == ["pruned"]
+
+
+# ------------------------------------------------- SliceGPT on every family it has an adapter for
+def shapes_of(path: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, read from the files (never unpickled), whatever the adapter says."""
+    from gac_check.checkpoint.index import open_checkpoint
+
+    return open_checkpoint(path).shapes
+
+
+def assert_padded_everywhere(before: dict, after: dict, sizes: dict[int, int]) -> None:
+    """The adapter-independent invariant: every tensor axis that held a padded size holds its
+    new size, and no other axis changed (so no consumer of a padded stream was missed)."""
+    assert before.keys() == after.keys()
+    for name, shape in before.items():
+        assert after[name] == tuple(sizes.get(n, n) for n in shape), name
+
+
+@pytest.mark.parametrize("family", ["llama", "opt", "phi", "phi3"])
+def test_slicegpt_family_round_trip(tmp_path, family):
+    """SliceGPT's four adapters (Llama, OPT with its position table and lm_head bias, Phi-2's
+    parallel blocks, Phi-3's fused qkv_proj and gate_up_proj): every stream padded, the
+    sidecar rewritten, and load_sliced_model's strict load gives the same logits."""
+    widths = [179, 179] if family == "phi" else [179, 179, 179, 179]
+    root, stem, model = slicegpt.build(tmp_path / "sliced", family, widths)
+    out = tmp_path / "out"
+    doc = repair(root, out)
+    assert set(padded(doc, "hidden").values()) == {(179, 184)}
+    assert_padded_everywhere(shapes_of(root), shapes_of(out), {179: 184})
+    conf = json.loads((out / f"{stem}.json").read_text())
+    tables = [v for k, v in conf.items() if k.endswith("_dimensions")]
+    assert 179 not in {d for t in tables for d in t.values()}
+    assert 184 in {d for t in tables for d in t.values()}
+    fixed = slicegpt.load(out, family, stem)
+    err = C.max_relative_error(C.logits(model, 96), C.logits(fixed, 96))
+    assert err <= C.tolerance(torch.float32), f"max relative logit error {err:.3g}"
+
+
+def test_slicegpt_unknown_architecture_is_refused(tmp_path):
+    """Layers whose modules no family names (here Llama's o_proj renamed) are refused with one
+    line and exit 2, never read as Llama; nothing is written."""
+    root, stem, _ = slicegpt.build(tmp_path / "sliced", "llama", [179, 179, 179, 179])
+    pt = root / f"{stem}.pt"
+    state = torch.load(pt)
+    state = {k.replace("self_attn.o_proj", "self_attn.wo"): v for k, v in state.items()}
+    torch.save(state, pt)
+    run = helpers.gac(root, "--repair", tmp_path / "out", "--gpu", "gpu")
+    assert run.returncode == 2, run.stderr
+    assert "does not know" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_slicegpt_missing_shortcut_is_refused(tmp_path):
+    """A layer without the mlp_shortcut_Q SliceGPT's sequential adapters write is refused,
+    naming it, rather than left out of the stream."""
+    root, stem, _ = slicegpt.build(tmp_path / "sliced", "opt", [179, 179, 179, 179])
+    pt = root / f"{stem}.pt"
+    state = torch.load(pt)
+    del state["model.decoder.layers.1.mlp_shortcut_Q"]
+    torch.save(state, pt)
+    run = helpers.gac(root, "--repair", tmp_path / "out", "--gpu", "gpu")
+    assert run.returncode == 2, run.stderr
+    assert "model.decoder.layers.1.mlp_shortcut_Q" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_repair_refuses_an_axis_no_site_pads(tmp_path):
+    """The plan is checked against the tensors, not the adapter: a tensor the adapter does not
+    know that carries a padded stream's width refuses the repair, naming the tensor."""
+    root, stem, _ = slicegpt.build(tmp_path / "sliced", "opt", [179, 179, 179, 179])
+    pt = root / f"{stem}.pt"
+    state = torch.load(pt)
+    state["model.decoder.layers.0.extra_scale"] = torch.ones(179, dtype=torch.float16)
+    torch.save(state, pt)
+    run = helpers.gac(root, "--repair", tmp_path / "out", "--gpu", "gpu")
+    assert run.returncode == 2, run.stderr
+    assert "model.decoder.layers.0.extra_scale axis 0" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_repair_refuses_a_family_not_tested_with_its_loader(tmp_path):
+    """SVD-LLM's OPT layout (fc1/fc2 as *_u_proj/*_v_proj pairs, pickled) is checked, but
+    --repair refuses it: no test loads a repaired one with SVD-LLM's OPT code, so an exit 0
+    could not be trusted."""
+    import transformers
+
+    dense = transformers.OPTForCausalLM(slicegpt.config_of("opt", 64))
+    state = {k: v.detach() for k, v in dense.state_dict().items()}
+    for i in range(dense.config.num_hidden_layers):
+        for fc in ("fc1", "fc2"):
+            w = state.pop(f"model.decoder.layers.{i}.{fc}.weight")
+            state[f"model.decoder.layers.{i}.{fc}_u_proj.weight"] = w[:, :37].contiguous()
+            state[f"model.decoder.layers.{i}.{fc}_v_proj.weight"] = torch.randn(37, w.shape[1])
+            state[f"model.decoder.layers.{i}.{fc}_u_proj.bias"] = state.pop(
+                f"model.decoder.layers.{i}.{fc}.bias")
+    svd = tmp_path / "svd"
+    svd.mkdir()
+    torch.save(state, svd / "model.pt")
+    dense.config.save_pretrained(svd)
+    check = helpers.gac(svd, "--gpu", "gpu", "--format", "json")
+    assert check.returncode == 1 and json.loads(check.stdout)["format"] == "svd-llm"
+    run = helpers.gac(svd, "--repair", tmp_path / "out", "--gpu", "gpu")
+    assert run.returncode == 2, run.stderr
+    assert "svd-llm checkpoint of the opt family" in run.stderr
+    assert not (tmp_path / "out").exists()

@@ -12,6 +12,7 @@ from gac_check.cli.fixing import plan_fix_outputs, write_fix_outputs
 from gac_check.errors import BadInput
 from gac_check.realign.factors import RealignReport, rank_alignment, realign
 from gac_check.report.realign import render_realign
+from gac_check.sites import Role
 
 
 def run_realign(args: argparse.Namespace) -> int:
@@ -47,10 +48,14 @@ INSTEAD = {
 }
 
 
-def not_realignable(fmt: str, align: int) -> str:
-    """Why --realign refuses a format, and the command that fixes it instead."""
+def not_realignable(fmt: str, align: int, misaligned_ranks: int) -> str:
+    """Why --realign refuses a format, and the command that fixes it instead (or, when every
+    rank is already a multiple of ``align``, that there is nothing to re-select)."""
     head = (f"is in {fmt} format; --realign re-selects ranks only in the ASVD layout "
             "(BLinear/ALinear + truncation_ranks)")
+    if fmt in INSTEAD and not misaligned_ranks:
+        return (f"{head}; its ranks are already multiples of {align}, so there is nothing to "
+                "re-select (run without --realign to see what else the check finds)")
     advice = INSTEAD.get(fmt, "it has no low-rank factors to re-select; run --repair OUT to "
                          "zero-pad its misaligned sizes exactly in its own layout")
     return f"{head}; {advice.format(align=align)}"
@@ -66,8 +71,10 @@ def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: s
     check_output_dir(Path(out), force, *inputs)
     result = check(model_dir, gpu, dtype)
     if result.format.name != "asvd":
-        raise BadInput(not_realignable(result.format.name,
-                                       rank_alignment(result.contract, strategy)),
+        align = rank_alignment(result.contract, strategy)
+        ranks = [s for s in result.sites if s.role in (Role.RANK, Role.KV_LATENT)
+                 and s.value % align]
+        raise BadInput(not_realignable(result.format.name, align, len(ranks)),
                        result.checkpoint.path)
     return realign(result.checkpoint, result.sites, result.contract, Path(out), base_dir,
                    budget, strategy, force, calib, progress)

@@ -11,6 +11,7 @@ from gac_check.cli.exits import exit_code
 from gac_check.cli.fixing import plan_fix_outputs, write_fix_outputs
 from gac_check.errors import BadInput
 from gac_check.repair.plan import STRATEGIES, plan
+from gac_check.repair.support import unsupported
 from gac_check.repair.write import RepairReport, apply
 from gac_check.report.repair import render_repair
 
@@ -20,7 +21,8 @@ def run_repair(args: argparse.Namespace) -> int:
     ``--report``/``--junit`` describe that re-check, with what each site was before."""
     outputs = plan_fix_outputs(args, args.repair)
     before, report = repair_checked(args.model_dir, args.repair, args.gpu, args.strategy,
-                                    args.dtype, args.force)
+                                    args.dtype, args.force,
+                                    show_progress=args.output != "json")
     print(json.dumps(report.to_json(), indent=2) if args.output == "json"
           else render_repair(report))
     write_fix_outputs(outputs, "repair", before, report.out, args.gpu,
@@ -41,7 +43,8 @@ def repair_dir(model_dir: Path | str, out: Path | str, gpu: str = "auto",
 
 def repair_checked(model_dir: Path | str, out: Path | str, gpu: str = "auto",
                    strategy: str = "minimal", dtype: str | None = None,
-                   force: bool = False) -> tuple[CheckResult, RepairReport]:
+                   force: bool = False, show_progress: bool = True
+                   ) -> tuple[CheckResult, RepairReport]:
     """:func:`repair_dir`, also returning the check of the input the repair was planned from.
 
     OUT is re-checked before it appears, so its ``gac-repair.json`` records what remains.
@@ -50,11 +53,15 @@ def repair_checked(model_dir: Path | str, out: Path | str, gpu: str = "auto",
         raise BadInput(f"--strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
     result = check(model_dir, gpu, dtype)
     ckpt = result.checkpoint
+    why = unsupported(result.format.name, result.family)
+    if why:
+        raise BadInput(why, ckpt.path)
     check_output_dir(Path(out), force, ckpt.path)
     repair_plan = plan(result.sites, result.contract, strategy, shapes=ckpt.shapes,
                        config=ckpt.config)
     choice = result.dtype_choice
     report = apply(repair_plan, ckpt, out, force=force,
                    recheck=lambda tmp: check(tmp, gpu, result.contract.dtype).findings,
-                   extra_notes=[choice.note] if choice and choice.note else [])
+                   extra_notes=[choice.note] if choice and choice.note else [],
+                   show_progress=show_progress)
     return result, report

@@ -28,7 +28,7 @@ class Format:
         return []
 
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:
-        found = find_family(ckpt)
+        found = find_family(ckpt, strict=False)
         shared: list[DimSite] = []
         if found:
             fam, prefix, layers = found

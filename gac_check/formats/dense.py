@@ -11,4 +11,4 @@ class Dense(Format):
     description = "dense Hugging Face model"
 
     def matches(self, ckpt: Checkpoint) -> bool:
-        return find_family(ckpt) is not None
+        return find_family(ckpt, strict=False) is not None

@@ -24,6 +24,13 @@ from gac_check.sites import DimSite, Role
 #: Largest head_dim a GCD of projection widths is believed to be (FlashAttention's limit).
 MAX_INFERRED_HEAD_DIM = 256
 NO_CONFIG = "no config.json: sizes come from tensor shapes only"
+#: What to do about a hidden size channel-wise pruning left misaligned (padding it is not
+#: exact, so the repair refuses it).
+CHANNEL_WISE_ADVICE = (
+    "; to fix it, prune again: hf_prune.py --channel_wise with a --pruning_ratio that leaves "
+    "the hidden size a multiple of the alignment, or --block_wise, which prunes heads and MLP "
+    "channels and leaves the hidden size dense"
+)
 
 
 class LLMPruner(Format):
@@ -47,7 +54,7 @@ class LLMPruner(Format):
                    for k, v in per_key.items())
 
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:
-        found = find_family(ckpt)
+        found = find_family(ckpt, strict=False)
         if not found:
             return []
         fam, prefix, layers = found
@@ -60,6 +67,8 @@ class LLMPruner(Format):
                 _note_partial_heads(ckpt, site, head)
                 _note_head_attributes(ckpt, site, head)
         hidden = next(s for s in sites if s.role is Role.HIDDEN)
+        if hidden.inexact:
+            hidden.inexact += CHANNEL_WISE_ADVICE
         if not ckpt.config:
             hidden.notes.append(NO_CONFIG)
             if not head:
@@ -79,7 +88,7 @@ def declared_config(ckpt: Checkpoint) -> dict:
 
 def _layer_sizes(ckpt: Checkpoint) -> dict[int, dict[str, int]]:
     """Per layer: q rows, MLP width and the hidden width q reads, from dense linears only."""
-    found = find_family(ckpt)
+    found = find_family(ckpt, strict=False)
     if not found:
         return {}
     fam, prefix, layers = found
@@ -106,7 +115,7 @@ def _head_dim_from_widths(ckpt: Checkpoint) -> tuple[int | None, str]:
     first, :func:`~gac_check.formats.architectures.infer_head_dim`); a GCD above 256 is no
     head_dim and is not used.
     """
-    found = find_family(ckpt)
+    found = find_family(ckpt, strict=False)
     if not found:
         return None, ""
     fam, prefix, layers = found
@@ -138,7 +147,7 @@ def _note_partial_heads(ckpt: Checkpoint, site: DimSite, hd: int | None) -> None
     """Flag layers whose q/k widths are not whole heads: head counts there are meaningless."""
     if not hd:
         return
-    found = find_family(ckpt)
+    found = find_family(ckpt, strict=False)
     assert found
     fam, prefix, _ = found
     for key in ("q", "k", "v"):

@@ -22,11 +22,14 @@ import re
 from dataclasses import dataclass, field
 
 from gac_check.checkpoint.index import Checkpoint
+from gac_check.errors import BadInput
 from gac_check.formats.architectures import (
     HIDDEN_INEXACT,
     Family,
+    embeddings,
     family_sites,
     find_family,
+    unknown_architecture,
 )
 from gac_check.formats.base import Format
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
@@ -34,6 +37,9 @@ from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 SHORTCUT = re.compile(r"^(.*?)\.(\d+)\.(attn|mlp)_shortcut_Q$")
 SLICING_KEYS = ("attention_input_dimensions", "attention_output_dimensions",
                 "mlp_input_dimensions", "mlp_output_dimensions")
+#: The families microsoft/TransformerCompression ships adapters for (src/slicegpt/adapters/:
+#: llama_adapter, opt_adapter, phi2_adapter, phi3_adapter).
+SLICEGPT_FAMILIES = ("llama", "opt", "phi", "phi3")
 EXACT_BECAUSE = ("SliceGPT's RMSN is weightless and divides by the dense hidden_size, so zero "
                  "residual features change nothing")
 
@@ -59,7 +65,13 @@ class SliceGPT(Format):
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:
         found = find_family(ckpt)
         if not found:
-            return []
+            why = unknown_architecture(ckpt) or "no transformer layers gac-check recognises"
+            raise BadInput(f"is a SliceGPT checkpoint of {why}; refusing rather than "
+                           "guessing which tensors carry the sliced stream", ckpt.path)
+        if found[0].name not in SLICEGPT_FAMILIES:
+            raise BadInput(f"is a SliceGPT checkpoint of the {found[0].name} family, which "
+                           "SliceGPT has no adapter for (it ships "
+                           f"{', '.join(SLICEGPT_FAMILIES)})", ckpt.path)
         fam, prefix, layers = found
         shared = family_sites(ckpt, fam, prefix, layers, lambda m: self.linear(ckpt, m))
         streams = self._stream_sites(ckpt, fam, prefix, layers)
@@ -94,64 +106,97 @@ def _declared(conf: dict, key: str, index: int) -> tuple[str, str, int] | None:
 
 def _streams(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
              conf: dict) -> list[_Stream]:
+    """The residual-stream segments, each with every tensor axis SliceGPT slices to its width
+    (its adapters' attention/MLP inputs and outputs, embeddings, shortcut Qs and head).
+
+    Sequential blocks have three widths per layer boundary (attention input, attention output,
+    MLP output); parallel blocks (Phi-2) read one normed input into attention and MLP and add
+    both outputs into one stream, so they have no attention-output segment and no
+    ``mlp_shortcut_Q``.
+    """
     shapes = ckpt.shapes
+    _require_modules(ckpt, fam, prefix, layers)
 
     def w(module: str, axis: int, kind: AxisKind) -> list[TensorAxis]:
         name = f"{module}.weight"
-        out = [TensorAxis(name, axis, kind)] if name in shapes else []
+        out = [TensorAxis(name, axis, kind)]
         if kind is AxisKind.PRODUCER and f"{module}.bias" in shapes:
             out.append(TensorAxis(f"{module}.bias", 0, AxisKind.BIAS))
         return out
 
     def q(layer: int, which: str, axis: int, kind: AxisKind) -> list[TensorAxis]:
-        name = f"{prefix}.{layer}.{which}_shortcut_Q"
-        return [TensorAxis(name, axis, kind)] if name in shapes else []
+        return [TensorAxis(f"{prefix}.{layer}.{which}_shortcut_Q", axis, kind)]
 
     def norm(module: str) -> list[TensorAxis]:
         """A norm weight over the stream; SliceGPT fuses them away, so normally none."""
         name = f"{module}.weight"
         return [TensorAxis(name, 0, AxisKind.NORM)] if len(shapes.get(name, ())) == 1 else []
 
-    def readers(layer: int) -> list[TensorAxis]:
-        """The attention inputs of ``layer``: q/k/v columns and the shortcut's rows."""
-        base = f"{prefix}.{layer}"
-        cols = [a for key in ("q", "k", "v")
-                for a in w(f"{base}.{getattr(fam, key)}", 1, AxisKind.CONSUMER)]
-        return cols + q(layer, "attn", 0, AxisKind.CONSUMER) + norm(f"{base}.{fam.norms[0]}")
+    def cols(layer: int, modules: tuple[str, ...]) -> list[TensorAxis]:
+        return [a for m in modules for a in w(f"{prefix}.{layer}.{m}", 1, AxisKind.CONSUMER)]
 
-    embed = next((n for n in shapes if n.endswith(f"{fam.embed}.weight")), None)
-    first = _Stream("hidden:embedding", None,
-                    [TensorAxis(embed, 1, AxisKind.CONSUMER)] if embed else [])
+    def readers(layer: int) -> list[TensorAxis]:
+        """What reads a layer's input: the attention inputs (and, in parallel blocks, the MLP
+        inputs), the attention shortcut's rows and a first norm if one was left."""
+        read = fam.attention_inputs + (fam.mlp_inputs if fam.parallel else ())
+        return (cols(layer, read) + q(layer, "attn", 0, AxisKind.CONSUMER)
+                + norm(f"{prefix}.{layer}.{fam.norms[0]}"))
+
+    first = _Stream("hidden:embedding", None)
+    for k, table in enumerate(embeddings(ckpt, fam)):
+        first.axes.append(TensorAxis(table, 1, AxisKind.CONSUMER))
+        first.declared += [d for d in (_declared(conf, "embedding_dimensions", k),) if d]
     first.axes += readers(layers[0])
-    first.declared = [d for d in (_declared(conf, "embedding_dimensions", 0),
-                                  _declared(conf, "attention_input_dimensions", layers[0])) if d]
+    first.declared += [d for d in (_declared(conf, "attention_input_dimensions", layers[0]),)
+                       if d]
     streams = [first]
     for pos, i in enumerate(layers):
         base = f"{prefix}.{i}"
-        attn = _Stream(f"{base}:hidden_attn_out", i)
-        attn.axes = (w(f"{base}.{fam.o}", 0, AxisKind.PRODUCER)
-                     + q(i, "attn", 1, AxisKind.PRODUCER) + q(i, "mlp", 0, AxisKind.CONSUMER))
-        for key in ("gate", "up"):
-            if getattr(fam, key):
-                attn.axes += w(f"{base}.{getattr(fam, key)}", 1, AxisKind.CONSUMER)
-        attn.axes += norm(f"{base}.{fam.norms[1]}")
-        attn.declared = [d for d in (_declared(conf, "attention_output_dimensions", i),
-                                     _declared(conf, "mlp_input_dimensions", i)) if d]
         mlp = _Stream(f"{base}:hidden_mlp_out", i)
-        mlp.axes = w(f"{base}.{fam.down}", 0, AxisKind.PRODUCER) + q(i, "mlp", 1,
-                                                                     AxisKind.PRODUCER)
+        mlp.axes = w(f"{base}.{fam.down}", 0, AxisKind.PRODUCER)
+        if fam.parallel:
+            mlp.axes += (w(f"{base}.{fam.o}", 0, AxisKind.PRODUCER)
+                         + q(i, "attn", 1, AxisKind.PRODUCER))
+        else:
+            attn = _Stream(f"{base}:hidden_attn_out", i)
+            attn.axes = (w(f"{base}.{fam.o}", 0, AxisKind.PRODUCER)
+                         + q(i, "attn", 1, AxisKind.PRODUCER) + q(i, "mlp", 0, AxisKind.CONSUMER)
+                         + cols(i, fam.mlp_inputs) + norm(f"{base}.{fam.norms[1]}"))
+            attn.declared = [d for d in (_declared(conf, "attention_output_dimensions", i),
+                                         _declared(conf, "mlp_input_dimensions", i)) if d]
+            streams.append(attn)
+            mlp.axes += q(i, "mlp", 1, AxisKind.PRODUCER)
         mlp.declared = [d for d in (_declared(conf, "mlp_output_dimensions", i),) if d]
         if pos + 1 < len(layers):
             mlp.axes += readers(layers[pos + 1])
             nxt = _declared(conf, "attention_input_dimensions", layers[pos + 1])
             mlp.declared += [nxt] if nxt else []
         else:
-            final_norm = f"{prefix.rsplit('.', 1)[0]}.norm"
+            final_norm = f"{prefix.rsplit('.', 1)[0]}.{fam.final_norm}"
             mlp.axes += w("lm_head", 1, AxisKind.CONSUMER) + norm(final_norm)
             head = conf.get("head_dimension")
             mlp.declared += [("head_dimension", "", head)] if isinstance(head, int) else []
-        streams += [attn, mlp]
+        streams.append(mlp)
     return streams
+
+
+def _require_modules(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int]) -> None:
+    """Every tensor SliceGPT's adapter for ``fam`` slices must be there, in every layer: a
+    missing one means the checkpoint is not what this adapter describes (refused, not
+    skipped, so a repair can never pad some of a stream and not the rest)."""
+    shapes = ckpt.shapes
+    wanted = [f"{prefix}.{i}.{m}.weight" for i in layers for m in fam.required()]
+    wanted += [f"{prefix}.{i}.{which}_shortcut_Q" for i in layers
+               for which in (("attn",) if fam.parallel else ("attn", "mlp"))]
+    wanted += ["lm_head.weight"]
+    missing = [n for n in wanted if len(shapes.get(n, ())) != 2]
+    if fam.parallel:
+        missing += [n for n in shapes if n.endswith("mlp_shortcut_Q")][:1]
+    if missing:
+        raise BadInput(f"is a SliceGPT checkpoint of the {fam.name} family without "
+                       f"{missing[0]} (or with it where {fam.name} has none), which SliceGPT's "
+                       f"{fam.name} adapter writes; refusing rather than guessing its layout",
+                       ckpt.path)
 
 
 def _site(ckpt: Checkpoint, st: _Stream, sidecar: str) -> DimSite | None:

@@ -27,6 +27,7 @@ from gac_check.checkpoint.outdir import (
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
+from gac_check.repair.completeness import require_complete
 from gac_check.repair.pickled import prepare_pickled
 from gac_check.repair.plan import ConfigEdit, RepairPlan, TensorEdit
 from gac_check.repair.sink import Sink
@@ -102,19 +103,22 @@ class Progress:
 def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
           force: bool = False, progress: Progress | None = None,
           recheck: Callable[[Path], list[Finding]] | None = None,
-          extra_notes: Sequence[str] = ()) -> RepairReport:
+          extra_notes: Sequence[str] = (), show_progress: bool = True) -> RepairReport:
     """Write ``ckpt`` padded as planned to ``out_dir``, atomically; the input is only read.
 
     ``recheck`` checks the finished output before it appears, so the provenance file records
     what the re-check still finds rather than an empty list; ``extra_notes`` (how the dtype
-    was chosen) go into the report and that file.
+    was chosen) go into the report and that file. ``show_progress=False`` keeps stderr quiet
+    (``--format json``: whoever reads the output is a program, not a person at a terminal).
     """
     t0 = time.perf_counter()
     out = Path(out_dir)
     check_output_dir(out, force, ckpt.path)
     _check_plan_fits(repair_plan, ckpt)
+    require_complete(repair_plan, ckpt.shapes)
     notes = list(extra_notes)
-    progress = progress or Progress(sum(_nbytes(t) for t in ckpt.tensors.values()))
+    progress = progress or Progress(sum(_nbytes(t) for t in ckpt.tensors.values()),
+                                    after=2.0 if show_progress else math.inf)
     # a torch pickle is rewritten in its own layout; what cannot be is refused before OUT exists
     pickled = prepare_pickled(repair_plan, ckpt) if ckpt.container != "safetensors" else None
     with atomic_output_dir(out, force) as tmp:

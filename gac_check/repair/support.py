@@ -1,0 +1,32 @@
+"""Which (format, family) pairs ``--repair`` writes: those whose output is tested end to end.
+
+A repair that exits 0 with a checkpoint its loader rejects is the worst thing this tool can
+do, because users trust exit 0. So a pair is repaired only where tests load the output with
+the compressor's own loading call (tests/compressors.py, tests/slicegpt.py) or gac-check's
+stock-model loaders (the equivalence suites) and compare logits; every other pair is refused
+before anything is written. docs/formats.md has the same table with what each cell means.
+"""
+from __future__ import annotations
+
+#: format -> families whose repaired output is loaded and compared in the tests. ``llama``
+#: covers every model with Llama's module names (Llama, Mistral, Qwen2).
+REPAIRABLE: dict[str, frozenset[str]] = {
+    "slicegpt": frozenset({"llama", "opt", "phi", "phi3"}),
+    "llm-pruner": frozenset({"llama"}),
+    "svd-llm": frozenset({"llama"}),
+    "asvd": frozenset({"llama", "bert"}),
+    "palu": frozenset({"llama"}),
+    "dense": frozenset({"llama", "bert"}),
+}
+
+
+def unsupported(fmt: str, family: str | None) -> str | None:
+    """Why ``--repair`` refuses this pair, or None when it is tested end to end."""
+    tested = REPAIRABLE.get(fmt, frozenset())
+    if family in tested:
+        return None
+    what = f"the {family} family" if family else "an architecture gac-check does not know"
+    return (f"is a {fmt} checkpoint of {what}; --repair writes {fmt} checkpoints only of "
+            f"families whose repaired output is tested in the compressor's own loader "
+            f"({', '.join(sorted(tested)) or 'none'}), so it refuses rather than write one "
+            "that may not load (the check above still holds)")
