@@ -81,10 +81,14 @@ class RepairReport:
         }
 
 
+#: seconds a repair runs before it starts printing progress lines
+PROGRESS_AFTER = 2.0
+
+
 class Progress:
     """A line on stderr per step once a repair has run for a while (at most one a second)."""
 
-    def __init__(self, total_bytes: int, stream=None, after: float = 2.0) -> None:
+    def __init__(self, total_bytes: int, stream=None, after: float = PROGRESS_AFTER) -> None:
         self.total, self.done, self.stream = total_bytes, 0, stream or sys.stderr
         self.start, self.last = time.perf_counter(), -math.inf
         self.after, self.shown = after, False
@@ -118,7 +122,7 @@ def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
     require_complete(repair_plan, ckpt.shapes)
     notes = list(extra_notes)
     progress = progress or Progress(sum(_nbytes(t) for t in ckpt.tensors.values()),
-                                    after=2.0 if show_progress else math.inf)
+                                    after=PROGRESS_AFTER if show_progress else math.inf)
     # a torch pickle is rewritten in its own layout; what cannot be is refused before OUT exists
     pickled = prepare_pickled(repair_plan, ckpt) if ckpt.container != "safetensors" else None
     with atomic_output_dir(out, force) as tmp:
