@@ -55,66 +55,13 @@ def logits(model: nn.Module, vocab: int, seed: int = 0) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------- SliceGPT
 # (every family's loader: tests/slicegpt.py)
-def _orthogonal(n: int, gen: torch.Generator) -> torch.Tensor:
-    return torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))[0]
-
-
-def slice_model(dense: LlamaForCausalLM, widths: list[int], seed: int = 0
-                ) -> tuple[dict[str, torch.Tensor], dict]:
-    """rotate_and_slice with random orthogonal Qs (SliceGPT's PCA needs data we skip): norms
-    fused into the next linears, each residual segment rotated by its own Q and cut to its
-    width (``widths``: the embedding's, then per layer the attention output's and the MLP
-    output's; the last MLP output keeps the full width, as with the default unsliced head)."""
-    sd = {k: v.detach().double().clone() for k, v in dense.state_dict().items()}
-    cfg = dense.config
-    n, hidden = cfg.num_hidden_layers, cfg.hidden_size
-    gen = torch.Generator().manual_seed(seed)
-
-    def fuse(norm: str, linears: list[str]) -> None:
-        w = sd.pop(f"{norm}.weight")
-        for lin in linears:
-            sd[f"{lin}.weight"] = sd[f"{lin}.weight"] * w
-
-    q_prev, d_prev = _orthogonal(hidden, gen), widths[0]
-    sd["model.embed_tokens.weight"] = (sd["model.embed_tokens.weight"] @ q_prev)[:, :d_prev]
-    conf = {"hidden_size": hidden, "layers_num": n, "do_slice_head": False,
-            "parallel_blocks": False, "embedding_dimensions": {"0": d_prev},
-            "attention_input_dimensions": {}, "attention_output_dimensions": {},
-            "mlp_input_dimensions": {}, "mlp_output_dimensions": {},
-            "head_dimension": hidden, "const_dimension": None}
-    for i in range(n):
-        b = f"model.layers.{i}"
-        fuse(f"{b}.input_layernorm", [f"{b}.self_attn.{p}_proj" for p in "qkv"])
-        fuse(f"{b}.post_attention_layernorm", [f"{b}.mlp.gate_proj", f"{b}.mlp.up_proj"])
-        for p in "qkv":
-            sd[f"{b}.self_attn.{p}_proj.weight"] = (sd[f"{b}.self_attn.{p}_proj.weight"]
-                                                    @ q_prev)[:, :d_prev]
-        q_attn, d_attn = _orthogonal(hidden, gen), widths[1 + 2 * i]
-        d_mlp = widths[2 + 2 * i] if i < n - 1 else hidden
-        sd[f"{b}.attn_shortcut_Q"] = (q_prev.T @ q_attn)[:d_prev, :d_attn]
-        sd[f"{b}.self_attn.o_proj.weight"] = (q_attn.T @ sd[f"{b}.self_attn.o_proj.weight"])[
-            :d_attn]
-        for p in ("gate", "up"):
-            sd[f"{b}.mlp.{p}_proj.weight"] = (sd[f"{b}.mlp.{p}_proj.weight"] @ q_attn)[:, :d_attn]
-        q_mlp = _orthogonal(hidden, gen)
-        sd[f"{b}.mlp_shortcut_Q"] = (q_attn.T @ q_mlp)[:d_attn, :d_mlp]
-        sd[f"{b}.mlp.down_proj.weight"] = (q_mlp.T @ sd[f"{b}.mlp.down_proj.weight"])[:d_mlp]
-        for key, v in (("attention_input", d_prev), ("attention_output", d_attn),
-                       ("mlp_input", d_attn), ("mlp_output", d_mlp)):
-            conf[f"{key}_dimensions"][str(i)] = v
-        q_prev, d_prev = q_mlp, d_mlp
-    fuse("model.norm", ["lm_head"])
-    sd["lm_head.weight"] = sd["lm_head.weight"] @ q_prev
-    return sd, conf
-
-
 def build_slicegpt(root: Path, widths: list[int], dtype: torch.dtype = torch.float16,
                    config_dtype: str = "float32", hidden: int = 64) -> Built:
     """run_slicegpt.py's save: ``torch.save(model.state_dict(), <name>_<s>.pt)``, the slicing
     config as ``<name>_<s>.json``, and the base model's *.json files copied beside them (its
     config.json keeps the base's torch_dtype while the weights are fp16)."""
     dense = tiny_llama(3, hidden_size=hidden, num_hidden_layers=(len(widths) - 1) // 2 + 1)
-    sd, conf = slice_model(dense, widths)
+    sd, conf = slicegpt.rotate_and_slice(dense, widths)
     stem = "tiny-llama_0.3"
     root.mkdir(parents=True)
     torch.save({k: v.to(dtype).contiguous() for k, v in sd.items()}, root / f"{stem}.pt")

@@ -177,55 +177,14 @@ def llm_pruner(layers: range, ratio: float, drop_heads: int, head_dim: int = 16)
 
 
 def slicegpt(model: nn.Module, dims: dict[str, int]) -> tuple[dict, dict]:
-    """SliceGPT's rotate-and-slice with random orthogonal Qs (its PCA needs data we skip).
+    """SliceGPT's rotate-and-slice of a Llama (:func:`tests.slicegpt.rotate_and_slice`) with
+    one width per kind of segment: ``embedding``, ``attn`` and ``mlp`` (the last MLP segment
+    keeps the full width, feeding the unsliced head)."""
+    from tests.slicegpt import rotate_and_slice
 
-    Norm weights are fused into the following linears and dropped (RMSN has none), every
-    residual segment is rotated by its own Q and cut to its width, and the shortcut Qs carry the
-    residual between segments, as rotate_and_slice_sequential does.
-    """
-    sd = {k: v.detach().double().clone() for k, v in model.state_dict().items()}
-    n, hidden = model.config.num_hidden_layers, model.config.hidden_size
-    gen = torch.Generator().manual_seed(0)
-
-    def ortho() -> torch.Tensor:
-        return torch.linalg.qr(torch.randn(hidden, hidden, generator=gen,
-                                           dtype=torch.float64))[0]
-
-    def fuse(norm: str, linears: list[str]) -> None:
-        w = sd.pop(f"{norm}.weight")
-        for lin in linears:
-            sd[f"{lin}.weight"] = sd[f"{lin}.weight"] * w
-
-    q_prev, d_prev = ortho(), dims["embedding"]
-    sd["model.embed_tokens.weight"] = (sd["model.embed_tokens.weight"] @ q_prev)[:, :d_prev]
-    conf = {"hidden_size": hidden, "layers_num": n, "do_slice_head": False,
-            "parallel_blocks": False, "embedding_dimensions": {"0": d_prev},
-            "attention_input_dimensions": {}, "attention_output_dimensions": {},
-            "mlp_input_dimensions": {}, "mlp_output_dimensions": {},
-            "head_dimension": hidden, "const_dimension": None}
-    for i in range(n):
-        b = f"model.layers.{i}"
-        fuse(f"{b}.input_layernorm", [f"{b}.self_attn.{p}_proj" for p in "qkv"])
-        fuse(f"{b}.post_attention_layernorm", [f"{b}.mlp.gate_proj", f"{b}.mlp.up_proj"])
-        for p in "qkv":
-            sd[f"{b}.self_attn.{p}_proj.weight"] = (sd[f"{b}.self_attn.{p}_proj.weight"]
-                                                    @ q_prev)[:, :d_prev]
-        q_attn, d_attn = ortho(), dims["attn"]
-        d_mlp = dims["mlp"] if i < n - 1 else hidden  # the last segment feeds the unsliced head
-        sd[f"{b}.attn_shortcut_Q"] = (q_prev.T @ q_attn)[:d_prev, :d_attn]
-        sd[f"{b}.self_attn.o_proj.weight"] = (q_attn.T @ sd[f"{b}.self_attn.o_proj.weight"])[
-            :d_attn]
-        for p in ("gate", "up"):
-            sd[f"{b}.mlp.{p}_proj.weight"] = (sd[f"{b}.mlp.{p}_proj.weight"] @ q_attn)[:, :d_attn]
-        q_mlp = ortho()
-        sd[f"{b}.mlp_shortcut_Q"] = (q_attn.T @ q_mlp)[:d_attn, :d_mlp]
-        sd[f"{b}.mlp.down_proj.weight"] = (q_mlp.T @ sd[f"{b}.mlp.down_proj.weight"])[:d_mlp]
-        for key, v in (("attention_input", d_prev), ("attention_output", d_attn),
-                       ("mlp_input", d_attn), ("mlp_output", d_mlp)):
-            conf[f"{key}_dimensions"][str(i)] = v
-        q_prev, d_prev = q_mlp, d_mlp
-    fuse("model.norm", ["lm_head"])
-    sd["lm_head.weight"] = sd["lm_head.weight"] @ q_prev
+    n = model.config.num_hidden_layers
+    widths = [dims["embedding"]] + [dims["attn"], dims["mlp"]] * n
+    sd, conf = rotate_and_slice(model, widths[:-1])
     return {k: v.float().contiguous() for k, v in sd.items()}, conf
 
 

@@ -17,7 +17,7 @@ hf_utils.py; none of its code is here):
 - ``run_slicegpt.py`` saves ``torch.save(model.state_dict(), <name>_<s>.pt)`` and the slicing
   config as ``<name>_<s>.json``, with the base model's JSON files beside them.
 
-The Llama case rotates a real dense model (:func:`tests.compressors.slice_model`). For the other
+The Llama case rotates a real dense model (:func:`rotate_and_slice`). For the other
 families the sliced weights are drawn at random in the sliced model itself: the round trip
 compares that model before and after a repair, so what matters is SliceGPT's names, shapes and
 modules, which are the ones its loader builds.
@@ -100,6 +100,59 @@ ADAPTERS = {a.family: a for a in (
             base=(*_SHARED, ("intermediate_size", 176), ("num_key_value_heads", 2),
                   ("pad_token_id", 0))),
 )}
+
+
+def _orthogonal(n: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))[0]
+
+
+def rotate_and_slice(dense: nn.Module, widths: list[int], seed: int = 0
+                     ) -> tuple[dict[str, torch.Tensor], dict]:
+    """rotate_and_slice with random orthogonal Qs (SliceGPT's PCA needs data we skip): norms
+    fused into the next linears, each residual segment rotated by its own Q and cut to its
+    width (``widths``: the embedding's, then per layer the attention output's and the MLP
+    output's; the last MLP output keeps the full width, as with the default unsliced head)."""
+    sd = {k: v.detach().double().clone() for k, v in dense.state_dict().items()}
+    cfg = dense.config
+    n, hidden = cfg.num_hidden_layers, cfg.hidden_size
+    gen = torch.Generator().manual_seed(seed)
+
+    def fuse(norm: str, linears: list[str]) -> None:
+        w = sd.pop(f"{norm}.weight")
+        for lin in linears:
+            sd[f"{lin}.weight"] = sd[f"{lin}.weight"] * w
+
+    q_prev, d_prev = _orthogonal(hidden, gen), widths[0]
+    sd["model.embed_tokens.weight"] = (sd["model.embed_tokens.weight"] @ q_prev)[:, :d_prev]
+    conf = {"hidden_size": hidden, "layers_num": n, "do_slice_head": False,
+            "parallel_blocks": False, "embedding_dimensions": {"0": d_prev},
+            "attention_input_dimensions": {}, "attention_output_dimensions": {},
+            "mlp_input_dimensions": {}, "mlp_output_dimensions": {},
+            "head_dimension": hidden, "const_dimension": None}
+    for i in range(n):
+        b = f"model.layers.{i}"
+        fuse(f"{b}.input_layernorm", [f"{b}.self_attn.{p}_proj" for p in "qkv"])
+        fuse(f"{b}.post_attention_layernorm", [f"{b}.mlp.gate_proj", f"{b}.mlp.up_proj"])
+        for p in "qkv":
+            sd[f"{b}.self_attn.{p}_proj.weight"] = (sd[f"{b}.self_attn.{p}_proj.weight"]
+                                                    @ q_prev)[:, :d_prev]
+        q_attn, d_attn = _orthogonal(hidden, gen), widths[1 + 2 * i]
+        d_mlp = widths[2 + 2 * i] if i < n - 1 else hidden
+        sd[f"{b}.attn_shortcut_Q"] = (q_prev.T @ q_attn)[:d_prev, :d_attn]
+        sd[f"{b}.self_attn.o_proj.weight"] = (q_attn.T @ sd[f"{b}.self_attn.o_proj.weight"])[
+            :d_attn]
+        for p in ("gate", "up"):
+            sd[f"{b}.mlp.{p}_proj.weight"] = (sd[f"{b}.mlp.{p}_proj.weight"] @ q_attn)[:, :d_attn]
+        q_mlp = _orthogonal(hidden, gen)
+        sd[f"{b}.mlp_shortcut_Q"] = (q_attn.T @ q_mlp)[:d_attn, :d_mlp]
+        sd[f"{b}.mlp.down_proj.weight"] = (q_mlp.T @ sd[f"{b}.mlp.down_proj.weight"])[:d_mlp]
+        for key, v in (("attention_input", d_prev), ("attention_output", d_attn),
+                       ("mlp_input", d_attn), ("mlp_output", d_mlp)):
+            conf[f"{key}_dimensions"][str(i)] = v
+        q_prev, d_prev = q_mlp, d_mlp
+    fuse("model.norm", ["lm_head"])
+    sd["lm_head.weight"] = sd["lm_head.weight"] @ q_prev
+    return sd, conf
 
 
 def get(root: nn.Module, path: str) -> nn.Module:
