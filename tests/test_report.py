@@ -157,17 +157,33 @@ def test_merge_refuses_bad_runs_and_writes_nothing(tmp_path, kind):
 
 
 @pytest.mark.parametrize("args", [
-    ["--report", "{tmp}/missing/r.html"],
-    ["--junit", "{tmp}/missing/r.xml"],
+    ["--report", "{tmp}/a-file/r.html"],
+    ["--junit", "{tmp}/a-file/deeper/r.xml"],
     ["--report", "{tmp}/r.txt"],
 ])
 def test_cli_refuses_bad_report_paths_before_checking(llama, tmp_path, args):
+    (tmp_path / "a-file").write_text("not a directory")
     before = sorted(tmp_path.iterdir())
     proc = gac(llama, *(a.format(tmp=tmp_path) for a in args))
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stdout == ""  # refused before the check ran
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_outputs_in_missing_directories_are_created_and_announced(llama, tmp_path):
+    """A fresh CI checkout has no reports/ yet: the README's gate commands create it, and
+    every file written is named on stderr, one line each."""
+    html, xml = tmp_path / "new" / "r.html", tmp_path / "other" / "deep" / "sites.xml"
+    proc = gac(llama, "--gpu", "gpu", "--report", html, "--junit", xml, cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert html.is_file() and html.with_suffix(".json").is_file() and xml.is_file()
+    written = [line for line in proc.stderr.splitlines() if line.startswith("gac-check: wrote")]
+    assert written == [f"gac-check: wrote {p}" for p in (html, html.with_suffix(".json"), xml)]
+    merged = tmp_path / "merged" / "all.html"
+    proc = gac("report", "merge", html.with_suffix(".json"), "-o", merged)
+    assert proc.returncode == 0 and merged.is_file()
+    assert proc.stderr == f"gac-check: wrote {merged}\n"
 
 
 def test_merge_refuses_to_overwrite_an_input(tmp_path):

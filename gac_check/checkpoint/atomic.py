@@ -39,9 +39,11 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path | str, data: str | bytes) -> None:
-    """Write ``data`` to a temporary sibling, fsync it, and rename it over ``path``."""
+    """Write ``data`` to a temporary sibling, fsync it, and rename it over ``path``; missing
+    parent directories are created (as pytest does for ``--junitxml``)."""
     path = Path(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         _remove_orphans(path)
         fd, tmp = _locked_temp(path)
     except OSError as exc:

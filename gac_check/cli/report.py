@@ -22,6 +22,7 @@ from jinja2 import TemplateError
 from gac_check.checkpoint.atomic import write_atomic
 from gac_check.errors import BadInput
 from gac_check.report.html import render_html
+from gac_check.report.outputs import announce
 from gac_check.report.run import check_writable, load_run
 
 
@@ -50,6 +51,7 @@ def main(argv: Sequence[str], parser_class: type[argparse.ArgumentParser]) -> in
     label_runs(runs, args.runs)
     html = _rendered(runs, None, title=args.title)
     write_atomic(out, html)
+    announce(out)
     return 0
 
 

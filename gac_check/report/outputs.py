@@ -3,13 +3,15 @@
 ``--report`` writes the HTML and, beside it, the run document as ``FILE.json`` (what
 ``gac-check report merge`` reads); the file's stem labels the run in merged reports. With no
 value it writes ``reports/<model>-<profile>.html`` under the current directory, creating
-``reports/`` (docs/design.md, "Where reports land"); an explicit path must be in an
-existing directory. Paths are checked before the model is read, and all files are rendered in
+``reports/`` (docs/design.md, "Where reports land"); an explicit path's missing directories
+are created. Paths are checked before the model is read, and all files are rendered in
 memory before the first is written, so a bad path or a failed check leaves nothing behind.
+Every file written is named on stderr.
 """
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,4 +92,10 @@ def write(outputs: Outputs, check: dict, fail_on: str, fix: dict | None = None) 
         files.append((outputs.junit, to_junit(check, fail_on)))
     for path, text in files:
         write_atomic(path, text)
+        announce(path)
     return [p for p, _ in files]
+
+
+def announce(path: Path) -> None:
+    """Say on stderr where a file was written: one line each, so a CI log shows it."""
+    print(f"gac-check: wrote {path}", file=sys.stderr)

@@ -166,17 +166,19 @@ def _expect(obj: dict, key: str, kind: type, path: Path, where: str) -> None:
 
 
 def check_writable(path: Path) -> Path:
-    """Refuse an output whose directory is missing (or that is a directory, or a link loop)
-    before any work or writing starts."""
+    """Refuse an output that is a directory or a link loop, or whose nearest existing ancestor
+    is not a directory, before any work or writing starts. Missing directories are fine: the
+    writer creates them (a CI job's ``reports/`` does not exist in a fresh clone)."""
     path = Path(path)
     try:
-        path.resolve()
+        resolved = path.resolve()
     except (OSError, RuntimeError):  # Python 3.11 reports a link loop as RuntimeError
         raise BadInput("is a symlink loop", path) from None
     if path.is_dir():
         raise BadInput("is a directory, not a file", path)
-    if not path.parent.resolve().is_dir():
-        raise BadInput("directory does not exist", path)
+    ancestor = next(p for p in resolved.parents if p.exists())
+    if not ancestor.is_dir():
+        raise BadInput(f"cannot be created: {ancestor} is not a directory", path)
     return path
 
 

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from gac_check.checkpoint.atomic import write_atomic
-from gac_check.report.outputs import REPORTS_DIR, Outputs
+from gac_check.report.outputs import REPORTS_DIR, Outputs, announce
 from gac_check.report.run import dumps, new_run
 
 #: A Hub model's full commit id, shortened in the table (the JSON and HTML keep it whole).
@@ -80,6 +80,7 @@ def write_zoo(outputs: Outputs, checks: list[dict], fail_on: str) -> list[Path]:
         files.append((outputs.junit, zoo_junit(checks, fail_on)))
     for path, text in files:
         write_atomic(path, text)
+        announce(path)
     return [p for p, _ in files]
 
 
