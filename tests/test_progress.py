@@ -1,10 +1,14 @@
-"""Long steps show progress to a person at a terminal, and nothing in a pipe or with JSON."""
+"""Long steps show progress: a bar at a terminal, periodic plain lines in a CI log or pipe,
+nothing beside --format json."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from gac_check import progress
+from gac_check.cli.main import main
 from gac_check.models.compress import compress_dir
-from tests.helpers import gac, gac_on_terminal, tiny_llama
+from tests.helpers import gac_on_terminal, tiny_llama
 
 
 def compressed_llama(root: Path) -> Path:
@@ -14,16 +18,18 @@ def compressed_llama(root: Path) -> Path:
     return root / "c"
 
 
-def stderr_of(args: list[str], tty: bool) -> str:
-    """What reaches stderr on a terminal (as a person sees it) or on a pipe."""
-    return gac_on_terminal(*args)[1] if tty else gac(*args, timeout=300).stderr
-
-
-def test_realign_progress_on_a_terminal_only(tmp_path):
+def test_realign_progress_in_terminals_logs_and_not_json(tmp_path, monkeypatch, capsys):
     model = compressed_llama(tmp_path)
     realign = [str(model), "--gpu", "a100", "--dtype", "float16", "--fail-on", "never",
                "--base", str(tmp_path / "dense"), "--realign"]
-    assert "factorizing" in stderr_of([*realign, str(tmp_path / "o1")], tty=True)
-    assert "factorizing" not in stderr_of([*realign, str(tmp_path / "o2")], tty=False)
-    json_run = stderr_of([*realign, str(tmp_path / "o3"), "--format", "json"], tty=True)
-    assert "factorizing" not in json_run
+    assert "factorizing" in gac_on_terminal(*realign, str(tmp_path / "o1"))[1]
+    capsys.readouterr()
+    monkeypatch.setattr(progress, "LOG_INTERVAL", 0.0)  # a line after every step
+    main([*realign, str(tmp_path / "o2")])
+    log = capsys.readouterr().err.splitlines()
+    assert "gac-check: factorizing 1/7 (14%)" in [line.rsplit(",", 1)[0] for line in log]
+    assert "\r" not in "".join(log)
+    main([*realign, str(tmp_path / "o3"), "--format", "json"])
+    captured = capsys.readouterr()
+    assert "factorizing" not in captured.err
+    assert set(json.loads(captured.out)["remaining"]) == {"error", "warning"}

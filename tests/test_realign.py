@@ -184,3 +184,51 @@ def test_without_base_a_rank_below_the_alignment_is_written_as_it_is_recorded(tm
         got = load_model(tmp_path / "out")(ids).logits
         want = load_model(tmp_path / "c")(ids).logits
     assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["budget above 1", "budget infeasible", "calib missing",
+                                  "calib without base"])
+def test_realign_refuses_bad_arguments_before_any_svd(pair, tmp_path, monkeypatch, capsys,
+                                                      case):
+    """What the headers can refuse is refused before factorizing (minutes on a real model):
+    factors.sources, where the SVDs start, is never reached."""
+    from gac_check.cli.main import main
+    from gac_check.realign import factors
+
+    _, dense_dir, compressed, _ = pair
+
+    def no_svd(*args, **kwargs):
+        raise AssertionError("the SVDs started before the arguments were refused")
+
+    monkeypatch.setattr(factors, "sources", no_svd)
+    extra = {"budget above 1": ["--base", str(dense_dir), "--budget", "2"],
+             "budget infeasible": ["--base", str(dense_dir), "--budget", "0.001"],
+             "calib missing": ["--base", str(dense_dir), "--calib", str(tmp_path / "none.txt")],
+             "calib without base": ["--calib", str(dense_dir / "config.json")]}[case]
+    code = main([str(compressed), "--realign", str(tmp_path / "out"), "--gpu", "a100",
+                 "--dtype", "float16", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert {"budget above 1": "not a fraction in (0, 1]",
+            "budget infeasible": "the smallest feasible budget is",
+            "calib missing": "no such file",
+            "calib without base": "needs --base"}[case] in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_realign_rechecks_out_and_records_provenance(pair, tmp_path):
+    """Like --repair: the summary says what changed without ambiguity and what the re-check of
+    OUT found, and OUT carries gac-realign.json with the same."""
+    _, dense_dir, compressed, _ = pair
+    out = tmp_path / "out"
+    run = gac(compressed, "--realign", out, "--base", dense_dir, "--gpu", "a100",
+              "--dtype", "float16", "--fail-on", "never", timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "changed to another aligned rank" in run.stdout and "unchanged" in run.stdout
+    assert "re-check of out:" in run.stdout
+    record = json.loads((out / "gac-realign.json").read_text())
+    assert record["source"] == str(compressed)
+    remaining = check(out, "a100", "float16").findings
+    assert record["remaining"] == {sev: sum(f.severity == sev for f in remaining)
+                                   for sev in ("error", "warning")}
+    assert record["plan"]["budget"] >= record["plan"]["total_params"]

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
-from gac_check.analysis import check
+from gac_check.analysis import CheckResult, check
 from gac_check.checkpoint.outdir import check_output_dir
 from gac_check.cli.exits import exit_code
 from gac_check.cli.fixing import plan_fix_outputs, write_fix_outputs
@@ -19,21 +20,16 @@ def run_realign(args: argparse.Namespace) -> int:
     """Realign, then gate on the re-check of OUT (like --repair), which ``--report`` and
     ``--junit`` describe."""
     outputs = plan_fix_outputs(args, args.realign)
-    before = check(args.model_dir, args.gpu, args.dtype)
-    report = realign_dir(args.model_dir, args.realign, args.base, args.gpu, args.dtype,
-                         args.budget, args.strategy, args.force, args.calib,
-                         progress=args.output != "json")
+    before, report = realign_checked(args.model_dir, args.realign, args.base, args.gpu,
+                                     args.dtype, args.budget, args.strategy, args.force,
+                                     args.calib, progress=args.output != "json")
     if before.dtype_choice and before.dtype_choice.note:
         report.notes.insert(0, before.dtype_choice.note)
-    remaining = check(args.realign, args.gpu, before.contract.dtype).findings
-    if args.output == "json":
-        counts = {sev: sum(f.severity == sev for f in remaining) for sev in ("error", "warning")}
-        print(json.dumps({**report.to_json(), "remaining": counts}, indent=2))
-    else:
-        print(render_realign(report))
+    print(json.dumps(report.to_json(), indent=2) if args.output == "json"
+          else render_realign(report))
     write_fix_outputs(outputs, "realign", before, args.realign, args.gpu,
                       before.contract.dtype, args.fail_on)
-    return exit_code(remaining, args.fail_on)
+    return exit_code(report.remaining, args.fail_on)
 
 
 #: What to run instead of --realign, per format it cannot rewrite.
@@ -67,14 +63,64 @@ def realign_dir(model_dir: Path, out: Path, base_dir: Path | None = None, gpu: s
                 ) -> RealignReport:
     """Check ``model_dir`` and write its realigned model to ``out`` (ASVD layout only; other
     formats are refused with what to run instead, before anything is written)."""
+    return realign_checked(model_dir, out, base_dir, gpu, dtype, budget, strategy, force,
+                           calib, progress)[1]
+
+
+def realign_checked(model_dir: Path, out: Path, base_dir: Path | None = None,
+                    gpu: str = "auto", dtype: str | None = None, budget: str = "same",
+                    strategy: str = "minimal", force: bool = False, calib: Path | None = None,
+                    progress: bool = True) -> tuple[CheckResult, RealignReport]:
+    """:func:`realign_dir`, also returning the check of the input; each check runs once, and
+    everything the headers can refuse is refused before any SVD."""
     inputs = [Path(model_dir)] + ([Path(base_dir)] if base_dir else [])
     check_output_dir(Path(out), force, *inputs)
     result = check(model_dir, gpu, dtype)
+    align = rank_alignment(result.contract, strategy)
     if result.format.name != "asvd":
-        align = rank_alignment(result.contract, strategy)
         ranks = [s for s in result.sites if s.role in (Role.RANK, Role.KV_LATENT)
                  and s.value % align]
         raise BadInput(not_realignable(result.format.name, align, len(ranks)),
                        result.checkpoint.path)
-    return realign(result.checkpoint, result.sites, result.contract, Path(out), base_dir,
-                   budget, strategy, force, calib, progress)
+    require_feasible(result, budget, align, calib, base_dir)
+    report = realign(result.checkpoint, result.sites, result.contract, Path(out), base_dir,
+                     budget, strategy, force, calib, progress,
+                     recheck=lambda tmp: check(tmp, gpu, result.contract.dtype).findings)
+    return result, report
+
+
+def require_feasible(result: CheckResult, budget: str, align: int, calib: Path | None,
+                     base_dir: Path | None) -> None:
+    """Refuse, from the headers alone, what would otherwise fail after minutes of SVDs: a
+    missing calibration file, a budget that is no fraction, one no aligned choice fits."""
+    if calib is not None:
+        if base_dir is None:
+            raise BadInput("--calib needs --base: activations come from the dense model")
+        if not Path(calib).is_file():
+            raise BadInput("--calib: no such file", calib)
+    shapes = result.checkpoint.shapes
+    sizes = []  # (rows, columns, rank) of each factorised matrix
+    for site in result.sites:
+        if site.role is Role.RANK:
+            b, a = (ax.tensor for ax in site.axes)  # B [r, in] then A [out, r]
+            sizes.append((shapes[a][0], shapes[b][1], site.value))
+    dense = sum(m * n for m, n, _ in sizes)
+    if budget == "same":
+        spend = sum(r * (m + n) for m, n, r in sizes)
+    else:
+        try:
+            fraction = float(budget)
+        except ValueError:
+            raise BadInput(f"--budget must be 'same' or a fraction of the dense model's "
+                           f"low-rank matrices, got {budget!r}") from None
+        if not 0 < fraction <= 1:
+            raise BadInput(f"--budget {budget} is not a fraction in (0, 1] of the dense "
+                           "model's low-rank matrices (0.2 is a fifth; above 1 would store "
+                           "more than the dense model)")
+        spend = math.floor(fraction * dense)
+    least = sum(min(align * (m + n), m * n) for m, n, _ in sizes)
+    if dense and spend < least:
+        raise BadInput(f"--budget {budget} allows {spend:,} parameters, fewer than the "
+                       f"cheapest aligned choice ({least:,}: rank {align} or dense for every "
+                       f"matrix); the smallest feasible budget is "
+                       f"{math.ceil(1000 * least / dense) / 1000:g}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,12 +23,15 @@ from gac_check.checkpoint.outdir import (
     weight_file_names,
 )
 from gac_check.checkpoint.tensors import read_state, tensor
-from gac_check.contract.rules import ERROR, WARNING, Contract
+from gac_check.contract.rules import ERROR, WARNING, Contract, Finding
 from gac_check.errors import BadInput
 from gac_check.progress import steps
 from gac_check.realign.calibration import input_scales
 from gac_check.realign.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
 from gac_check.sites import DimSite, Role
+
+#: the provenance record written into OUT, as a repair writes gac-repair.json
+PROVENANCE = "gac-realign.json"
 
 B_SUFFIX, A_SUFFIX = ".BLinear.weight", ".ALinear.weight"
 
@@ -60,11 +64,16 @@ class RealignReport:
     old_error: float
     with_base: bool
     notes: list[str] = field(default_factory=list)
+    #: what the re-check of OUT still finds (run before OUT appears, as a repair's is)
+    remaining: list[Finding] = field(default_factory=list)
 
     def to_json(self) -> dict:
+        counts = {sev: sum(f.severity == sev for f in self.remaining)
+                  for sev in ("error", "warning")}
         return {"out": str(self.out), "align": self.align, "with_base": self.with_base,
                 "old_ranks": self.old_ranks, "old_params": self.old_params,
-                "old_error": self.old_error, "plan": self.plan.as_dict(), "notes": self.notes}
+                "old_error": self.old_error, "plan": self.plan.as_dict(), "notes": self.notes,
+                "remaining": counts}
 
 
 def rank_alignment(contract: Contract, strategy: str = "minimal") -> int:
@@ -135,9 +144,13 @@ def _svd_of_product(a: torch.Tensor, b: torch.Tensor):
 
 def realign(ckpt: Checkpoint, sites: list[DimSite], contract: Contract, out: Path,
             base_dir: Path | None = None, budget: str = "same", strategy: str = "minimal",
-            force: bool = False, calib: Path | None = None, progress: bool = True
-            ) -> RealignReport:
-    """Solve the knapsack for an ASVD-layout checkpoint and write the re-selected model."""
+            force: bool = False, calib: Path | None = None, progress: bool = True,
+            recheck: Callable[[Path], list[Finding]] | None = None) -> RealignReport:
+    """Solve the knapsack for an ASVD-layout checkpoint and write the re-selected model.
+
+    ``recheck`` checks the finished output before it appears, so its ``gac-realign.json``
+    records what remains, like a repair's ``gac-repair.json``.
+    """
     base = open_checkpoint(base_dir) if base_dir else None
     modules = rank_modules(sites, ckpt.path)
     scales = None
@@ -167,27 +180,34 @@ def realign(ckpt: Checkpoint, sites: list[DimSite], contract: Contract, out: Pat
         report.notes.append("no --base given: only the existing factors were available (ranks "
                             "go down within them, up only to the alignment by zero padding); "
                             "the error shown is relative to the compressed model")
-    _write(ckpt, state, srcs, plan, Path(out), force)
+    _write(ckpt, state, srcs, report, force, recheck)
     return report
 
 
-def _write(ckpt: Checkpoint, state: dict[str, torch.Tensor], srcs: list[Source], plan: RankPlan,
-           out: Path, force: bool) -> None:
-    """The input's tensors with every factor pair replaced; ``state`` is consumed."""
+def _write(ckpt: Checkpoint, state: dict[str, torch.Tensor], srcs: list[Source],
+           report: RealignReport, force: bool,
+           recheck: Callable[[Path], list[Finding]] | None) -> None:
+    """The input's tensors with every factor pair replaced (``state`` is consumed), the
+    re-check of the result and the provenance record, all before OUT appears."""
     from safetensors.torch import save_file
 
-    ranks = plan.ranks
+    ranks = report.plan.ranks
     for s in srcs:
         for suffix in (A_SUFFIX, B_SUFFIX, ".ALinear.bias"):
             state.pop(s.module + suffix, None)
         state.update(_factors(s, ranks[s.module], s.dtype))
     config = dict(ckpt.config)
     config["truncation_ranks"] = {m: int(r) for m, r in ranks.items() if r != DENSE}
-    with atomic_output_dir(out, force) as tmp:
-        copy_side_files(ckpt.path, tmp, skip=weight_file_names(ckpt.path) | {"config.json"})
+    with atomic_output_dir(report.out, force) as tmp:
+        copy_side_files(ckpt.path, tmp, skip=weight_file_names(ckpt.path)
+                        | {"config.json", PROVENANCE})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
+        if recheck is not None:
+            report.remaining = recheck(tmp)
+        (tmp / PROVENANCE).write_text(json.dumps(
+            {"source": str(ckpt.path), **report.to_json()}, indent=2) + "\n")
 
 
 def _factors(s: Source, rank, dtype: torch.dtype) -> dict[str, torch.Tensor]:

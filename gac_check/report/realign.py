@@ -1,18 +1,23 @@
 """The text summary of a realign: ranks changed, parameters kept, error moved, solver used."""
 from __future__ import annotations
 
-from gac_check.realign.factors import RealignReport
+from gac_check.contract.rules import ERROR
+from gac_check.realign.factors import PROVENANCE, RealignReport
 from gac_check.realign.knapsack import DENSE, RankPlan
 
 
 def render_realign(report: RealignReport) -> str:
     """The text summary ``gac-check --realign`` prints."""
     p = report.plan
-    changed = sum(1 for m, r in p.ranks.items() if r != report.old_ranks[m])
-    dense = sum(1 for r in p.ranks.values() if r == DENSE)
+    old = report.old_ranks
+    dense = sum(1 for m, r in p.ranks.items() if r == DENSE and old[m] != DENSE)
+    changed = sum(1 for m, r in p.ranks.items() if r not in (old[m], DENSE))
+    same = len(p.ranks) - dense - changed
     lines = [
         f"realigned {len(p.choices)} low-rank matrices to multiples of {report.align} "
-        f"({changed} changed, {dense} kept dense) -> {report.out}",
+        f"-> {report.out}",
+        f"  ranks: {changed} changed to another aligned rank, {same} unchanged, {dense} "
+        "replaced by their dense product (fewer parameters than any aligned rank's factors)",
         f"  parameters in low-rank matrices: {report.old_params:,} -> {p.total_params:,} "
         f"(budget {p.budget:,})",
         f"  weight-space error (sum of discarded s^2): {report.old_error:.6g} -> "
@@ -20,7 +25,12 @@ def render_realign(report: RealignReport) -> str:
                                 if report.old_error else ""),
         _solver_line(p),
     ]
-    return "\n".join(lines + [f"  note: {n}" for n in report.notes])
+    errors = sum(f.severity == ERROR for f in report.remaining)
+    lines += [f"  note: {n}" for n in report.notes]
+    lines.append(f"  re-check of {report.out.name}: {len(report.remaining)} sites still "
+                 f"misaligned ({errors} errors, {len(report.remaining) - errors} warnings); "
+                 f"provenance in {report.out.name}/{PROVENANCE}")
+    return "\n".join(lines)
 
 
 def _solver_line(p: RankPlan) -> str:
