@@ -132,3 +132,16 @@ def test_version_names_the_installed_distribution() -> None:
 
     run = gac("--version")
     assert (run.returncode, run.stdout.strip()) == (0, f"gac-check {version('gac-check')}")
+
+
+def test_help_explains_every_option_and_names_report_merge() -> None:
+    """--help is the first manual a user reads: no option without its text."""
+    import argparse
+
+    from gac_check.cli.main import build_parser
+
+    parser = build_parser()
+    bare = [a.option_strings or [a.dest] for a in parser._actions
+            if not a.help or a.help == argparse.SUPPRESS]
+    assert not bare
+    assert "report merge" in parser.format_help()

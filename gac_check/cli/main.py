@@ -39,7 +39,11 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gac-check", description="Find, repair and gate GPU-hostile dimensions "
-                "in a compressed model checkpoint.")
+                "in a compressed model checkpoint.",
+                epilog="Also: 'gac-check report merge RUN.json ... -o FILE.html' merges saved "
+                "runs (one per GPU) into one report. Exit codes: 0 nothing at or above "
+                "--fail-on, 1 findings, 2 bad input or usage, 3 internal error. Manual: "
+                "docs/ in the source tree.")
     p.add_argument("models", nargs="*", metavar="MODEL",
                    help="model directory (config.json + weights), or a Hub model checked from "
                    "its headers alone: hf://ORG/NAME[@REVISION], or ORG/NAME where no such "
@@ -54,8 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="dtype the model will be served in (default: config.json's dtype, "
                    "else the weights')")
-    p.add_argument("--format", choices=("text", "json"), default="text", dest="output")
-    p.add_argument("--fail-on", choices=("error", "warning", "never"), default="error")
+    p.add_argument("--format", choices=("text", "json"), default="text", dest="output",
+                   help="text: the site table for a person (default); json: one gac-check/1 "
+                   "object on stdout for a program (no progress on stderr)")
+    p.add_argument("--fail-on", choices=("error", "warning", "never"), default="error",
+                   help="exit 1 when a site is at or above this severity (default error: a "
+                   "kernel refuses the shape or a large slowdown; warning: also sub-optimal "
+                   "multiples; never: only report)")
     p.add_argument("--report", nargs="?", const=DEFAULT_REPORT, metavar="FILE.html",
                    help="write the HTML alignment report (and its run JSON beside it); "
                    "without FILE: reports/<model>-<profile>.html")
