@@ -78,3 +78,24 @@ def test_auto_without_gpu_is_the_generic_gpu_contract_not_cpu():
 def test_unknown_profile_is_bad_input():
     with pytest.raises(BadInput, match="unknown hardware profile"):
         resolve_profile("v100")
+
+
+def test_the_32_byte_rule_quotes_the_profiles_own_sweep() -> None:
+    """An H100 check cites the H100 sweep, never the A100's; the quoted medians are the
+    packaged sweeps' own (multiples of 16 vs multiples of 8 only, fp16 K)."""
+    import statistics
+    from importlib.resources import files
+
+    from gac_check.contract.rules import PUBLISHED_K_SWEEP, gpu_rules
+
+    for gpu, (at16, at8) in PUBLISHED_K_SWEEP.items():
+        text = files("gac_check.data").joinpath(f"published-{gpu}-gemm-alignment-sweep.tsv")
+        k = {int(r.split("\t")[0]): float(r.split("\t")[1])
+             for r in text.read_text().splitlines() if r[:1].isdigit()}
+        assert round(statistics.median(v for d, v in k.items() if d % 16 == 0), 1) == at16
+        assert round(statistics.median(v for d, v in k.items() if d % 16 and d % 8 == 0),
+                     1) == at8
+    for profile, gpu in (("h100", "H100"), ("h200", "H100"), ("a100", "A100"), ("gpu", "A100")):
+        (rule,) = [r for r in gpu_rules("float16", profile) if r.id == "gemm-optimal-32B"]
+        assert f"published {gpu} fp16" in rule.why and ({"A100", "H100"} - {gpu}).pop() \
+            not in rule.why
