@@ -224,6 +224,8 @@ def _read(response: httpx2.Response, fetch: Fetch, where: str, cap: int, deadlin
     length = response.headers.get("Content-Length", "")
     if stop_at is None and inflate is None and length.isdigit() and int(length) > cap:
         raise too_long(where, cap, int(length))
+    budget = fetch.bytes_left()  # inflated, a body may not outgrow the model's budget either
+    limit = min(cap, budget)
     out = bytearray()
     for chunk in response.iter_raw():
         fetch.spend(len(chunk), where)
@@ -232,15 +234,16 @@ def _read(response: httpx2.Response, fetch: Fetch, where: str, cap: int, deadlin
                               f"{REQUEST_TIMEOUTS * fetch.limits.timeout:.3g} s to send it "
                               "(too slow); nothing was checked")
         if inflate is not None:
-            out += inflate.decompress(chunk, cap + 1 - len(out))
+            out += inflate.decompress(chunk, limit + 1 - len(out))
             if inflate.unconsumed_tail:
                 out += b"\0"  # more than cap would come out of it
         else:
             out += chunk
         if stop_at is not None and len(out) >= stop_at:
             return bytes(out[:stop_at])
-        if len(out) > cap:
-            raise too_long(where, cap)
+        if len(out) > limit:
+            raise too_long(where, cap) if cap <= budget else over_budget(
+                where, fetch.limits.max_bytes)
     return bytes(out)
 
 

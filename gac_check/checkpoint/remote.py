@@ -525,6 +525,9 @@ def _plain_name(name: str, where: str) -> str:
     problem = name_problem(name)
     if problem:
         raise BadInput(f"{where}: refers to {name!r}, whose name {problem}")
+    problem = listed_name_problem(PurePosixPath(name).as_posix())
+    if problem and "relative path" not in problem:
+        raise BadInput(f"{where}: refers to {name[:120]!r}, whose name {problem}")
     pure = PurePosixPath(name)
     if pure.is_absolute() or ".." in pure.parts:
         raise BadInput(f"{where}: refers to {name!r}, which is outside the model directory")
