@@ -189,27 +189,29 @@ def _generated(how: Hostile):
     if how.gzip:
         z = zlib.compressobj(9, zlib.DEFLATED, -15)
         crc, total = 0, 0
-        yield gzip.compress(b"")[:10]  # the gzip header
+        packed = bytearray(gzip.compress(b"")[:10])  # the gzip header
     first = how.prefix
     while left > 0 or first:
         piece = first or how.fill * max(1, min(CHUNK, left) // len(how.fill))
         piece = piece[:max(left, len(first))]
         first = b""
         left -= len(piece)
-        if how.gzip:
+        if how.gzip:  # sent in large writes, so a client reads a bomb in 64 KB gulps
             crc, total = zlib.crc32(piece, crc), total + len(piece)
-            out = z.compress(piece)
-            if out:
-                yield out
+            packed += z.compress(piece)
+            if len(packed) >= 256 * 1024:
+                yield bytes(packed)
+                packed.clear()
         else:
             yield piece
     if how.suffix and how.gzip:
         crc, total = zlib.crc32(how.suffix, crc), total + len(how.suffix)
-        yield z.compress(how.suffix)
+        packed += z.compress(how.suffix)
     elif how.suffix:
         yield how.suffix
     if how.gzip:
-        yield z.flush() + crc.to_bytes(4, "little") + (total & 0xFFFFFFFF).to_bytes(4, "little")
+        trailer = crc.to_bytes(4, "little") + (total & 0xFFFFFFFF).to_bytes(4, "little")
+        yield bytes(packed) + z.flush() + trailer
 
 
 def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:

@@ -111,8 +111,9 @@ def baseline(models, tmp_path_factory) -> Run:
 
 
 def small(run: Run, baseline: Run) -> None:
-    """Peak memory within 64 MiB of an honest check's: nothing large was held."""
-    assert run.rss < baseline.rss + 64 * MIB, (run.rss, baseline.rss)
+    """Peak memory within 32 MiB of an honest check's: nothing large was held (one 64 KB read
+    of a gzip bomb inflated whole would be 64 MB)."""
+    assert run.rss < baseline.rss + 32 * MIB, (run.rss, baseline.rss)
 
 
 # ------------------------------------------------------------------------------- hangs
