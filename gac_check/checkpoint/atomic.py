@@ -38,8 +38,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path | str, data: str | bytes) -> None:
-    """Write ``data`` to a temporary sibling, fsync it, and rename it over ``path``."""
+def write_atomic(path: Path | str, data: str | bytes, replace: bool = True) -> None:
+    """Write ``data`` to a temporary sibling, fsync it, and rename it over ``path``;
+    ``replace=False``: link it in only if ``path`` does not exist (else FileExistsError), so
+    of two racing writers exactly one lands and the other is told."""
     path = Path(path)
     try:
         _remove_orphans(path)
@@ -52,7 +54,11 @@ def write_atomic(path: Path | str, data: str | bytes) -> None:
             fh.flush()
             os.fchmod(fh.fileno(), 0o666 & ~umask())
             os.fsync(fh.fileno())
-            os.replace(tmp, path)  # still holding the lock: no cleaner mistakes it for an orphan
+            if replace:  # still holding the lock: no cleaner mistakes it for an orphan
+                os.replace(tmp, path)
+            else:
+                os.link(tmp, path)
+                os.unlink(tmp)
         fsync_dir(path.parent)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)

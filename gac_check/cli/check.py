@@ -42,7 +42,7 @@ def run_check(args: argparse.Namespace) -> int:
     outputs = None
     for name in names:  # every output path is refused before any model is read
         outputs = plan_outputs(args.report, args.junit, _hub_cache() if is_remote(name)
-                               else Path(name))
+                               else Path(name), force=args.force)
     results = [check_model(name, args) for name in
                steps(names, "checking models", enabled=len(names) > 1 and args.output != "json")]
     bench = _bench(results) if args.bench else None
