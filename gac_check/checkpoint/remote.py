@@ -2,19 +2,23 @@
 
 Choosing a compressed model, or publishing one, should not cost tens of gigabytes: a check
 needs names, dtypes and shapes, which a safetensors file keeps in a header at its start. So a
-Hub model is indexed from the file listing (``HfApi.model_info``), ``config.json``, the shard
-index and small sidecar JSON files (``hf_hub_download``: the Hub cache, ``HF_ENDPOINT``,
-``HF_TOKEN`` and offline mode all apply) and, per shard, one HTTP range request for its first
-:data:`FIRST_READ` bytes (a second only when a header is longer). The header bytes go through
-the same validation as a local file's (:mod:`gac_check.checkpoint.safetensors_header`), so a
-remote check and a local check of the same files agree.
+Hub model is indexed from the file listing (the Hub's model info with ``blobs=True``),
+``config.json``, the shard index and small sidecar JSON files (``HF_ENDPOINT``, ``HF_TOKEN``
+and offline mode all apply) and, per shard, one HTTP range request for its first
+:data:`FIRST_READ` bytes (a second only when a header is longer). Every request is one bounded
+GET of :mod:`.hub_io` (time, bytes and requests per model: :class:`.hub_io.Limits`), and every
+field of every answer is checked before use; optional sidecars that fail are notes. The header
+bytes go through the same validation as a local file's
+(:mod:`gac_check.checkpoint.safetensors_header`), so a remote check and a local check of the
+same files agree.
 
 Everything is read at one commit, resolved once, so a branch that moves mid-check cannot mix
-two versions. The listing and the header bytes are kept per commit (a commit never changes)
-under the Hub's assets cache, so a model checked once can be checked again offline
-(``HF_HUB_OFFLINE=1``) or when the network is down; a shard already downloaded into the Hub
-cache is read from there. Weights pickled by ``torch.save`` (LLM-Pruner, SVD-LLM) are refused:
-their index is a pickle inside a zip, and only downloading them is supported.
+two versions. The listing, the JSON files and the header bytes are kept per commit (a commit
+never changes), once validated, under the Hub's assets cache, so a model checked once can be
+checked again offline (``HF_HUB_OFFLINE=1``) or when the network is down; a shard already
+downloaded into the Hub cache is read from there. Weights pickled by ``torch.save``
+(LLM-Pruner, SVD-LLM) are refused: their index is a pickle inside a zip, and only
+downloading them is supported.
 """
 from __future__ import annotations
 

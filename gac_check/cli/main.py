@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     fix.add_argument("--strategy", choices=("minimal", "optimal"), default="minimal",
                      help="minimal: the required multiple; optimal: the fastest one "
                      "(for --repair and --realign)")
-    fix.add_argument("--force", action="store_true", help="replace an existing OUT")
+    fix.add_argument("--force", action="store_true", help="replace an existing OUT, or a "
+                     "file beside --report FILE.html named FILE.json that is no earlier run's")
     fix.add_argument("--repair", type=Path, metavar="OUT",
                      help="write the exact zero-padded repair of the model to OUT")
     fix.add_argument("--realign", type=Path, metavar="OUT",
