@@ -353,8 +353,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Encoding", "gzip")
             if length is not None and length >= 0:
                 self.send_header("Content-Length", str(length))
-            else:
-                self.close_connection = True
+            self.send_header("Connection", "close")  # said, so a client never reuses it
+            self.close_connection = True
             self.end_headers()
             try:
                 for chunk in body:

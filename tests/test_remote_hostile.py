@@ -11,6 +11,7 @@ own options (``--hub-timeout 1``) so the tests stay fast on a busy runner.
 from __future__ import annotations
 
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -51,12 +52,18 @@ def model(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hostile")
-    return {"single": model(root / "single")}
+    sharded = root / "sharded"
+    helpers.tiny_llama(dtype=torch.bfloat16, vocab_size=128, intermediate_size=170,
+                       num_key_value_heads=2, num_hidden_layers=4).save_pretrained(
+        sharded, max_shard_size="40KB")
+    (sharded / "generation_config.json").unlink()  # no optional sidecar: every byte is needed
+    return {"single": model(root / "single"), "sharded": sharded}
 
 
 @pytest.fixture
 def hub(models, tmp_path):
-    with HubServer({"org/m": {"main": models["single"]}}) as server:
+    with HubServer({"org/m": {"main": models["single"]},
+                    "org/sharded": {"main": models["sharded"]}}) as server:
         server.home = tmp_path / "hf-home"
         yield server
 
@@ -261,3 +268,36 @@ def test_each_failure_says_what_it_is_in_one_line(hub, target, status, says) -> 
     assert hub.hostile[target].served == (3 if status >= 500 else 1)
     if status >= 500:
         assert f"HTTP {status} (a server error) 3 time(s)" in line
+
+
+# ------------------------------------------------------------------- budgets per model
+
+def test_the_byte_and_request_budgets_are_per_model_and_exact(hub, models) -> None:
+    """An honest sharded model costs B bytes in R requests: B and R pass, one less refuses
+    (listing, config, index and headers all count; nothing optional to skip)."""
+    assert len(list(models["sharded"].glob("*.safetensors"))) >= 3
+    ok = gac(hub, "hf://org/sharded", "--gpu", "h100", "--verbose")
+    assert ok.returncode in (0, 1), ok.stderr
+    m = re.search(r"fetched ([\d,]+) bytes \((\d+) HTTP response", ok.stderr)
+    spent, requests = int(m.group(1).replace(",", "")), int(m.group(2))
+    assert spent == hub.bytes_sent
+    for flag, limit in (("--hub-max-bytes", spent), ("--hub-max-requests", requests)):
+        hub.home = hub.home.with_name(f"home-{flag}")  # a cold cache: everything fetched again
+        fits = gac(hub, "hf://org/sharded", "--gpu", "h100", flag, str(limit))
+        assert fits.returncode == ok.returncode and fits.stdout == ok.stdout, fits.stderr
+        hub.home = hub.home.with_name(f"home-{flag}-1")
+        line = refusal(gac(hub, "hf://org/sharded", "--gpu", "h100", flag, str(limit - 1)))
+        assert f"{limit - 1:,}" in line and flag in line
+
+
+def test_a_model_read_slowly_file_after_file_stops_at_the_model_deadline(hub, baseline) -> None:
+    """Each sidecar arrives in time for its own request (2.7 s < 3 s) but together they pass
+    the model's 6 s: the rest are skipped as too slow, the check itself completes."""
+    for i in range(4):
+        hub.extra_siblings.append({"rfilename": f"slow{i}.json", "size": 8})
+        hub.hostile[f"slow{i}.json"] = Hostile(prefix=b'{"a": 1}', size=8, rate=3)
+    run = gac(hub, "hf://org/m", "--gpu", "h100", "--hub-timeout", "1")
+    assert run.returncode == baseline.returncode, run.stderr
+    assert run.stdout.splitlines()[1:] == baseline.stdout.splitlines()[1:]
+    assert "took longer than 6 s (6 x --hub-timeout; too slow)" in run.stderr
+    assert run.seconds < SECONDS

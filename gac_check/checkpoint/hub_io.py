@@ -174,8 +174,9 @@ def get(url: str, fetch: Fetch, where: str, cap: int, *, headers: dict | None = 
 def _get_once(url: str, fetch: Fetch, where: str, cap: int, extra: dict,
               stop_at: int | None, commit: str | None) -> Answer:
     timeout = fetch.limits.timeout
-    deadline = min(time.monotonic() + REQUEST_TIMEOUTS * timeout,
-                   time.monotonic() + max(fetch.left(), 0.0))
+    if fetch.left() <= 0:
+        raise Unreachable(where, too_slow(fetch, whole_model=True))
+    deadline = min(time.monotonic() + REQUEST_TIMEOUTS * timeout, fetch.deadline)
     origin = _origin(url)
     headers = {**build_hf_headers(), "Accept-Encoding": "identity", **extra}
     for _ in range(MAX_REDIRECTS + 1):
@@ -230,9 +231,7 @@ def _read(response: httpx2.Response, fetch: Fetch, where: str, cap: int, deadlin
     for chunk in response.iter_raw():
         fetch.spend(len(chunk), where)
         if time.monotonic() > deadline:
-            raise Unreachable(where, f"{endpoint()} took longer than "
-                              f"{REQUEST_TIMEOUTS * fetch.limits.timeout:.3g} s to send it "
-                              "(too slow); nothing was checked")
+            raise Unreachable(where, too_slow(fetch, whole_model=fetch.left() <= 0))
         if inflate is not None:
             out += inflate.decompress(chunk, limit + 1 - len(out))
             if inflate.unconsumed_tail:
@@ -245,6 +244,16 @@ def _read(response: httpx2.Response, fetch: Fetch, where: str, cap: int, deadlin
             raise too_long(where, cap) if cap <= budget else over_budget(
                 where, fetch.limits.max_bytes)
     return bytes(out)
+
+
+def too_slow(fetch: Fetch, whole_model: bool) -> str:
+    t = fetch.limits.timeout
+    if whole_model:
+        return (f"reading the model from {endpoint()} took longer than "
+                f"{MODEL_TIMEOUTS * t:.3g} s ({MODEL_TIMEOUTS} x --hub-timeout; too slow); "
+                "nothing was checked")
+    return (f"{endpoint()} took longer than {REQUEST_TIMEOUTS * t:.3g} s to send it "
+            f"({REQUEST_TIMEOUTS} x --hub-timeout; too slow); nothing was checked")
 
 
 def too_long(where: str, cap: int, size: int | None = None) -> BadInput:
