@@ -10,6 +10,7 @@ own options (``--hub-timeout 1``) so the tests stay fast on a busy runner.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
@@ -301,3 +302,18 @@ def test_a_model_read_slowly_file_after_file_stops_at_the_model_deadline(hub, ba
     assert run.stdout.splitlines()[1:] == baseline.stdout.splitlines()[1:]
     assert "took longer than 6 s (6 x --hub-timeout; too slow)" in run.stderr
     assert run.seconds < SECONDS
+
+
+@pytest.mark.parametrize(("shard", "says"), [
+    ("..\\..\\evil.safetensors", "whose name holds a backslash"),
+    ("ok\x01.safetensors", "whose name holds a control character"),
+    ("../evil.safetensors", "which is outside the model directory"),
+])
+def test_an_index_naming_a_shard_no_file_may_have_is_refused(hub, shard, says) -> None:
+    """The shard index is required: a bad shard name in it is one line naming the index."""
+    body = json.dumps({"metadata": {}, "weight_map": {"lm_head.weight": shard}}).encode()
+    hub.listed_sizes["model.safetensors.index.json"] = len(body)
+    hub.hostile["model.safetensors.index.json"] = Hostile(prefix=body, size=len(body))
+    line = refusal(gac(hub, "hf://org/sharded"))
+    assert "/model.safetensors.index.json: refers to " in line and says in line
+    assert not any(p.endswith("evil.safetensors") for _, p, _ in hub.log)
