@@ -148,7 +148,6 @@ def get(url: str, fetch: Fetch, where: str, cap: int, *, headers: dict | None = 
     returned too, with at most :data:`ERROR_BODY` bytes of body, for the caller to word.
     ``commit``: the ``X-Repo-Commit`` the endpoint must answer with, if it names one.
     """
-    waited = 0.0
     for attempt in range(RETRIES + 1):
         answer = _get_once(url, fetch, where, cap, headers or {}, stop_at, commit)
         if answer.status not in _RETRY_STATUS:
@@ -163,7 +162,6 @@ def get(url: str, fetch: Fetch, where: str, cap: int, *, headers: dict | None = 
         if attempt == RETRIES or wait > fetch.left() - fetch.limits.timeout:
             break
         time.sleep(wait)
-        waited += wait
     if answer.status == 429:
         raise BadInput(f"{where}: rate limited by {endpoint()} (HTTP 429, {attempt + 1} "
                        "tries); retry in a few minutes; nothing was checked")
@@ -337,7 +335,7 @@ class HubCache:
             return None
         if not isinstance(listing, dict):
             return None
-        return {k: v if type(v) is int else None for k, v in listing.items()}
+        return {k: v if type(v) is int and v >= 0 else None for k, v in listing.items()}
 
     def save_listing(self, revision: str, commit: str, listing: dict[str, int | None]) -> None:
         self._store(commit, "listing.json", json.dumps(listing).encode())

@@ -212,8 +212,8 @@ def _resolve(ref: HubRef, fetch: Fetch) -> tuple[str, dict[str, int | None]]:
     if commit is None or listing is None:
         raise BadInput(f"{ref}: {why}, and this model was never checked here before; check "
                        "it once online, or check a downloaded copy's directory")
-    fetch.offline = True
-    return commit, listing
+    fetch.offline = True  # the cache is trusted no more than the network: names checked again
+    return commit, {n: v for n, v in listing.items() if not listed_name_problem(n)}
 
 
 def _listing_status(ref: HubRef, answer: Answer) -> str:
