@@ -248,11 +248,15 @@ def test_listed_names_no_file_may_have_are_skipped_with_a_note(hub, baseline) ->
     for name in ("evil\x00.json", "..\\..\\evil.json", "x" * 300 + ".json", "../up.json",
                  "/abs.json"):
         hub.extra_siblings.append({"rfilename": name, "size": 3})
+    long_ok = "y" * 250 + ".json"  # a legal name whose cache entry would be too long to store
+    hub.extra_siblings.append({"rfilename": long_ok, "size": 2})
+    hub.hostile[long_ok] = Hostile(prefix=b"{}", size=2)
     run = gac(hub, "hf://org/m", "--gpu", "h100")
     assert run.returncode == baseline.returncode, run.stderr
     assert run.stdout.splitlines()[1:] == baseline.stdout.splitlines()[1:]
     assert len(run.stderr.splitlines()) == 1
     assert "ignored 5 listed file name(s) that are not plain relative paths" in run.stderr
+    assert hub.hostile[long_ok].served == 1  # read, used, just not cached
 
 
 @pytest.mark.parametrize(("target", "status", "says"), [
