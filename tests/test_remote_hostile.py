@@ -58,13 +58,18 @@ def models(tmp_path_factory) -> dict[str, Path]:
                        num_key_value_heads=2, num_hidden_layers=4).save_pretrained(
         sharded, max_shard_size="40KB")
     (sharded / "generation_config.json").unlink()  # no optional sidecar: every byte is needed
-    return {"single": model(root / "single"), "sharded": sharded}
+    heads7 = model(root / "heads7")  # config.json lies: 7 heads cannot split a width of 64
+    cfg = json.loads((heads7 / "config.json").read_text())
+    cfg.pop("head_dim", None)
+    (heads7 / "config.json").write_text(json.dumps({**cfg, "num_attention_heads": 7}))
+    return {"single": model(root / "single"), "sharded": sharded, "heads7": heads7}
 
 
 @pytest.fixture
 def hub(models, tmp_path):
     with HubServer({"org/m": {"main": models["single"]},
-                    "org/sharded": {"main": models["sharded"]}}) as server:
+                    "org/sharded": {"main": models["sharded"]},
+                    "org/heads7": {"main": models["heads7"]}}) as server:
         server.home = tmp_path / "hf-home"
         yield server
 
@@ -321,3 +326,10 @@ def test_an_index_naming_a_shard_no_file_may_have_is_refused(hub, shard, says) -
     line = refusal(gac(hub, "hf://org/sharded"))
     assert "/model.safetensors.index.json: refers to " in line and says in line
     assert not any(p.endswith("evil.safetensors") for _, p, _ in hub.log)
+
+
+def test_a_hub_config_that_lies_about_heads_is_refused_naming_the_hub_file(hub) -> None:
+    commit = hub.hub["org/heads7"].revisions["main"].commit
+    line = refusal(gac(hub, "hf://org/heads7"))
+    assert line.startswith(f"gac-check: hf://org/heads7@{commit}/config.json: says "
+                           "num_attention_heads=7, which does not divide the attention width 64")
