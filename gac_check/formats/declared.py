@@ -58,6 +58,8 @@ def config_head_dim(ckpt: Checkpoint,
                        f"width {width} (head_dim would be {width / heads:.4g}): the head layout "
                        "cannot be known; correct config.json", ckpt.path / "config.json")
     hd = width // heads
+    if hd == 0:  # a width of 0: nothing to split into heads
+        return None, notes
     if not whole(hd):
         notes.append(f"config.json's hidden_size / num_attention_heads = {hd} does not split "
                      "the tensors' q/k widths into whole heads: not used")
