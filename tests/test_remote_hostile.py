@@ -333,3 +333,15 @@ def test_a_hub_config_that_lies_about_heads_is_refused_naming_the_hub_file(hub) 
     line = refusal(gac(hub, "hf://org/heads7"))
     assert line.startswith(f"gac-check: hf://org/heads7@{commit}/config.json: says "
                            "num_attention_heads=7, which does not divide the attention width 64")
+
+
+def test_redirect_loops_and_unknown_encodings_are_refused(hub) -> None:
+    commit = hub.hub["org/m"].revisions["main"].commit
+    here = f"/org/m/resolve/{commit}/config.json"
+    hub.hostile["config.json"] = Hostile(status=302, headers={"Location": here}, size=GIB)
+    line = refusal(gac(hub, "hf://org/m"))
+    assert "config.json: " in line and "redirected it more than 3 times" in line
+    assert hub.hostile["config.json"].served == 4 and hub.bytes_sent < 8 * MIB  # bodies unread
+    hub.hostile["config.json"] = Hostile(headers={"Content-Encoding": "br"}, prefix=b"{}", size=2)
+    line = refusal(gac(hub, "hf://org/m"))
+    assert "config.json: " in line and "compressed as 'br', which gac-check does not" in line
