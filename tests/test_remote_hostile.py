@@ -32,6 +32,10 @@ GIB = 1 << 30
 MIB = 1 << 20
 #: How long any one case may take, start-up (imports) included, on a busy 2-core runner.
 SECONDS = 20.0
+#: What a server streaming a gigabyte may have pushed before the client hung up: the client
+#: reads at most its cap (its peak RSS shows it), but the kernel's socket buffers take more
+#: (5 MB seen on loopback; tcp_rmem may grow to 32 MB): far from the gigabyte, never flaky.
+PUSHED = 40 * MIB
 
 
 @dataclass
@@ -174,7 +178,7 @@ def test_a_huge_listing_is_cut_at_its_cap(hub, baseline, how) -> None:
     line = refusal(run)
     assert line.startswith("gac-check: hf://org/m: ")
     assert "1,048,576" in line
-    assert hub.bytes_sent < 8 * MIB  # what the sockets took before the client hung up
+    assert hub.bytes_sent < PUSHED
     small(run, baseline)
     assert left_in_cache(hub) == {}
 
@@ -187,7 +191,7 @@ def test_a_config_without_a_size_served_as_a_gigabyte_is_cut(hub, baseline, gz) 
     run = gac(hub, "hf://org/m", "--hub-max-bytes", "2M")
     line = refusal(run)
     assert "/config.json: " in line and "2,097,152" in line
-    assert hub.bytes_sent < 10 * MIB
+    assert hub.bytes_sent < PUSHED
     small(run, baseline)
     assert not any("config" in k for k in left_in_cache(hub))
 
@@ -195,13 +199,15 @@ def test_a_config_without_a_size_served_as_a_gigabyte_is_cut(hub, baseline, gz) 
 def test_a_sidecar_listed_small_and_served_huge_is_skipped_not_fatal(hub, baseline) -> None:
     hub.extra_siblings.append({"rfilename": "rank.json", "size": 10})
     hub.hostile["rank.json"] = Hostile(prefix=b'{"a": "', fill=b"x", suffix=b'"}', size=GIB)
-    run = gac(hub, "hf://org/m", "--gpu", "h100")
+    run = gac(hub, "hf://org/m", "--gpu", "h100", "--verbose")
     assert run.returncode == baseline.returncode and run.stdout.splitlines()[1:] == \
         baseline.stdout.splitlines()[1:]
     notes = run.stderr.splitlines()
-    assert len(notes) == 1 and "note: skipped the sidecar" in notes[0]
+    assert len(notes) == 2 and "note: skipped the sidecar" in notes[0]
     assert "rank.json: is longer than the 10 bytes" in notes[0]
-    assert hub.bytes_sent < baseline_bytes(hub) + 8 * MIB and run.seconds < SECONDS
+    read = int(re.search(r"fetched ([\d,]+) bytes", notes[1]).group(1).replace(",", ""))
+    assert read < 256 * 1024  # what the client took in: the model's headers, not the sidecar
+    assert hub.bytes_sent < baseline_bytes(hub) + PUSHED and run.seconds < SECONDS
     small(run, baseline)
     assert not any("rank" in k for k in left_in_cache(hub))
 
@@ -341,7 +347,7 @@ def test_redirect_loops_and_unknown_encodings_are_refused(hub) -> None:
     hub.hostile["config.json"] = Hostile(status=302, headers={"Location": here}, size=GIB)
     line = refusal(gac(hub, "hf://org/m"))
     assert "config.json: " in line and "redirected it more than 3 times" in line
-    assert hub.hostile["config.json"].served == 4 and hub.bytes_sent < 8 * MIB  # bodies unread
+    assert hub.hostile["config.json"].served == 4 and hub.bytes_sent < PUSHED  # bodies unread
     hub.hostile["config.json"] = Hostile(headers={"Content-Encoding": "br"}, prefix=b"{}", size=2)
     line = refusal(gac(hub, "hf://org/m"))
     assert "config.json: " in line and "compressed as 'br', which gac-check does not" in line
