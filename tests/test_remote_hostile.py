@@ -351,3 +351,18 @@ def test_redirect_loops_and_unknown_encodings_are_refused(hub) -> None:
     hub.hostile["config.json"] = Hostile(headers={"Content-Encoding": "br"}, prefix=b"{}", size=2)
     line = refusal(gac(hub, "hf://org/m"))
     assert "config.json: " in line and "compressed as 'br', which gac-check does not" in line
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
+    from datetime import datetime, timedelta, timezone
+    from email.utils import format_datetime
+
+    import httpx2
+
+    from gac_check.checkpoint.hub_io import retry_after
+
+    later = format_datetime(datetime.now(timezone.utc) + timedelta(hours=1), usegmt=True)
+    assert retry_after(httpx2.Headers({"Retry-After": "3600"})) == 3600
+    assert 3500 < retry_after(httpx2.Headers({"Retry-After": later})) <= 3600
+    for junk in ("soon", "-5", "", "Wed, 99 Foo 2026"):
+        assert retry_after(httpx2.Headers({"Retry-After": junk})) is None
