@@ -14,14 +14,24 @@ Each repo is a set of revisions (a branch or tag name -> a commit id and a local
 whose files are served). The server counts every body byte it sends (:attr:`bytes_sent`) so
 tests can assert what a check costs, can require a token (gated repos), and can die in the
 middle of a response (:attr:`die_on`) to test that a broken connection is a clean refusal.
+
+It can also be hostile, as an attacker's endpoint would be (:class:`Hostile`, keyed by
+``"info"`` for the listing or by a file name): answer one byte a second or not at all, send a
+gigabyte (generated as it is sent, never held) where ten bytes were listed, gzip a gigabyte of
+zeros into a megabyte, answer 429 with an hour's ``Retry-After``, 5xx, 403; list files that
+are not there (:attr:`extra_siblings`) or answer a pinned commit with another
+(:attr:`sha_override`). Every loop is bounded: by the body's size, :data:`MAX_HOSTILE_SECONDS`,
+or the server stopping.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import re
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,6 +39,31 @@ from urllib.parse import unquote, urlsplit
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
+
+
+#: No hostile answer lasts longer than this, whatever the client does.
+MAX_HOSTILE_SECONDS = 60.0
+
+
+@dataclass
+class Hostile:
+    """One misbehaving answer: after ``stall`` seconds, ``status`` with ``headers`` and a body
+    of ``prefix``, ``fill`` repeated, then ``suffix``, ``size`` bytes in all, gzip-compressed
+    on the fly if ``gzip`` (``size`` is then the inflated size), sent at ``rate`` bytes a
+    second (0: at once). ``length``: the Content-Length sent (default: the true one; -1: none,
+    the body ends when the connection closes)."""
+
+    status: int = 200
+    headers: dict = field(default_factory=dict)
+    prefix: bytes = b""
+    fill: bytes = b" "
+    suffix: bytes = b""
+    size: int = 0
+    gzip: bool = False
+    rate: float = 0.0
+    stall: float = 0.0
+    length: int | None = None
+    served: int = 0  # how many times it answered
 
 
 @dataclass
@@ -73,6 +108,10 @@ class HubServer:
     delay: float = 0.0  # seconds before each answer: a network's round trip (benchmarks)
     info_body: bytes | None = None  # answer model info with this instead (a server gone wrong)
     die_on: str | None = None  # a file name: its GET is cut off halfway, then the server stops
+    hostile: dict[str, Hostile] = field(default_factory=dict)  # "info" or a file name
+    extra_siblings: list[dict] = field(default_factory=list)  # added to every listing
+    sha_override: str | None = None  # the commit every listing claims
+    listed_sizes: dict[str, object] = field(default_factory=dict)  # name -> size (None: omit)
     bytes_sent: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, range)
     #: Set once both sockets are closed: a server that :attr:`die_on` stops from its own thread,
@@ -143,6 +182,38 @@ def _sha256(path: Path) -> str:
     return _oid(path)
 
 
+def _generated(how: Hostile):
+    """The body of a hostile answer, chunk by chunk (at most ``size`` bytes, or for gzip at
+    most ``size`` bytes inflated): never held whole, so a gigabyte costs the server nothing."""
+    left = how.size - len(how.suffix)
+    if how.gzip:
+        z = zlib.compressobj(9, zlib.DEFLATED, -15)
+        crc, total = 0, 0
+        packed = bytearray(gzip.compress(b"")[:10])  # the gzip header
+    first = how.prefix
+    while left > 0 or first:
+        piece = first or how.fill * max(1, min(CHUNK, left) // len(how.fill))
+        piece = piece[:max(left, len(first))]
+        first = b""
+        left -= len(piece)
+        if how.gzip:  # sent in large writes, so a client reads a bomb in 64 KB gulps
+            crc, total = zlib.crc32(piece, crc), total + len(piece)
+            packed += z.compress(piece)
+            if len(packed) >= 256 * 1024:
+                yield bytes(packed)
+                packed.clear()
+        else:
+            yield piece
+    if how.suffix and how.gzip:
+        crc, total = zlib.crc32(how.suffix, crc), total + len(how.suffix)
+        packed += z.compress(how.suffix)
+    elif how.suffix:
+        yield how.suffix
+    if how.gzip:
+        trailer = crc.to_bytes(4, "little") + (total & 0xFFFFFFFF).to_bytes(4, "little")
+        yield bytes(packed) + z.flush() + trailer
+
+
 def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the Hub and huggingface_hub's client use
@@ -176,20 +247,27 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             if server.info_body is not None:
                 return self._send(200, server.info_body, {"Content-Type": "application/json"},
                                   head=False)
+            if "info" in server.hostile:
+                return self._hostile(server.hostile["info"])
             repo = server.hub.get(repo_id)
             if repo is None:
                 return self._error(404, "RepoNotFound")
             revision = repo.find(rev or "main")
             if revision is None:
                 return self._error(404, "RevisionNotFound")
-            siblings = []
+            siblings = list(server.extra_siblings)
             for name, p in revision.files().items():
                 entry = {"rfilename": name, "size": p.stat().st_size, "blobId": _oid(p, "sha1")}
                 if name.endswith(LFS_SUFFIXES):
                     entry["lfs"] = {"sha256": _sha256(p), "size": p.stat().st_size,
                                     "pointerSize": 134}
+                if name in server.listed_sizes:
+                    entry["size"] = server.listed_sizes[name]
+                    if entry["size"] is None:
+                        del entry["size"]
                 siblings.append(entry)
-            body = json.dumps({"id": repo_id, "modelId": repo_id, "sha": revision.commit,
+            body = json.dumps({"id": repo_id, "modelId": repo_id,
+                               "sha": server.sha_override or revision.commit,
                                "private": False, "gated": "manual" if repo.gated else False,
                                "siblings": siblings}).encode()
             self._send(200, body, {"Content-Type": "application/json"}, head=False)
@@ -203,6 +281,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             revision = repo.find(rev)
             if revision is None:
                 return self._error(404, "RevisionNotFound")
+            if name in server.hostile:
+                return self._hostile(server.hostile[name])
             file = revision.files().get(name)
             extra = {"X-Repo-Commit": revision.commit}
             if file is None:
@@ -254,6 +334,46 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                         server.count(len(chunk))
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
+
+        def _hostile(self, how: Hostile) -> None:
+            """Answer as ``how`` says; every loop ends by size, time, or the server stopping."""
+            how.served += 1
+            end = time.monotonic() + MAX_HOSTILE_SECONDS
+            stalled = time.monotonic() + min(how.stall, MAX_HOSTILE_SECONDS)
+            while time.monotonic() < stalled and not server.stopped.is_set():
+                time.sleep(0.05)
+            body = _generated(how)
+            length = how.length
+            if length is None and not how.gzip:
+                length = max(how.size, len(how.prefix) + len(how.suffix))
+            self.send_response(how.status)
+            for key, value in how.headers.items():
+                self.send_header(key, value)
+            if how.gzip:
+                self.send_header("Content-Encoding", "gzip")
+            if length is not None and length >= 0:
+                self.send_header("Content-Length", str(length))
+            self.send_header("Connection", "close")  # said, so a client never reuses it
+            self.close_connection = True
+            self.end_headers()
+            try:
+                for chunk in body:
+                    if time.monotonic() > end or server.stopped.is_set():
+                        break
+                    if how.rate:
+                        for i in range(len(chunk)):
+                            if time.monotonic() > end or server.stopped.is_set():
+                                break
+                            self.wfile.write(chunk[i:i + 1])
+                            self.wfile.flush()
+                            server.count(1)
+                            time.sleep(1 / how.rate)
+                        continue
+                    self.wfile.write(chunk)
+                    server.count(len(chunk))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
 
         def _error(self, status: int, code: str, extra: dict | None = None) -> None:
             body = json.dumps({"error": code}).encode()

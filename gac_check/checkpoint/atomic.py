@@ -38,9 +38,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path | str, data: str | bytes) -> None:
-    """Write ``data`` to a temporary sibling, fsync it, and rename it over ``path``; missing
-    parent directories are created (as pytest does for ``--junitxml``)."""
+def write_atomic(path: Path | str, data: str | bytes, replace: bool = True) -> None:
+    """Write ``data`` to a temporary sibling, fsync it, and rename it over ``path``;
+    ``replace=False``: link it in only if ``path`` does not exist (else FileExistsError), so
+    of two racing writers exactly one lands and the other is told. Missing parent directories
+    are created (as pytest does for ``--junitxml``)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,7 +56,11 @@ def write_atomic(path: Path | str, data: str | bytes) -> None:
             fh.flush()
             os.fchmod(fh.fileno(), 0o666 & ~umask())
             os.fsync(fh.fileno())
-            os.replace(tmp, path)  # still holding the lock: no cleaner mistakes it for an orphan
+            if replace:  # still holding the lock: no cleaner mistakes it for an orphan
+                os.replace(tmp, path)
+            else:
+                os.link(tmp, path)
+                os.unlink(tmp)
         fsync_dir(path.parent)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)

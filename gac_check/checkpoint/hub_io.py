@@ -1,33 +1,44 @@
-"""Talking to the Hugging Face Hub for :mod:`gac_check.checkpoint.remote`: range reads, what
-they cost, and a cache of what a commit holds.
+"""Talking to the Hugging Face Hub for :mod:`gac_check.checkpoint.remote`: bounded requests,
+what they cost, and a cache of what a commit holds.
 
-Everything goes through huggingface_hub's shared HTTP client (``get_session``), so
-``HF_ENDPOINT``, ``HF_TOKEN``, proxies and offline mode apply as they do to
-``hf_hub_download``. Bytes are counted on that client (every response body it receives while a
-check runs), not estimated. A commit never changes, so its file listing and its shards' header
-bytes are kept under the Hub's assets cache (``cached_assets_path``) and a model checked once
-can be checked again without the network; the cache is as untrusted as the network, and
-every header read from it is validated again.
+A Hub endpoint is as untrusted as a model directory: it can answer one byte a second, send a
+gigabyte where a kilobyte was listed, inflate a megabyte of gzip into a gigabyte, ask for an
+hour's wait, or redirect forever. So every request goes through :func:`get`, which bounds it
+(docs/security.md, "Hub models"):
+
+* **time**: connect and each read wait at most :attr:`Limits.timeout` seconds, a whole request
+  at most :data:`REQUEST_TIMEOUTS` times that, a whole model :data:`MODEL_TIMEOUTS` times
+  that (checked between the chunks of a trickling body, not only per read);
+* **bytes**: each body is streamed against a cap (its own kind's, the size the listing gave,
+  and what is left of the model's :attr:`Limits.max_bytes`); compressed bodies are inflated
+  with the same cap on the output, never whole;
+* **requests**: at most :attr:`Limits.max_requests` per model, redirects included; a 5xx or a
+  429 is retried at most :data:`RETRIES` times, after at most :data:`MAX_WAIT` seconds (a
+  longer ``Retry-After`` is a refusal that says when to retry).
+
+Requests use huggingface_hub's shared HTTP client (``get_session``: proxies, ``HF_ENDPOINT``,
+its headers and ``HF_TOKEN``), with redirects followed here so that each hop is counted and
+bounded and a token never leaves the endpoint's origin. A commit never changes, so its listing,
+its JSON files and its shards' header bytes are kept under the Hub's assets cache
+(``cached_assets_path``), only once validated; the cache is as untrusted as the network.
 """
 from __future__ import annotations
 
+import email.utils
 import json
 import re
 import struct
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urljoin, urlsplit
 
 import httpx2
 from huggingface_hub import constants
-from huggingface_hub.utils import (
-    build_hf_headers,
-    cached_assets_path,
-    get_session,
-    hf_raise_for_status,
-)
+from huggingface_hub.utils import build_hf_headers, cached_assets_path, get_session
 
 from gac_check.checkpoint.atomic import write_atomic
 from gac_check.checkpoint.files import MAX_JSON_BYTES, open_regular
@@ -39,84 +50,272 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)$")
 #: No cached listing or header is larger than the largest header or JSON file we accept.
 MAX_CACHED_BYTES = max(MAX_HEADER_BYTES + 16, MAX_JSON_BYTES)
 
+#: Seconds a connect or any one read may wait (``--hub-timeout``).
+DEFAULT_TIMEOUT = 10.0
+#: Body bytes one model may cost, listing, JSON files and headers together (``--hub-max-bytes``):
+#: an 8B model's headers are ~120 KB, the largest MoE checkpoints' (160 shards) ~10 MB.
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+#: HTTP requests one model may cost, redirects and retries included (``--hub-max-requests``).
+DEFAULT_MAX_REQUESTS = 256
+#: A whole request may take this many timeouts; a whole model this many.
+REQUEST_TIMEOUTS = 3
+MODEL_TIMEOUTS = 6
+#: Retries of a request answered 429 or 5xx, and the longest wait before one.
+RETRIES = 2
+MAX_WAIT = 5.0
+#: Redirects followed per request (the Hub sends LFS files to its CDN: one hop).
+MAX_REDIRECTS = 3
+#: Bytes of an error response's body ever read.
+ERROR_BODY = 4096
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+_INFLATE = {"gzip": 47, "x-gzip": 47, "deflate": 47}  # zlib: gzip or zlib header, detected
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one model may cost: seconds per step, body bytes and requests in all."""
+
+    timeout: float = DEFAULT_TIMEOUT
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_requests: int = DEFAULT_MAX_REQUESTS
+
 
 @dataclass
 class Fetch:
-    """What indexing a remote model cost: HTTP body bytes, responses, seconds, cache use."""
+    """What indexing a remote model cost, and the budget it is held to."""
 
+    limits: Limits = field(default_factory=Limits)
     bytes: int = 0
     requests: int = 0
     seconds: float = 0.0
     headers_cached: int = 0
     offline: bool = False
+    notes: list[str] = field(default_factory=list)
+    deadline: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def start(self) -> None:
+        self.deadline = time.monotonic() + MODEL_TIMEOUTS * self.limits.timeout
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic() if self.deadline else float("inf")
+
+    def bytes_left(self) -> int:
+        return self.limits.max_bytes - self.bytes
+
+    def request(self, where: str) -> None:
+        with self._lock:
+            if self.requests >= self.limits.max_requests:
+                raise BadInput(f"{where}: needs more than {self.limits.max_requests} HTTP "
+                               "requests for one model (raise --hub-max-requests to allow more)")
+            self.requests += 1
+
+    def spend(self, n: int, where: str) -> None:
+        with self._lock:
+            self.bytes += n
+            if self.bytes > self.limits.max_bytes:
+                raise over_budget(where, self.limits.max_bytes)
 
 
-@contextmanager
-def counted(fetch: Fetch) -> Iterator[None]:
-    """Count the body bytes of every response huggingface_hub's shared client receives."""
-    hooks = get_session().event_hooks["response"]
-    seen: list[httpx2.Response] = []
-    hook = seen.append
-    hooks.append(hook)
-    try:
-        yield
-    finally:
-        if hook in hooks:
-            hooks.remove(hook)
-        fetch.requests += len(seen)
-        fetch.bytes += sum(r.num_bytes_downloaded for r in seen)
+def over_budget(where: str, max_bytes: int) -> BadInput:
+    return BadInput(f"{where}: reading it would take the model past {max_bytes:,} bytes "
+                    "fetched (a header-only check needs far less; raise --hub-max-bytes to "
+                    "allow more)")
 
 
-def get_range(url: str, start: int, length: int, where: str) -> tuple[bytes, int | None]:
-    """At most ``length`` bytes from ``start``, and the file's size where the server says it.
+class Unreachable(BadInput):
+    """The endpoint could not be reached or did not answer in time: a cached copy may do."""
 
-    A server that ignores the range and sends the whole file is read only as far as needed,
-    then the connection is dropped: a missing Range feature must not cost the weights.
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where}: {why}")
+        self.why = why
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: httpx2.Headers
+    body: bytes
+    url: str
+
+
+def get(url: str, fetch: Fetch, where: str, cap: int, *, headers: dict | None = None,
+        stop_at: int | None = None, commit: str | None = None) -> Answer:
+    """GET ``url``, bounded; a body longer than ``cap`` is refused (or, with ``stop_at``, read
+    only that far and the connection dropped: a server that ignores ``Range``).
+
+    Answers below 400 are returned; 429 and 5xx are retried (briefly), other errors are
+    returned too, with at most :data:`ERROR_BODY` bytes of body, for the caller to word.
+    ``commit``: the ``X-Repo-Commit`` the endpoint must answer with, if it names one.
     """
-    headers = {**build_hf_headers(), "Range": f"bytes={start}-{start + length - 1}",
-               "Accept-Encoding": "identity"}
-    with get_session().stream("GET", url, headers=headers,
-                              timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
-        if response.status_code >= 400:
-            response.read()
-            hf_raise_for_status(response)
-        size = _size(response, start, where)
-        skip = start if response.status_code == 200 else 0
-        data = bytearray()
-        for chunk in response.iter_bytes():
-            data += chunk
-            if len(data) >= skip + length:
-                break
-    return bytes(data[skip:skip + length]), size
+    for attempt in range(RETRIES + 1):
+        answer = _get_once(url, fetch, where, cap, headers or {}, stop_at, commit)
+        if answer.status not in _RETRY_STATUS:
+            return answer
+        wait = retry_after(answer.headers)
+        if answer.status == 429 and wait is not None and (
+                wait > MAX_WAIT or wait > fetch.left() - fetch.limits.timeout):
+            raise BadInput(f"{where}: rate limited by {endpoint()} (HTTP 429); it asks to "
+                           f"wait {wait:.0f} s, until {_clock(wait)}: retry then; nothing "
+                           "was checked")
+        wait = min(MAX_WAIT, 0.5 * 2 ** attempt if wait is None else wait)
+        if attempt == RETRIES or wait > fetch.left() - fetch.limits.timeout:
+            break
+        time.sleep(wait)
+    if answer.status == 429:
+        raise BadInput(f"{where}: rate limited by {endpoint()} (HTTP 429, {attempt + 1} "
+                       "tries); retry in a few minutes; nothing was checked")
+    raise BadInput(f"{where}: {endpoint()} answered HTTP {answer.status} (a server error) "
+                   f"{attempt + 1} time(s); try again later; nothing was checked")
 
 
-def _size(response: httpx2.Response, start: int, where: str) -> int | None:
-    if response.status_code == 206:
-        m = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+def _get_once(url: str, fetch: Fetch, where: str, cap: int, extra: dict,
+              stop_at: int | None, commit: str | None) -> Answer:
+    timeout = fetch.limits.timeout
+    if fetch.left() <= 0:
+        raise Unreachable(where, too_slow(fetch, whole_model=True))
+    deadline = min(time.monotonic() + REQUEST_TIMEOUTS * timeout, fetch.deadline)
+    origin = _origin(url)
+    headers = {**build_hf_headers(), "Accept-Encoding": "identity", **extra}
+    for _ in range(MAX_REDIRECTS + 1):
+        fetch.request(where)
+        step = max(0.05, min(timeout, deadline - time.monotonic()))
+        try:
+            with get_session().stream("GET", url, headers=headers, follow_redirects=False,
+                                      timeout=httpx2.Timeout(step)) as response:
+                if commit and _origin(url) == origin:
+                    served = response.headers.get("X-Repo-Commit")
+                    if served is not None and served != commit:
+                        raise BadInput(f"{where}: {endpoint()} served it from commit "
+                                       f"{served[:40]!r}, not {commit}; nothing was checked")
+                if response.is_redirect and "Location" in response.headers:
+                    url = urljoin(url, response.headers["Location"])
+                    if _origin(url) != origin:  # the token stays with the endpoint
+                        headers = {k: v for k, v in headers.items()
+                                   if k.lower() != "authorization"}
+                    continue
+                if response.status_code >= 400:
+                    body = _read(response, fetch, where, ERROR_BODY, deadline, ERROR_BODY)
+                else:
+                    body = _read(response, fetch, where, cap, deadline, stop_at)
+                return Answer(response.status_code, response.headers, body, url)
+        except httpx2.TimeoutException as exc:
+            raise Unreachable(where, f"{endpoint()} did not answer within {step:.3g} s "
+                              f"({type(exc).__name__}); nothing was checked") from None
+        except httpx2.ConnectError as exc:
+            raise Unreachable(where, f"cannot reach {endpoint()} ({reason(exc)})") from None
+        except httpx2.HTTPError as exc:
+            raise BadInput(f"{where}: the connection to {endpoint()} failed ({reason(exc)}); "
+                           "nothing was checked") from None
+    raise BadInput(f"{where}: {endpoint()} redirected it more than {MAX_REDIRECTS} times; "
+                   "nothing was checked")
+
+
+def _read(response: httpx2.Response, fetch: Fetch, where: str, cap: int, deadline: float,
+          stop_at: int | None) -> bytes:
+    """The body, raw bytes counted against the model's budget and inflated (if the server
+    compressed it anyway) with ``cap`` on the output; past ``cap``, refused."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity", *_INFLATE):
+        raise BadInput(f"{where}: {endpoint()} sent it compressed as {encoding[:40]!r}, which "
+                       "gac-check does not inflate; nothing was checked")
+    inflate = zlib.decompressobj(_INFLATE[encoding]) if encoding in _INFLATE else None
+    length = response.headers.get("Content-Length", "")
+    if stop_at is None and inflate is None and length.isdigit() and int(length) > cap:
+        raise too_long(where, cap, int(length))
+    budget = fetch.bytes_left()  # inflated, a body may not outgrow the model's budget either
+    limit = min(cap, budget)
+    out = bytearray()
+    for chunk in response.iter_raw():
+        fetch.spend(len(chunk), where)
+        if time.monotonic() > deadline:
+            raise Unreachable(where, too_slow(fetch, whole_model=fetch.left() <= 0))
+        if inflate is not None:
+            out += inflate.decompress(chunk, limit + 1 - len(out))
+            if inflate.unconsumed_tail:
+                out += b"\0"  # more than cap would come out of it
+        else:
+            out += chunk
+        if stop_at is not None and len(out) >= stop_at:
+            return bytes(out[:stop_at])
+        if len(out) > limit:
+            raise too_long(where, cap) if cap <= budget else over_budget(
+                where, fetch.limits.max_bytes)
+    return bytes(out)
+
+
+def too_slow(fetch: Fetch, whole_model: bool) -> str:
+    t = fetch.limits.timeout
+    if whole_model:
+        return (f"reading the model from {endpoint()} took longer than "
+                f"{MODEL_TIMEOUTS * t:.3g} s ({MODEL_TIMEOUTS} x --hub-timeout; too slow); "
+                "nothing was checked")
+    return (f"{endpoint()} took longer than {REQUEST_TIMEOUTS * t:.3g} s to send it "
+            f"({REQUEST_TIMEOUTS} x --hub-timeout; too slow); nothing was checked")
+
+
+def too_long(where: str, cap: int, size: int | None = None) -> BadInput:
+    sent = f" (it sends {size:,})" if size is not None else ""
+    return BadInput(f"{where}: is longer than the {cap:,} bytes gac-check reads of it{sent}")
+
+
+def retry_after(headers: httpx2.Headers) -> float | None:
+    """``Retry-After`` in seconds (delay-seconds or an HTTP date), or None."""
+    value = headers.get("Retry-After", "").strip()
+    if value.isdigit():
+        return float(value[:12])
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+def _clock(seconds: float) -> str:
+    at = datetime.now(timezone.utc).timestamp() + min(seconds, 10 ** 9)
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc
+
+
+def endpoint() -> str:
+    return constants.ENDPOINT
+
+
+def content_size(answer: Answer, start: int, where: str) -> int | None:
+    """The whole file's size a range answer states (``Content-Range``), or a 200's length."""
+    if answer.status == 206:
+        m = _CONTENT_RANGE.match(answer.headers.get("Content-Range", ""))
         if not m or int(m.group(1)) != start:
             raise BadInput(f"{where}: the server answered a range request with other bytes "
-                           f"({response.headers.get('Content-Range')!r})")
+                           f"({answer.headers.get('Content-Range', '')[:80]!r})")
         return int(m.group(3))
-    if response.status_code == 200:
-        length = response.headers.get("Content-Length")
-        return int(length) if length and length.isdigit() else None
-    raise BadInput(f"{where}: the server answered a range request with HTTP "
-                   f"{response.status_code}")
+    if answer.status == 200:
+        length = answer.headers.get("Content-Length", "")
+        return int(length) if length.isdigit() else None
+    raise BadInput(f"{where}: the server answered a range request with HTTP {answer.status}")
 
 
 def reason(exc: BaseException) -> str:
     """An exception in a few words, for a one-line refusal."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 @dataclass(frozen=True)
 class HubCache:
     """``<HF assets cache>/gac-check/<org--name>/``: ``refs/<revision>`` (the commit it was
-    last seen at), ``<commit>/listing.json`` and ``<commit>/<shard>.header`` (the shard's size
-    as 8 bytes, then its first bytes through the end of its header).
+    last seen at), ``<commit>/listing.json``, ``<commit>/<file>.json`` (a JSON file as served,
+    once it parsed) and ``<commit>/<shard>.header`` (the shard's size as 8 bytes, then its
+    first bytes through the end of its header). Only what was validated is stored.
 
-    Writing is best effort: a read-only cache makes the next check slower, never this one fail.
+    Writing is best effort: a read-only cache (or a name too long for the filesystem) makes
+    the next check slower, never this one fail.
     """
 
     repo_id: str
@@ -136,11 +335,17 @@ class HubCache:
             return None
         if not isinstance(listing, dict):
             return None
-        return {k: v if isinstance(v, int) else None for k, v in listing.items()}
+        return {k: v if type(v) is int and v >= 0 else None for k, v in listing.items()}
 
     def save_listing(self, revision: str, commit: str, listing: dict[str, int | None]) -> None:
         self._store(commit, "listing.json", json.dumps(listing).encode())
         self._store("refs", quote(revision, safe=""), commit.encode())
+
+    def file(self, commit: str, name: str) -> bytes | None:
+        return self._load(commit, quote(name, safe="") + ".file")
+
+    def save_file(self, commit: str, name: str, data: bytes) -> None:
+        self._store(commit, quote(name, safe="") + ".file", data)
 
     def header(self, commit: str, name: str) -> tuple[bytes, int] | None:
         raw = self._load(commit, quote(name, safe="") + ".header")
@@ -158,7 +363,7 @@ class HubCache:
         try:
             folder = cached_assets_path("gac-check", namespace=self._dir().name, subfolder=sub)
             write_atomic(folder / name, data)
-        except (OSError, BadInput):
+        except (OSError, BadInput, ValueError):
             return
 
     def _load(self, sub: str, name: str) -> bytes | None:

@@ -14,6 +14,7 @@ back as OUT if OUT is missing (the swap was cut in half), else deleted (only the
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -145,7 +146,14 @@ def _sync_tree(root: Path) -> None:
 def _swap_in(tmp: Path, out: Path, force: bool) -> None:
     """Rename the finished ``tmp`` to ``out``; an old OUT is set aside, then deleted."""
     if not os.path.lexists(out):
-        tmp.rename(out)
+        try:
+            tmp.rename(out)
+        except OSError as exc:  # another run's OUT landed since the check: the same refusal
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+            if not force:
+                raise BadInput("already exists (use --force to replace it)", out) from None
+            return _swap_in(tmp, out, force)
         fsync_dir(out.parent)
         return
     if not force:

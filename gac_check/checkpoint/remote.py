@@ -2,53 +2,54 @@
 
 Choosing a compressed model, or publishing one, should not cost tens of gigabytes: a check
 needs names, dtypes and shapes, which a safetensors file keeps in a header at its start. So a
-Hub model is indexed from the file listing (``HfApi.model_info``), ``config.json``, the shard
-index and small sidecar JSON files (``hf_hub_download``: the Hub cache, ``HF_ENDPOINT``,
-``HF_TOKEN`` and offline mode all apply) and, per shard, one HTTP range request for its first
-:data:`FIRST_READ` bytes (a second only when a header is longer). The header bytes go through
-the same validation as a local file's (:mod:`gac_check.checkpoint.safetensors_header`), so a
-remote check and a local check of the same files agree.
+Hub model is indexed from the file listing (the Hub's model info with ``blobs=True``),
+``config.json``, the shard index and small sidecar JSON files (``HF_ENDPOINT``, ``HF_TOKEN``
+and offline mode all apply) and, per shard, one HTTP range request for its first
+:data:`FIRST_READ` bytes (a second only when a header is longer). Every request is one bounded
+GET of :mod:`.hub_io` (time, bytes and requests per model: :class:`.hub_io.Limits`), and every
+field of every answer is checked before use; optional sidecars that fail are notes. The header
+bytes go through the same validation as a local file's
+(:mod:`gac_check.checkpoint.safetensors_header`), so a remote check and a local check of the
+same files agree.
 
 Everything is read at one commit, resolved once, so a branch that moves mid-check cannot mix
-two versions. The listing and the header bytes are kept per commit (a commit never changes)
-under the Hub's assets cache, so a model checked once can be checked again offline
-(``HF_HUB_OFFLINE=1``) or when the network is down; a shard already downloaded into the Hub
-cache is read from there. Weights pickled by ``torch.save`` (LLM-Pruner, SVD-LLM) are refused:
-their index is a pickle inside a zip, and only downloading them is supported.
+two versions. The listing, the JSON files and the header bytes are kept per commit (a commit
+never changes), once validated, under the Hub's assets cache, so a model checked once can be
+checked again offline (``HF_HUB_OFFLINE=1``) or when the network is down; a shard already
+downloaded into the Hub cache is read from there. Weights pickled by ``torch.save``
+(LLM-Pruner, SVD-LLM) are refused: their index is a pickle inside a zip, and only
+downloading them is supported.
 """
 from __future__ import annotations
 
+import logging
 import time
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
+from urllib.parse import quote
 
-import httpx2
-from huggingface_hub import (
-    HfApi,
-    constants,
-    hf_hub_download,
-    hf_hub_url,
-    try_to_load_from_cache,
-)
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    HfUriError,
-    HFValidationError,
-    LocalEntryNotFoundError,
-    OfflineModeIsEnabled,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
-from huggingface_hub.utils import disable_progress_bars, parse_hf_uri, validate_repo_id
+from huggingface_hub import constants, hf_hub_url, try_to_load_from_cache
+from huggingface_hub.errors import HfUriError, HFValidationError
+from huggingface_hub.utils import parse_hf_uri, validate_repo_id
 
-from gac_check.checkpoint.files import MAX_JSON_BYTES, name_problem, read_json
-from gac_check.checkpoint.hub_io import COMMIT, Fetch, HubCache, counted, get_range, reason
+from gac_check.checkpoint.files import MAX_JSON_BYTES, name_problem, parse_json, read_json
+from gac_check.checkpoint.hub_io import (
+    COMMIT,
+    Answer,
+    Fetch,
+    HubCache,
+    Limits,
+    Unreachable,
+    endpoint,
+    get,
+    over_budget,
+)
+from gac_check.checkpoint.hub_io import content_size as _content_size
 from gac_check.checkpoint.index import (
     MAX_SIDECAR_BYTES,
     TORCH_SUFFIXES,
@@ -69,6 +70,13 @@ HF_SCHEME = "hf://"
 FIRST_READ = 16 * 1024
 #: Shard headers fetched at once; a 70B model has 30 shards, and each costs one round trip.
 WORKERS = 8
+#: The model listing (``?blobs=True``) is at most this long: ~300 bytes a file, so 10,000 files.
+MAX_LISTING_BYTES = 4 * 1024 * 1024
+#: Sidecars fetched per model, and their bytes together; past either, skipped with a note.
+MAX_SIDECARS = 16
+MAX_SIDECAR_TOTAL = 2 * 1024 * 1024
+#: A listed file name: at most this many bytes per path component (what filesystems allow).
+MAX_NAME_BYTES = 255
 
 
 @dataclass(frozen=True)
@@ -138,18 +146,23 @@ def _validate_id(repo_id: str) -> None:
         raise BadInput(f"{repo_id}: not a Hub model id ({exc})") from None
 
 
-def open_remote(ref: HubRef | str) -> RemoteCheckpoint:
-    """Index a Hub model at one commit, reading kilobytes: listing, JSON files, headers."""
+def open_remote(ref: HubRef | str, limits: Limits | None = None) -> RemoteCheckpoint:
+    """Index a Hub model at one commit, reading kilobytes: listing, JSON files, headers.
+
+    Every request is bounded (:mod:`.hub_io`): ``limits`` are the seconds per step, and the
+    bytes and requests the whole model may cost.
+    """
     ref = parse_ref(ref) if isinstance(ref, str) else ref
-    fetch = Fetch()
+    fetch = Fetch(limits or Limits())
+    fetch.start()
     start = time.perf_counter()
-    with counted(fetch), disable_progress_bars(), _hub_errors(ref):
+    with _quiet():
         commit, listing = _resolve(ref, fetch)
         hub = _Hub(ref, commit, listing, fetch)
         config = hub.json("config.json") if "config.json" in listing else {}
-        sidecars = hub.sidecars()
         container, names = hub.weight_files()
         tensors = hub.tensors(names)
+        sidecars = hub.sidecars()  # optional: after what the check needs, from what is left
     fetch.seconds = time.perf_counter() - start
     snapshot = hub.snapshot
     return RemoteCheckpoint(snapshot, config, tensors, container,
@@ -174,46 +187,124 @@ def renamed(exc: BadInput, ckpt: Checkpoint) -> BadInput:
 
 def _resolve(ref: HubRef, fetch: Fetch) -> tuple[str, dict[str, int | None]]:
     """The commit the revision names now, and every file at it with its size; the cached
-    listing where the Hub cannot be asked (offline mode, no network)."""
+    listing where the Hub cannot be asked (offline mode, no network, no answer in time)."""
     revision = ref.revision or constants.DEFAULT_REVISION
     cache = HubCache(ref.repo_id)
     if constants.is_offline_mode():
         why = "offline (HF_HUB_OFFLINE is set)"
     else:
+        url = f"{endpoint()}/api/models/{ref.repo_id}"
+        if ref.revision is not None:
+            url += f"/revision/{quote(ref.revision, safe='')}"
         try:
-            info = HfApi().model_info(ref.repo_id, revision=ref.revision, files_metadata=True)
-        except (httpx2.ConnectError, httpx2.TimeoutException) as exc:
-            why = f"cannot reach {constants.ENDPOINT} ({reason(exc)})"
-        except HfHubHTTPError:
-            raise  # worded by _hub_errors
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise BadInput(f"{ref}: {constants.ENDPOINT} answered with a model listing that is "
-                           f"not the Hub's ({reason(exc)})") from None
+            answer = get(url + "?blobs=True", fetch, str(ref),
+                         min(MAX_LISTING_BYTES, fetch.limits.max_bytes))
+        except Unreachable as exc:
+            why = exc.why.removesuffix("; nothing was checked")
         else:
-            if not isinstance(info.sha, str) or not COMMIT.match(info.sha):
-                raise BadInput(f"{ref}: {constants.ENDPOINT} did not say which commit "
-                               f"{revision} is")
-            listing = _listing(ref, info.siblings)
-            cache.save_listing(revision, info.sha, listing)
-            return info.sha, listing
+            if answer.status != 200:
+                raise BadInput(_listing_status(ref, answer))
+            commit, listing = _parse_listing(ref, answer.body, fetch)
+            cache.save_listing(revision, commit, listing)
+            return commit, listing
     commit = cache.commit(revision)
     listing = cache.listing(commit) if commit else None
     if commit is None or listing is None:
         raise BadInput(f"{ref}: {why}, and this model was never checked here before; check "
                        "it once online, or check a downloaded copy's directory")
-    fetch.offline = True
-    return commit, listing
+    fetch.offline = True  # the cache is trusted no more than the network: names checked again
+    return commit, {n: v for n, v in listing.items() if not listed_name_problem(n)}
 
 
-def _listing(ref: HubRef, siblings: list | None) -> dict[str, int | None]:
-    """File name -> size as the Hub listed them; a size that is no byte count is unknown."""
+def _listing_status(ref: HubRef, answer: Answer) -> str:
+    """The model listing's HTTP error as what it means for the user."""
+    code = answer.headers.get("X-Error-Code", "")
+    if code == "RevisionNotFound":
+        return f"{ref}: the model has no revision {ref.revision!r}"
+    if answer.status == 401 or (answer.status == 404 and code in ("", "RepoNotFound")):
+        here = "no such directory here, and " if ref.bare else ""
+        return (f"{ref}: {here}no such model on {endpoint()} (if it is private, set "
+                "HF_TOKEN)")
+    return _status_line(str(ref), answer)
+
+
+def _status_line(where: str, answer: Answer) -> str:
+    """An HTTP error as one line: gated, forbidden, not served, or the status itself."""
+    if answer.headers.get("X-Error-Code") == "GatedRepo":
+        return (f"{where}: is gated; accept its conditions on the Hub and set HF_TOKEN (or "
+                "run `hf auth login`)")
+    if answer.status == 401:
+        return (f"{where}: {endpoint()} asks for a token (HTTP 401 unauthorized); set "
+                "HF_TOKEN to one that may read this model; nothing was checked")
+    if answer.status == 403:
+        return (f"{where}: {endpoint()} refused access (HTTP 403 forbidden); set HF_TOKEN to "
+                "a token that may read this model; nothing was checked")
+    if answer.status == 404:
+        return f"{where}: listed by the Hub, but not served (HTTP 404)"
+    return f"{where}: {endpoint()} answered HTTP {answer.status}; nothing was checked"
+
+
+def _parse_listing(ref: HubRef, body: bytes, fetch: Fetch) -> tuple[str, dict[str, int | None]]:
+    """The commit and file name -> size of a model listing, every field checked before use."""
+    def not_hub(why: str) -> BadInput:
+        return BadInput(f"{ref}: {endpoint()} answered with a model listing that is not the "
+                        f"Hub's ({why})")
+
+    try:
+        data = parse_json(body.decode("utf-8"), Path("listing"))
+    except UnicodeDecodeError:
+        raise not_hub("not UTF-8") from None
+    except BadInput as exc:
+        raise not_hub(str(exc).removeprefix("listing: ")) from None
+    if not isinstance(data, dict):
+        raise not_hub("not a JSON object")
+    sha = data.get("sha")
+    if not isinstance(sha, str) or not COMMIT.match(sha):
+        raise not_hub(f"it does not say which commit {ref.revision or 'main'} is")
+    if ref.revision is not None and COMMIT.match(ref.revision) and sha != ref.revision:
+        raise BadInput(f"{ref}: {endpoint()} answered with commit {sha} for the pinned commit "
+                       f"{ref.revision}; nothing was checked")
+    siblings = data.get("siblings", [])
+    if not isinstance(siblings, list):
+        raise not_hub("siblings is not a list")
     listing: dict[str, int | None] = {}
-    for s in siblings or []:
-        if not isinstance(s.rfilename, str):
-            raise BadInput(f"{ref}: {constants.ENDPOINT} listed a file named {s.rfilename!r}")
-        size = s.size if type(s.size) is int and s.size >= 0 else None
-        listing[s.rfilename] = size
-    return listing
+    skipped: list[str] = []
+    for s in siblings:
+        name = s.get("rfilename") if isinstance(s, dict) else None
+        if not isinstance(name, str):
+            raise not_hub(f"a file without a name: {str(s)[:80]}")
+        problem = listed_name_problem(name)
+        if problem:
+            skipped.append(f"{name[:60]!r} ({problem})")
+            continue
+        if name in listing:
+            raise not_hub(f"it lists {name!r} twice")
+        size = s.get("size")
+        listing[name] = size if type(size) is int and 0 <= size < 2 ** 63 else None
+    if skipped:
+        fetch.notes.append(f"hf://{ref.repo_id}@{sha}: ignored {len(skipped)} listed file "
+                           f"name(s) that are not plain relative paths: {skipped[0]}"
+                           + (", ..." if len(skipped) > 1 else ""))
+    return sha, listing
+
+
+def listed_name_problem(name: str) -> str | None:
+    """Why a listed file name cannot be a file of a model repository, or None."""
+    if not name:
+        return "empty"
+    problem = name_problem(name)
+    if problem:
+        return problem
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "holds a control character"
+    if "\\" in name:
+        return "holds a backslash"
+    parts = name.split("/")
+    if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        return "is not a plain relative path"
+    if any(len(p.encode()) > MAX_NAME_BYTES for p in parts):
+        return f"has a part longer than {MAX_NAME_BYTES} bytes"
+    return None
 
 
 # --- the files of one commit -----------------------------------------------------------------
@@ -226,6 +317,10 @@ class _Hub:
     commit: str
     listing: dict[str, int | None]
     fetch: Fetch
+    cache: HubCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cache = HubCache(self.ref.repo_id)
 
     @property
     def snapshot(self) -> Path:
@@ -235,37 +330,67 @@ class _Hub:
     def where(self, name: str = "") -> str:
         return f"{HF_SCHEME}{self.ref.repo_id}@{self.commit}" + (f"/{name}" if name else "")
 
-    def download(self, name: str) -> Path:
-        """A small file, through the Hub cache (downloaded once per commit)."""
-        try:
-            return Path(hf_hub_download(self.ref.repo_id, name, revision=self.commit))
-        except RemoteEntryNotFoundError:
-            raise BadInput(f"{self.where(name)}: listed by the Hub, but not served") from None
+    def url(self, name: str) -> str:
+        return hf_hub_url(self.ref.repo_id, name, revision=self.commit)
 
     def json(self, name: str, limit: int = MAX_JSON_BYTES) -> dict:
+        """A JSON file of the commit: the user's Hub cache, ours, or one bounded GET."""
+        where = self.where(name)
         size = self.listing.get(name)
         if size is not None and size > limit:
-            raise BadInput(f"{self.where(name)}: is larger than {limit} bytes, too large for a "
-                           "JSON config")
+            raise BadInput(f"{where}: is larger than {limit} bytes, too large for a JSON config")
+        local = try_to_load_from_cache(self.ref.repo_id, name, revision=self.commit)
+        if isinstance(local, str):  # downloaded by the user before: a local file
+            try:
+                return read_json(Path(local), limit)
+            except BadInput as exc:
+                raise _about(exc, where) from None
+        raw = self.cache.file(self.commit, name)
+        fresh = raw is None
+        if raw is None:
+            if self.fetch.offline or constants.is_offline_mode():
+                raise BadInput(f"{where}: offline, and it is not in the cache")
+            answer = get(self.url(name), self.fetch, where, limit if size is None else size,
+                         commit=self.commit)
+            if answer.status != 200:
+                raise BadInput(_status_line(where, answer))
+            raw = answer.body
+        if len(raw) > limit:
+            raise BadInput(f"{where}: is larger than {limit} bytes, too large for a JSON config")
         try:
-            return read_json(self.download(name), limit)
+            data = parse_json(raw.decode("utf-8"), Path("x"))
+        except UnicodeDecodeError:
+            raise BadInput(f"{where}: is not UTF-8 text") from None
         except BadInput as exc:
-            raise _about(exc, self.where(name)) from None
+            raise _about(exc, where) from None
+        if not isinstance(data, dict):
+            raise BadInput(f"{where}: must hold a JSON object")
+        if fresh:
+            self.cache.save_file(self.commit, name, raw)
+        return data
 
     def sidecars(self) -> dict[str, dict]:
-        """Top-level JSON files but config and indexes, at most 1 MB each (as :mod:`.index`)."""
+        """Top-level JSON files but config and indexes, at most 1 MB each (as :mod:`.index`);
+        optional, so one that cannot be read, or one past the model's budget, is skipped with a
+        note, and at most :data:`MAX_SIDECARS` (:data:`MAX_SIDECAR_TOTAL` bytes) are read."""
         out: dict[str, dict] = {}
-        for name in sorted(self.listing):
-            if ("/" in name or not name.endswith(".json") or name == "config.json"
-                    or name.endswith(".index.json")):
-                continue
-            size = self.listing[name]
-            if size is not None and size > MAX_SIDECAR_BYTES:
-                continue  # a tokenizer.json is megabytes, and not ours to judge
+        names = [n for n in sorted(self.listing)
+                 if "/" not in n and n.endswith(".json") and n != "config.json"
+                 and not n.endswith(".index.json")
+                 and (self.listing[n] or 0) <= MAX_SIDECAR_BYTES]  # a tokenizer.json is not ours
+        spent, skipped = 0, names[MAX_SIDECARS:]
+        for name in names[:MAX_SIDECARS]:
+            before = self.fetch.bytes
+            limit = min(MAX_SIDECAR_BYTES, MAX_SIDECAR_TOTAL - spent)
             try:
-                out[name] = self.json(name, MAX_SIDECAR_BYTES)
-            except BadInput:
-                continue
+                out[name] = self.json(name, limit)
+            except BadInput as exc:
+                why = str(exc).removesuffix("; nothing was checked")
+                self.fetch.notes.append(f"skipped the sidecar {why}")
+            spent += self.fetch.bytes - before
+        if skipped:
+            self.fetch.notes.append(f"{self.where()}: read the first {MAX_SIDECARS} sidecar JSON "
+                                    f"files only; skipped {len(skipped)} more ({skipped[0]}, ...)")
         return out
 
     def weight_files(self) -> tuple[str, list[str]]:
@@ -333,8 +458,7 @@ class _Hub:
                 return read_safetensors_header(Path(local))
             except BadInput as exc:
                 raise _about(exc, where) from None
-        cache = HubCache(self.ref.repo_id)
-        cached = cache.header(self.commit, name)
+        cached = self.cache.header(self.commit, name)
         if cached is not None:
             self.fetch.headers_cached += 1
             return self._index(name, *cached)
@@ -345,7 +469,7 @@ class _Hub:
         except BadInput as exc:
             raise _about(exc, where) from None
         index = self._index(name, head, size)
-        cache.save_header(self.commit, name, head, size)
+        self.cache.save_header(self.commit, name, head, size)
         return index
 
     def _index(self, name: str, head: bytes, size: int) -> dict[str, TensorInfo]:
@@ -361,20 +485,41 @@ class _Hub:
 
     def _header_bytes(self, name: str) -> tuple[bytes, int]:
         """The length prefix and header of a shard, and the shard's size, by range requests."""
-        url = hf_hub_url(self.ref.repo_id, name, revision=self.commit)
-        first, size = get_range(url, 0, FIRST_READ, self.where(name))
+        where = self.where(name)
+        first, size = self._range(name, 0, FIRST_READ)
         listed = self.listing.get(name)
         if size is None:
             size = listed
         if size is None:
-            raise BadInput(f"{self.where(name)}: the Hub gave no size for it")
+            raise BadInput(f"{where}: the Hub gave no size for it")
         if listed is not None and listed != size:
-            raise BadInput(f"{self.where(name)}: the Hub lists {listed} bytes but serves {size}")
+            raise BadInput(f"{where}: the Hub lists {listed} bytes but serves {size}")
         n = header_length(first[:8], size, self.snapshot / name)
         if len(first) < 8 + n:
-            rest, _ = get_range(url, len(first), 8 + n - len(first), self.where(name))
-            first += rest
+            rest = 8 + n - len(first)
+            if rest > self.fetch.bytes_left():  # refused before a byte of it is asked for
+                raise over_budget(f"{where}: its header of {n:,} bytes",
+                                  self.fetch.limits.max_bytes)
+            more, _ = self._range(name, len(first), rest)
+            first += more
         return first[:8 + n], size
+
+    def _range(self, name: str, start: int, length: int) -> tuple[bytes, int | None]:
+        """At most ``length`` bytes from ``start``, and the file's size where the server says.
+
+        A server that ignores the range and sends the whole file is read only as far as
+        needed, then the connection is dropped: a missing Range feature must not cost the
+        weights.
+        """
+        where = self.where(name)
+        answer = get(self.url(name), self.fetch, where, start + length,
+                     headers={"Range": f"bytes={start}-{start + length - 1}"},
+                     stop_at=start + length, commit=self.commit)
+        if answer.status >= 400:
+            raise BadInput(_status_line(where, answer))
+        size = _content_size(answer, start, where)
+        skip = start if answer.status == 200 else 0
+        return answer.body[skip:skip + length], size
 
 
 def _plain_name(name: str, where: str) -> str:
@@ -384,6 +529,9 @@ def _plain_name(name: str, where: str) -> str:
     problem = name_problem(name)
     if problem:
         raise BadInput(f"{where}: refers to {name!r}, whose name {problem}")
+    problem = listed_name_problem(PurePosixPath(name).as_posix())
+    if problem and "relative path" not in problem:
+        raise BadInput(f"{where}: refers to {name[:120]!r}, whose name {problem}")
     pure = PurePosixPath(name)
     if pure.is_absolute() or ".." in pure.parts:
         raise BadInput(f"{where}: refers to {name!r}, which is outside the model directory")
@@ -398,26 +546,14 @@ def _about(exc: BadInput, where: str) -> BadInput:
 
 
 @contextmanager
-def _hub_errors(ref: HubRef) -> Iterator[None]:
-    """huggingface_hub's exceptions as one-line refusals that say what to do."""
+def _quiet() -> Iterator[None]:
+    """huggingface_hub's own log lines and warnings silenced: a refusal is our one line."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
     try:
-        yield
-    except GatedRepoError:
-        raise BadInput(f"{ref}: is gated; accept its conditions on the Hub and set HF_TOKEN "
-                       "(or run `hf auth login`)") from None
-    except RepositoryNotFoundError:
-        here = "no such directory here, and " if ref.bare else ""
-        raise BadInput(f"{ref}: {here}no such model on {constants.ENDPOINT} (if it is private, "
-                       "set HF_TOKEN)") from None
-    except RevisionNotFoundError:
-        raise BadInput(f"{ref}: the model has no revision {ref.revision!r}") from None
-    except (OfflineModeIsEnabled, LocalEntryNotFoundError) as exc:
-        raise BadInput(f"{ref}: offline, and a file it needs is not in the Hub cache "
-                       f"({reason(exc)})") from None
-    except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else "an error"
-        raise BadInput(f"{ref}: {constants.ENDPOINT} answered HTTP {status}; nothing was "
-                       "checked") from None
-    except httpx2.HTTPError as exc:
-        raise BadInput(f"{ref}: the connection to {constants.ENDPOINT} failed "
-                       f"({reason(exc)}); nothing was checked") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)

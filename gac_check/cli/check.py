@@ -42,7 +42,7 @@ def run_check(args: argparse.Namespace) -> int:
     outputs = None
     for name in names:  # every output path is refused before any model is read
         outputs = plan_outputs(args.report, args.junit, _hub_cache() if is_remote(name)
-                               else Path(name))
+                               else Path(name), force=args.force)
     results = [check_model(name, args) for name in
                steps(names, "checking models", enabled=len(names) > 1 and args.output != "json")]
     bench = _bench(results) if args.bench else None
@@ -114,18 +114,21 @@ def local_model(args: argparse.Namespace, job: str) -> Path:
     return Path(names[0])
 
 
-def open_model(name: str) -> Checkpoint:
-    """A directory's index, or a Hub model's from its headers."""
+def open_model(name: str, args: argparse.Namespace | None = None) -> Checkpoint:
+    """A directory's index, or a Hub model's from its headers (bounded by the --hub-* limits)."""
     if is_remote(name):
+        from gac_check.checkpoint.hub_io import Limits
         from gac_check.checkpoint.remote import open_remote
 
-        return open_remote(name)
+        given = {k: getattr(args, f"hub_{k}", None) for k in ("timeout", "max_bytes",
+                                                               "max_requests")}
+        return open_remote(name, Limits(**{k: v for k, v in given.items() if v is not None}))
     return open_checkpoint(name)
 
 
 def check_model(name: str, args: argparse.Namespace) -> CheckResult:
     start = time.perf_counter()
-    ckpt = open_model(name)
+    ckpt = open_model(name, args)
     seconds = time.perf_counter() - start
     try:
         result = check(ckpt, args.gpu, args.dtype)
@@ -135,9 +138,17 @@ def check_model(name: str, args: argparse.Namespace) -> CheckResult:
         from gac_check.checkpoint.remote import renamed
 
         raise renamed(exc, ckpt) from None
+    for note in getattr(getattr(ckpt, "fetch", None), "notes", []):
+        sys.stderr.write(f"gac-check: note: {_printable(note)}\n")
     if getattr(args, "verbose", False):
         sys.stderr.write(f"gac-check: {_read_line(ckpt, seconds)}\n")
     return result
+
+
+def _printable(text: str) -> str:
+    """One printable line of at most 500 characters (a note may quote a hostile name)."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:500])
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def _read_line(ckpt: Checkpoint, seconds: float) -> str:

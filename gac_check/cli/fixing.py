@@ -19,7 +19,7 @@ from gac_check.report.outputs import write as write_outputs
 
 
 def plan_fix_outputs(args: argparse.Namespace, out: Path) -> Outputs:
-    outputs = plan_outputs(args.report, args.junit, args.model_dir)
+    outputs = plan_outputs(args.report, args.junit, args.model_dir, force=args.force)
     root = Path(out).resolve()
     for path in (outputs.report, outputs.junit):
         if path is not None and (path.resolve() == root or root in path.resolve().parents):

@@ -37,6 +37,26 @@ def _version() -> str:
         return "(not installed)"
 
 
+def _bytes(text: str) -> int:
+    """``16M``, ``512K``, ``1G`` or a plain byte count."""
+    units = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+    scale = units.get(text[-1:].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+        return value
+    parse.__name__ = getattr(kind, "__name__", "value")
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gac-check", description="Find, repair and gate GPU-hostile dimensions "
                 "in a compressed model checkpoint.",
@@ -73,11 +93,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bench", action="store_true",
                    help="time the misaligned sites against their repaired sizes on the "
                    "device present and print the measured speedups")
+    hub = p.add_argument_group("Hub models (hf://ORG/NAME): bounds per model "
+                               "(docs/remote.md, docs/security.md)")
+    hub.add_argument("--hub-timeout", type=_positive(float), metavar="SECONDS",
+                     help="longest wait to connect or for any read (default 10); a whole "
+                     "request may take 3 times that, a whole model 6 times")
+    hub.add_argument("--hub-max-bytes", type=_positive(_bytes), metavar="BYTES",
+                     help="most bytes fetched per model: listing, JSON files and headers "
+                     "(default 16M; K, M and G suffixes)")
+    hub.add_argument("--hub-max-requests", type=_positive(int), metavar="N",
+                     help="most HTTP requests per model, redirects and retries included "
+                     "(default 256)")
     fix = p.add_argument_group("fixing")
     fix.add_argument("--strategy", choices=("minimal", "optimal"), default="minimal",
                      help="minimal: the required multiple; optimal: the fastest one "
                      "(for --repair and --realign)")
-    fix.add_argument("--force", action="store_true", help="replace an existing OUT")
+    fix.add_argument("--force", action="store_true", help="replace an existing OUT, or a "
+                     "file beside --report FILE.html named FILE.json that is no earlier run's")
     fix.add_argument("--repair", type=Path, metavar="OUT",
                      help="write the exact zero-padded repair of the model to OUT")
     fix.add_argument("--realign", type=Path, metavar="OUT",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.pickletree import pickled_model
+from gac_check.formats.declared import config_head_dim
 from gac_check.formats.layout import Linear, Shapes
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -223,13 +224,17 @@ def family_sites(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
                  resolve: Resolver, head_dim: tuple[int, str] | None = None) -> list[DimSite]:
     """Per-layer intermediate/head_dim/heads sites plus the global hidden and vocab sites.
 
-    head_dim is config.json's; without one, what :func:`infer_head_dim` finds, else
+    head_dim is config.json's where the tensors agree (:func:`.declared.config_head_dim`: a
+    refuted value is a note, a head count that does not divide the width a refusal); else what
+    :func:`infer_head_dim` finds, else
     ``head_dim`` (value, how) from a format that can infer it from shapes alone (LLM-Pruner's
     whole-head pruning). An inferred head_dim is noted on every head_dim site.
     """
     shapes = ckpt.shapes
     cfg = ckpt.config
-    hd, how = head_dim_of(cfg), ""
+    hd, disagree = config_head_dim(ckpt, [(resolve(f"{prefix}.{i}.{fam.q}"),
+                                           resolve(f"{prefix}.{i}.{fam.k}")) for i in layers])
+    how = ""
     if hd is None:
         hd, how = infer_head_dim(ckpt)
     if hd is None and head_dim is not None:
@@ -248,6 +253,7 @@ def family_sites(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
             attention[0].notes.append(f"head_dim {hd} inferred from {how}")
         sites.extend(attention)
     sites.append(_hidden_site(ckpt, fam, prefix, layers, resolve))
+    sites[-1].notes.extend(disagree)  # config.json values the tensors refute, never used
     vocab = _vocab_site(ckpt, fam)
     if vocab:
         sites.append(vocab)

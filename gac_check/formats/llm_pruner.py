@@ -48,6 +48,8 @@ class LLMPruner(Format):
             return True
         declared = {"up": cfg.get("intermediate_size"), "in": cfg.get("hidden_size")}
         hd = head_dim_of(cfg)
+        if hd and any(q % hd for q in per_key["q"]):
+            hd = None  # a head_dim the tensors refute says nothing (formats/declared.py)
         if hd and isinstance(cfg.get("num_attention_heads"), int):
             declared["q"] = hd * cfg["num_attention_heads"]
         return any(isinstance(declared.get(k), int) and v and v != {declared[k]}

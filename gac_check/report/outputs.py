@@ -10,12 +10,14 @@ Every file written is named on stderr.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from gac_check.checkpoint.atomic import write_atomic
+from gac_check.checkpoint.files import open_regular
 from gac_check.errors import BadInput
 from gac_check.report.run import check_writable, dumps, new_run
 
@@ -30,11 +32,15 @@ class Outputs:
     report: Path | None  # None: no HTML; DEFAULT_REPORT resolved after the check
     default_report: bool
     junit: Path | None
+    force: bool = False  # --force: the run JSON beside the HTML may replace any file
 
 
-def plan(report: str | None, junit: Path | None, model_dir: Path) -> Outputs:
+def plan(report: str | None, junit: Path | None, model_dir: Path,
+         force: bool = False) -> Outputs:
     """Validate the requested paths before any work is done; nothing may land in the model
-    directory (the run JSON beside ``x.html`` would replace a model's ``x.json``)."""
+    directory (the run JSON beside ``x.html`` would replace a model's ``x.json``), and the run
+    JSON, a file the user did not name, replaces only an earlier run document unless
+    ``force``."""
     default = report == DEFAULT_REPORT
     path = None
     if report is not None and not default:
@@ -52,7 +58,47 @@ def plan(report: str | None, junit: Path | None, model_dir: Path) -> Outputs:
         if out is not None and _inside(out, model_dir):
             raise BadInput("is inside the model directory, which gac-check never writes to",
                            out)
-    return Outputs(path, default, junit_path)
+    if path is not None and not force:
+        refuse_foreign(path.with_suffix(".json"))
+    return Outputs(path, default, junit_path, force)
+
+
+#: How every run document :func:`gac_check.report.run.dumps` writes begins.
+_RUN_DOC = re.compile(rb'\{\s*"schema":\s*"gac-check-run/')
+
+
+def refuse_foreign(path: Path) -> bool:
+    """Refuse ``path`` (the run JSON beside an HTML report) if it exists and is not a run
+    document an earlier ``--report`` wrote: it is the user's file, not ours to replace.
+    Returns whether it exists (then an earlier run document)."""
+    if not os.path.lexists(path):
+        return False
+    try:
+        with open_regular(path) as fh:
+            ours = bool(_RUN_DOC.match(fh.read(256)))
+    except BadInput:
+        ours = False
+    if not ours:
+        raise BadInput("exists and is not a gac-check run document (--report FILE.html writes "
+                       "its run JSON beside it); pass --force to replace it, or name the "
+                       "report otherwise", path)
+    return True
+
+
+def write_files(files: list[tuple[Path, str]], run_json: Path | None, force: bool) -> None:
+    """Write each file atomically, the run JSON first, and that over an existing file only if
+    it is an earlier run document or ``force``: a file that appeared since :func:`plan`
+    (another writer racing for the name) gets the same refusal."""
+    for path, text in sorted(files, key=lambda f: f[0] != run_json):
+        if path != run_json or force:
+            write_atomic(path, text)
+        else:
+            try:
+                write_atomic(path, text, replace=refuse_foreign(path))
+            except FileExistsError:
+                refuse_foreign(path)  # another run's document: ours to replace after all
+                write_atomic(path, text)
+        announce(path)
 
 
 def _inside(path: Path, directory: Path) -> bool:
@@ -90,9 +136,7 @@ def write(outputs: Outputs, check: dict, fail_on: str, fix: dict | None = None) 
         files += [(report, render_html([run])), (report.with_suffix(".json"), dumps(run))]
     if outputs.junit is not None:
         files.append((outputs.junit, to_junit(check, fail_on)))
-    for path, text in files:
-        write_atomic(path, text)
-        announce(path)
+    write_files(files, report.with_suffix(".json") if report else None, outputs.force)
     return [p for p, _ in files]
 
 

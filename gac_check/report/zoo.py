@@ -13,8 +13,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from gac_check.checkpoint.atomic import write_atomic
-from gac_check.report.outputs import REPORTS_DIR, Outputs, announce
+from gac_check.report.outputs import REPORTS_DIR, Outputs, write_files
 from gac_check.report.run import dumps, new_run
 
 #: A Hub model's full commit id, shortened in the table (the JSON and HTML keep it whole).
@@ -78,9 +77,7 @@ def write_zoo(outputs: Outputs, checks: list[dict], fail_on: str) -> list[Path]:
         files += [(report, render_html([run])), (report.with_suffix(".json"), dumps(run))]
     if outputs.junit is not None:
         files.append((outputs.junit, zoo_junit(checks, fail_on)))
-    for path, text in files:
-        write_atomic(path, text)
-        announce(path)
+    write_files(files, report.with_suffix(".json") if report else None, outputs.force)
     return [p for p, _ in files]
 
 

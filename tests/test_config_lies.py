@@ -1,0 +1,65 @@
+"""config.json that disagrees with the tensors: the tensors win, the lie is a note showing both
+values, and a head count that does not divide the width is a refusal (check and --repair)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import gac, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def lies(tmp_path_factory) -> dict[str, Path]:
+    """One real Llama (hidden 64, 4 heads of 16, 2 KV heads), saved with config.json edited."""
+    root = tmp_path_factory.mktemp("lies")
+    model = tiny_llama(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=128, num_hidden_layers=2, vocab_size=128)
+    out = {}
+    for name, patch in {"honest": {}, "hidden4096": {"hidden_size": 4096},
+                        "head_dim9": {"head_dim": 9}, "heads7": {"num_attention_heads": 7}}.items():
+        path = root / name
+        model.save_pretrained(path)
+        cfg = json.loads((path / "config.json").read_text())
+        if "head_dim" not in patch:
+            cfg.pop("head_dim", None)  # derived from hidden_size / num_attention_heads
+        cfg.update(patch)
+        (path / "config.json").write_text(json.dumps(cfg))
+        out[name] = path
+    return out
+
+
+def sites(path: Path) -> dict[str, dict]:
+    proc = gac(path, "--gpu", "h100", "--format", "json")
+    assert proc.returncode in (0, 1), proc.stderr
+    doc = json.loads(proc.stdout)
+    return {"format": doc["format"], **{s["name"]: s for s in doc["sites"]}}
+
+
+@pytest.mark.parametrize(("name", "note"), [
+    ("hidden4096", "not from config.json's hidden_size=4096 (the tensors have 64)"),
+    ("head_dim9", "config.json says head_dim=9, tensors have q/k widths 64/32"),
+])
+def test_a_config_value_the_tensors_refute_is_a_note_never_a_site(lies, name, note) -> None:
+    honest, lied = sites(lies["honest"]), sites(lies[name])
+    head = "model.layers.0.self_attn:head_dim"
+    assert honest[head]["value"] == lied[head]["value"] == 16  # not 1024, not 9
+    assert {n: s["value"] for n, s in lied.items() if n != "format"} == \
+        {n: s["value"] for n, s in honest.items() if n != "format"}
+    if name == "head_dim9":  # a refuted head_dim does not make it a pruned model either
+        assert lied["format"] == honest["format"]
+    assert any(note in n for n in lied["hidden"]["notes"]), lied["hidden"]["notes"]
+
+
+def test_heads_that_do_not_divide_the_width_are_refused_for_check_and_repair(lies,
+                                                                            tmp_path) -> None:
+    out = tmp_path / "out"
+    for args in ((), ("--repair", out)):
+        proc = gac(lies["heads7"], "--gpu", "h100", *args)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+        assert proc.stderr.splitlines() == [
+            f"gac-check: {lies['heads7'].resolve()}/config.json: says num_attention_heads=7, "
+            "which does not divide the attention width 64 (head_dim would be 9.143): the head "
+            "layout cannot be known; correct config.json"]
+    assert not out.exists() and list(tmp_path.iterdir()) == []

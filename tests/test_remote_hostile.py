@@ -1,0 +1,368 @@
+"""``gac-check hf://...`` against a hostile Hub: every network step bounded, every answer checked.
+
+A real HTTP server on 127.0.0.1 (:class:`tests.hub_server.HubServer` with :class:`Hostile`
+answers) plays an attacker's endpoint: it trickles, stalls, floods, gzip-bombs, rate-limits,
+fails, lists names no file may have, and answers a pinned commit with another. The real CLI
+runs as a subprocess, measured: wall time, the bytes the server sent, the child's peak
+resident memory (``wait4``), and what it left in the cache. Each case must end in the right
+answer or one line and exit 2, in seconds, for a few MB. Limits are set low through the CLI's
+own options (``--hub-timeout 1``) so the tests stay fast on a busy runner.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import helpers
+from tests.hub_server import Hostile, HubServer
+
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+GIB = 1 << 30
+MIB = 1 << 20
+#: How long any one case may take, start-up (imports) included, on a busy 2-core runner.
+SECONDS = 20.0
+#: What a server streaming a gigabyte may have pushed before the client hung up: the client
+#: reads at most its cap (its peak RSS shows it), but the kernel's socket buffers take more
+#: (5 MB seen on loopback; tcp_rmem may grow to 32 MB): far from the gigabyte, never flaky.
+PUSHED = 40 * MIB
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    rss: int  # the child's peak resident memory, bytes
+
+
+def model(path: Path) -> Path:
+    m = helpers.tiny_llama(dtype=torch.bfloat16, vocab_size=128, intermediate_size=170,
+                           num_key_value_heads=2, num_hidden_layers=2)
+    m.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hostile")
+    sharded = root / "sharded"
+    helpers.tiny_llama(dtype=torch.bfloat16, vocab_size=128, intermediate_size=170,
+                       num_key_value_heads=2, num_hidden_layers=4).save_pretrained(
+        sharded, max_shard_size="40KB")
+    (sharded / "generation_config.json").unlink()  # no optional sidecar: every byte is needed
+    heads7 = model(root / "heads7")  # config.json lies: 7 heads cannot split a width of 64
+    cfg = json.loads((heads7 / "config.json").read_text())
+    cfg.pop("head_dim", None)
+    (heads7 / "config.json").write_text(json.dumps({**cfg, "num_attention_heads": 7}))
+    return {"single": model(root / "single"), "sharded": sharded, "heads7": heads7}
+
+
+@pytest.fixture
+def hub(models, tmp_path):
+    with HubServer({"org/m": {"main": models["single"]},
+                    "org/sharded": {"main": models["sharded"]},
+                    "org/heads7": {"main": models["heads7"]}}) as server:
+        server.home = tmp_path / "hf-home"
+        yield server
+
+
+def gac(hub: HubServer, *args: object, timeout: float = 120, **env: str) -> Run:
+    """The CLI against ``hub``, measured: seconds, and peak RSS from ``wait4`` (this child's
+    alone, which ``RUSAGE_CHILDREN`` would not give)."""
+    child = {k: v for k, v in os.environ.items()
+             if not k.startswith("HF_") and k not in PROXY_VARS and k != "GAC_DEBUG"}
+    child |= {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(hub.home), "NO_PROXY": "*",
+              "HF_HUB_DISABLE_TELEMETRY": "1", **env}
+    out, err = (hub.home.parent / f"out-{n}" for n in "12")
+    start = time.monotonic()
+    with out.open("w") as o, err.open("w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "gac_check.cli", *map(str, args)],
+                                stdout=o, stderr=e, env=child)
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        killer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return Run(proc.returncode, out.read_text(), err.read_text(), time.monotonic() - start,
+               usage.ru_maxrss * 1024)
+
+
+def refusal(run: Run) -> str:
+    """The one stderr line of a refusal: exit 2, nothing on stdout, within the time bound."""
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stdout == ""
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gac-check: "), run.stderr
+    assert run.seconds < SECONDS, run.seconds
+    return lines[0]
+
+
+def left_in_cache(hub: HubServer) -> dict[str, int]:
+    """Every file under HF_HOME and its size (the Hub cache and ours)."""
+    return {str(p.relative_to(hub.home)): p.stat().st_size
+            for p in hub.home.rglob("*") if p.is_file()} if hub.home.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def baseline(models, tmp_path_factory) -> Run:
+    """An honest check of the same model: what a hostile one may not exceed by much."""
+    with HubServer({"org/m": {"main": models["single"]}}) as server:
+        server.home = tmp_path_factory.mktemp("baseline") / "hf-home"
+        run = gac(server, "hf://org/m", "--gpu", "h100")
+    assert run.returncode in (0, 1) and run.stderr == "", run.stderr
+    return run
+
+
+def small(run: Run, baseline: Run) -> None:
+    """Peak memory within 32 MiB of an honest check's: nothing large was held (one 64 KB read
+    of a gzip bomb inflated whole would be 64 MB)."""
+    assert run.rss < baseline.rss + 32 * MIB, (run.rss, baseline.rss)
+
+
+# ------------------------------------------------------------------------------- hangs
+
+@pytest.mark.parametrize("how", [Hostile(rate=2, size=100_000),   # one byte every half second
+                                 Hostile(stall=60)],               # never a status line
+                         ids=["trickle", "silent"])
+def test_a_listing_sent_slowly_or_never_times_out(hub, how) -> None:
+    hub.hostile["info"] = how
+    line = refusal(gac(hub, "hf://org/m", "--hub-timeout", "1"))
+    assert "never checked here before" in line
+    assert ("took longer than 3 s" in line) if how.rate else ("did not answer within 1 s" in line)
+
+
+def test_a_header_range_sent_slowly_times_out(hub) -> None:
+    hub.hostile["model.safetensors"] = Hostile(
+        status=206, rate=4, size=16384, headers={"Content-Range": "bytes 0-16383/999999"})
+    line = refusal(gac(hub, "hf://org/m", "--hub-timeout", "1"))
+    assert "model.safetensors: " in line and "took longer than 3 s" in line
+    assert not any(k.endswith(".header") for k in left_in_cache(hub))
+
+
+def test_an_hour_of_retry_after_is_a_refusal_that_says_when(hub) -> None:
+    hub.hostile["info"] = Hostile(status=429, headers={"Retry-After": "3600"}, prefix=b"{}",
+                                  size=2)
+    line = refusal(gac(hub, "hf://org/m"))
+    assert "rate limited" in line and "wait 3600 s, until " in line and "retry then" in line
+    assert hub.hostile["info"].served == 1  # no retry, no sleep
+    hub.hostile["info"] = Hostile(status=429, headers={"Retry-After": "1"}, prefix=b"{}", size=2)
+    line = refusal(gac(hub, "hf://org/m"))
+    assert "rate limited" in line and "3 tries" in line
+    assert hub.hostile["info"].served == 3
+
+
+# ----------------------------------------------------------------- bytes, memory, disk
+
+@pytest.mark.parametrize("how", [
+    Hostile(prefix=b'{"sha": "', fill=b"a", size=GIB),                   # 1 GiB, said so
+    Hostile(prefix=b'{"sha": "', fill=b"a", size=GIB, length=-1),        # 1 GiB, unannounced
+    Hostile(prefix=b'{"sha": "', fill=b"a", size=GIB, gzip=True),        # 1 MB inflating to 1 GiB
+], ids=["long", "unannounced", "gzip"])
+def test_a_huge_listing_is_cut_at_its_cap(hub, baseline, how) -> None:
+    hub.hostile["info"] = how
+    run = gac(hub, "hf://org/m", "--hub-max-bytes", "1M")
+    line = refusal(run)
+    assert line.startswith("gac-check: hf://org/m: ")
+    assert "1,048,576" in line
+    assert hub.bytes_sent < PUSHED
+    small(run, baseline)
+    assert left_in_cache(hub) == {}
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_a_config_without_a_size_served_as_a_gigabyte_is_cut(hub, baseline, gz) -> None:
+    hub.listed_sizes["config.json"] = None
+    hub.hostile["config.json"] = Hostile(prefix=b'{"a": "', fill=b"x", suffix=b'"}', size=GIB,
+                                         gzip=gz, length=-1)
+    run = gac(hub, "hf://org/m", "--hub-max-bytes", "2M")
+    line = refusal(run)
+    assert "/config.json: " in line and "2,097,152" in line
+    assert hub.bytes_sent < PUSHED
+    small(run, baseline)
+    assert not any("config" in k for k in left_in_cache(hub))
+
+
+def test_a_sidecar_listed_small_and_served_huge_is_skipped_not_fatal(hub, baseline) -> None:
+    hub.extra_siblings.append({"rfilename": "rank.json", "size": 10})
+    hub.hostile["rank.json"] = Hostile(prefix=b'{"a": "', fill=b"x", suffix=b'"}', size=GIB)
+    run = gac(hub, "hf://org/m", "--gpu", "h100", "--verbose")
+    assert run.returncode == baseline.returncode and run.stdout.splitlines()[1:] == \
+        baseline.stdout.splitlines()[1:]
+    notes = run.stderr.splitlines()
+    assert len(notes) == 2 and "note: skipped the sidecar" in notes[0]
+    assert "rank.json: is longer than the 10 bytes" in notes[0]
+    read = int(re.search(r"fetched ([\d,]+) bytes", notes[1]).group(1).replace(",", ""))
+    assert read < 256 * 1024  # what the client took in: the model's headers, not the sidecar
+    assert hub.bytes_sent < baseline_bytes(hub) + PUSHED and run.seconds < SECONDS
+    small(run, baseline)
+    assert not any("rank" in k for k in left_in_cache(hub))
+
+
+def baseline_bytes(hub: HubServer) -> int:
+    return sum(p.stat().st_size for p in hub.hub["org/m"].revisions["main"].files().values()
+               if p.suffix == ".json") + 64 * 1024
+
+
+def test_a_header_claiming_99_mb_is_refused_before_it_is_fetched(hub, baseline) -> None:
+    size = 200_000_000
+    hub.listed_sizes["model.safetensors"] = size
+    hub.hostile["model.safetensors"] = Hostile(
+        status=206, headers={"Content-Range": f"bytes 0-16383/{size}"},
+        prefix=struct.pack("<Q", 99_000_000) + b"{", size=16384)
+    run = gac(hub, "hf://org/m")
+    line = refusal(run)
+    assert "model.safetensors: its header of 99,000,000 bytes" in line
+    assert "16,777,216 bytes fetched" in line and "--hub-max-bytes" in line
+    assert hub.hostile["model.safetensors"].served == 1 and hub.bytes_sent < 64 * 1024
+    small(run, baseline)
+
+
+@pytest.mark.parametrize(("count", "size"), [(200, 1_000_000), (2000, 20)])
+def test_many_sidecars_cost_a_bounded_number_of_requests(hub, baseline, count, size) -> None:
+    for i in range(count):
+        name = f"side{i:04}.json"
+        hub.extra_siblings.append({"rfilename": name, "size": size})
+        hub.hostile[name] = Hostile(prefix=b'{"a": "', fill=b"x", suffix=b'"}', size=size)
+    run = gac(hub, "hf://org/m", "--gpu", "h100")
+    assert run.returncode == baseline.returncode, run.stderr
+    assert run.stdout.splitlines()[1:] == baseline.stdout.splitlines()[1:]
+    assert f"skipped {count + 1 - 16} more" in run.stderr  # + the model's generation_config
+    assert len(hub.log) <= 30 and hub.bytes_sent < 3 * MIB
+    assert run.seconds < SECONDS
+
+
+# ------------------------------------------------------------ wrong answers, messages
+
+def test_a_pinned_commit_answered_with_another_is_refused(hub) -> None:
+    commit = hub.hub["org/m"].revisions["main"].commit
+    hub.sha_override = "b" * 40
+    line = refusal(gac(hub, f"hf://org/m@{commit}"))
+    assert f"answered with commit {'b' * 40} for the pinned commit {commit}" in line
+    assert left_in_cache(hub) == {}
+
+
+def test_listed_names_no_file_may_have_are_skipped_with_a_note(hub, baseline) -> None:
+    for name in ("evil\x00.json", "..\\..\\evil.json", "x" * 300 + ".json", "../up.json",
+                 "/abs.json"):
+        hub.extra_siblings.append({"rfilename": name, "size": 3})
+    long_ok = "y" * 250 + ".json"  # a legal name whose cache entry would be too long to store
+    hub.extra_siblings.append({"rfilename": long_ok, "size": 2})
+    hub.hostile[long_ok] = Hostile(prefix=b"{}", size=2)
+    run = gac(hub, "hf://org/m", "--gpu", "h100")
+    assert run.returncode == baseline.returncode, run.stderr
+    assert run.stdout.splitlines()[1:] == baseline.stdout.splitlines()[1:]
+    assert len(run.stderr.splitlines()) == 1
+    assert "ignored 5 listed file name(s) that are not plain relative paths" in run.stderr
+    assert hub.hostile[long_ok].served == 1  # read, used, just not cached
+
+
+@pytest.mark.parametrize(("target", "status", "says"), [
+    ("info", 500, "answered HTTP 500 (a server error) 3 time(s); try again later"),
+    ("config.json", 502, "config.json: http://127.0.0.1:"),
+    ("config.json", 403, "refused access (HTTP 403 forbidden)"),
+    ("config.json", 404, "config.json: listed by the Hub, but not served (HTTP 404)"),
+    ("info", 403, "refused access (HTTP 403 forbidden)"),
+])
+def test_each_failure_says_what_it_is_in_one_line(hub, target, status, says) -> None:
+    hub.hostile[target] = Hostile(status=status, prefix=b"{}", size=2)
+    line = refusal(gac(hub, "hf://org/m"))
+    assert says in line and "offline" not in line
+    assert hub.hostile[target].served == (3 if status >= 500 else 1)
+    if status >= 500:
+        assert f"HTTP {status} (a server error) 3 time(s)" in line
+
+
+# ------------------------------------------------------------------- budgets per model
+
+def test_the_byte_and_request_budgets_are_per_model_and_exact(hub, models) -> None:
+    """An honest sharded model costs B bytes in R requests: B and R pass, one less refuses
+    (listing, config, index and headers all count; nothing optional to skip)."""
+    assert len(list(models["sharded"].glob("*.safetensors"))) >= 3
+    ok = gac(hub, "hf://org/sharded", "--gpu", "h100", "--verbose")
+    assert ok.returncode in (0, 1), ok.stderr
+    m = re.search(r"fetched ([\d,]+) bytes \((\d+) HTTP response", ok.stderr)
+    spent, requests = int(m.group(1).replace(",", "")), int(m.group(2))
+    assert spent == hub.bytes_sent
+    for flag, limit in (("--hub-max-bytes", spent), ("--hub-max-requests", requests)):
+        hub.home = hub.home.with_name(f"home-{flag}")  # a cold cache: everything fetched again
+        fits = gac(hub, "hf://org/sharded", "--gpu", "h100", flag, str(limit))
+        assert fits.returncode == ok.returncode and fits.stdout == ok.stdout, fits.stderr
+        hub.home = hub.home.with_name(f"home-{flag}-1")
+        line = refusal(gac(hub, "hf://org/sharded", "--gpu", "h100", flag, str(limit - 1)))
+        assert f"{limit - 1:,}" in line and flag in line
+
+
+def test_a_model_read_slowly_file_after_file_stops_at_the_model_deadline(hub, baseline) -> None:
+    """Each sidecar arrives in time for its own request (2.7 s < 3 s) but together they pass
+    the model's 6 s: the rest are skipped as too slow, the check itself completes."""
+    for i in range(4):
+        hub.extra_siblings.append({"rfilename": f"slow{i}.json", "size": 8})
+        hub.hostile[f"slow{i}.json"] = Hostile(prefix=b'{"a": 1}', size=8, rate=3)
+    run = gac(hub, "hf://org/m", "--gpu", "h100", "--hub-timeout", "1")
+    assert run.returncode == baseline.returncode, run.stderr
+    assert run.stdout.splitlines()[1:] == baseline.stdout.splitlines()[1:]
+    assert "took longer than 6 s (6 x --hub-timeout; too slow)" in run.stderr
+    assert run.seconds < SECONDS
+
+
+@pytest.mark.parametrize(("shard", "says"), [
+    ("..\\..\\evil.safetensors", "whose name holds a backslash"),
+    ("ok\x01.safetensors", "whose name holds a control character"),
+    ("../evil.safetensors", "which is outside the model directory"),
+])
+def test_an_index_naming_a_shard_no_file_may_have_is_refused(hub, shard, says) -> None:
+    """The shard index is required: a bad shard name in it is one line naming the index."""
+    body = json.dumps({"metadata": {}, "weight_map": {"lm_head.weight": shard}}).encode()
+    hub.listed_sizes["model.safetensors.index.json"] = len(body)
+    hub.hostile["model.safetensors.index.json"] = Hostile(prefix=body, size=len(body))
+    line = refusal(gac(hub, "hf://org/sharded"))
+    assert "/model.safetensors.index.json: refers to " in line and says in line
+    assert not any(p.endswith("evil.safetensors") for _, p, _ in hub.log)
+
+
+def test_a_hub_config_that_lies_about_heads_is_refused_naming_the_hub_file(hub) -> None:
+    commit = hub.hub["org/heads7"].revisions["main"].commit
+    line = refusal(gac(hub, "hf://org/heads7"))
+    assert line.startswith(f"gac-check: hf://org/heads7@{commit}/config.json: says "
+                           "num_attention_heads=7, which does not divide the attention width 64")
+
+
+def test_redirect_loops_and_unknown_encodings_are_refused(hub) -> None:
+    commit = hub.hub["org/m"].revisions["main"].commit
+    here = f"/org/m/resolve/{commit}/config.json"
+    hub.hostile["config.json"] = Hostile(status=302, headers={"Location": here}, size=GIB)
+    line = refusal(gac(hub, "hf://org/m"))
+    assert "config.json: " in line and "redirected it more than 3 times" in line
+    assert hub.hostile["config.json"].served == 4 and hub.bytes_sent < PUSHED  # bodies unread
+    hub.hostile["config.json"] = Hostile(headers={"Content-Encoding": "br"}, prefix=b"{}", size=2)
+    line = refusal(gac(hub, "hf://org/m"))
+    assert "config.json: " in line and "compressed as 'br', which gac-check does not" in line
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
+    from datetime import datetime, timedelta, timezone
+    from email.utils import format_datetime
+
+    import httpx2
+
+    from gac_check.checkpoint.hub_io import retry_after
+
+    later = format_datetime(datetime.now(timezone.utc) + timedelta(hours=1), usegmt=True)
+    assert retry_after(httpx2.Headers({"Retry-After": "3600"})) == 3600
+    assert 3500 < retry_after(httpx2.Headers({"Retry-After": later})) <= 3600
+    for junk in ("soon", "-5", "", "Wed, 99 Foo 2026"):
+        assert retry_after(httpx2.Headers({"Retry-After": junk})) is None
