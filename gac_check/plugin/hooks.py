@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from gac_check.plugin.options import ALIASES, OPTION_GPU, OPTION_MODEL, add_aliases, add_options
+from gac_check.plugin.options import (
+    ALIASES,
+    OPTION_GPU,
+    OPTION_MODEL,
+    OPTION_TARGET,
+    add_aliases,
+    add_options,
+)
 
 GROUP = "gac-check"
 
@@ -59,6 +66,15 @@ def gac_profile(request: pytest.FixtureRequest) -> str:
 def gac_models(request: pytest.FixtureRequest) -> list[Path]:
     """The model directories given with ``--model`` (possibly none)."""
     return [Path(p) for p in request.config.getoption(OPTION_MODEL)]
+
+
+@pytest.fixture(scope="session")
+def gac_targets(request: pytest.FixtureRequest) -> list:
+    """The deployment targets given with ``--gac-target`` (parsed; possibly none): pass them
+    to ``gac_check.analysis.check(model, gpu, dtype, targets)``."""
+    from gac_check.targets.spec import parse_target
+
+    return [parse_target(t) for t in request.config.getoption(OPTION_TARGET) or []]
 
 
 @pytest.fixture(scope="session")
