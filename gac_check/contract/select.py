@@ -26,7 +26,7 @@ def assemble(gpu: str, dtype: str, targets: Sequence[Target | str] = (),
     contract = for_hardware(profile, dtype)
     parsed = tuple(t if isinstance(t, Target) else parse_target(t) for t in targets)
     if parsed:
-        contract.targets = judge_all(list(sites), parsed, profile)
+        contract.targets = judge_all(list(sites), parsed, profile, dtype)
     return contract
 
 

@@ -21,7 +21,7 @@ OPERATORS = ("multiple_of", "max", "min", "in", "not_in", "equals")
 QUANTITIES = frozenset({
     "head_dim", "heads", "kv_heads", "heads_per_rank", "kv_heads_per_rank", "tp", "in",
     "out", "shard_in", "shard_out", "group", "vocab", "vocab_per_rank", "row",
-    "uniform_layers",
+    "uniform_layers", "part_out", "act_fp16",
 })
 SOURCE_KEYS = ("repo", "file", "function", "ref")
 
@@ -126,6 +126,8 @@ class Selection:
     #: a gate (TP divisibility, uniform layers) only speaks when it fails; its kernel is not
     #: the site's kernel
     gate: bool = False
+    since: str | None = None  # the releases the whole selection holds for (None: open)
+    until: str | None = None
 
     def applies(self, quant: str, kv: str, use: str) -> bool:
         return (("*" in self.quant or quant in self.quant)
@@ -227,7 +229,11 @@ def parse_pack(raw: dict, name: str = "pack") -> Pack:
             otherwise_verdict=other["verdict"], otherwise_kernel=other.get("kernel"),
             otherwise_message=other.get("message", ""),
             otherwise_source=_source(other.get("source"), f"{where} otherwise"),
-            uses=tuple(s.get("uses") or ()), gate=bool(s.get("gate", False))))
+            uses=tuple(s.get("uses") or ()), gate=bool(s.get("gate", False)),
+            since=(s.get("versions") or {}).get("from"), until=(s.get("versions") or {}).get("to")))
+        for v in (selections[-1].since, selections[-1].until):
+            if v is not None and v not in versions:
+                raise PackError(f"{where}: version {v!r} is not in the pack's versions")
     tp = raw.get("tp") or {}
     for key, rule in tp.items():
         _source(rule.get("source") if isinstance(rule, dict) else None, f"{name} tp.{key}")

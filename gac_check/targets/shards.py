@@ -6,10 +6,12 @@ value of the dimension to the quantities a rule pack's conditions read (``shard_
 ``heads_per_rank``, ...), so the fixer can try larger values and re-judge them.
 
 Column-parallel linears (q, k, v, gate, up, the LM head) split their outputs over the ranks,
-row-parallel ones (o, down) their inputs; fused projections (qkv, gate_up) are judged per
-projection (each projection's shard must satisfy a kernel's output multiple, which implies
-the fused one's). A low-rank rank and a PaLU latent are not split: the factors are run as
-replicated linears, the rank being the output of one GEMM and the input of the other.
+row-parallel ones (o, down) their inputs; fused projections (qkv, gate_up) are what the
+kernels see, so their per-rank width is the fused one ((heads/tp + 2 kv/tp) x head_dim,
+2 x intermediate/tp), while TP divides each part. KV heads fewer than the ranks are
+replicated (one per rank) where the engine does so. A low-rank rank and a PaLU latent are
+not split: the factors are run as replicated linears, the rank being the output of one GEMM
+and the input of the other.
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ class ModelShape:
     hidden: int | None = None
     vocab: int | None = None
     layers: dict[int, LayerShape] = field(default_factory=dict)
+    #: activations in float16 (some kernels, ExLlama, take nothing else)
+    act_fp16: bool = False
 
     @property
     def uniform(self) -> bool:
@@ -45,8 +49,8 @@ class ModelShape:
         return self.layers.get(i, LayerShape()) if i is not None else LayerShape()
 
 
-def model_shape(sites: list[DimSite]) -> ModelShape:
-    shape = ModelShape()
+def model_shape(sites: list[DimSite], dtype: str = "bfloat16") -> ModelShape:
+    shape = ModelShape(act_fp16=dtype == "float16")
     for s in sites:
         if s.role is Role.HIDDEN:
             shape.hidden = s.value
@@ -86,38 +90,41 @@ def pad_to_multiple(n: int, multiple: int) -> int:
 
 @dataclass(frozen=True)
 class Use:
-    """One place a site's dimension is used: ``quantities(value)`` for a candidate value.
-
-    ``undivided`` names the quantity that does not split evenly over the ranks at that value
-    (then the engine refuses to load, whatever the kernel)."""
+    """One place a site's dimension is used: ``quantities(value)`` for a candidate value."""
 
     component: str  # attention | linear | embedding | model | tensor
-    name: str  # q_proj, gate_up_proj, down_proj, attention, heads, lm_head, ...
+    name: str  # qkv_proj, gate_up_proj, down_proj, attention, heads, lm_head, ...
     quantities: Callable[[int], dict[str, int]]
 
 
 def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
          kv_rule: str = "replicate", vocab_pad: int = 1) -> list[Use]:
-    """Every use of ``site``'s dimension at TP size ``tp`` (see the module docstring)."""
+    """Every use of ``site``'s dimension at TP size ``tp``.
+
+    Quantities a use leaves out (the other dimension of a GEMM) are judged at the site that
+    determines them. Fused projections carry their fused per-rank width (what the kernel
+    sees) as ``shard_out`` and one part's full width as ``part_out`` (what TP divides)."""
     lay = shape.layer(site.layer)
-    g = {"group": group} if group is not None else {}
-    base = {"tp": tp, "uniform_layers": int(shape.uniform)}
+    base = {"tp": tp, "uniform_layers": int(shape.uniform), "act_fp16": int(shape.act_fp16)}
+    if group is not None:
+        base["group"] = group
     role = site.role
     if role is Role.INTERMEDIATE:
-        def col(v: int) -> dict[str, int]:
-            return _shard({**base, **g, "out": v}, "shard_out", v, tp)
+        def gate_up(v: int) -> dict[str, int]:
+            q = {**base, "part_out": v, "out": 2 * v}
+            return _put(q, "shard_out", split(2 * v, tp) if v % tp == 0 else None)
 
-        def row(v: int) -> dict[str, int]:
-            return _shard({**base, **g, "in": v}, "shard_in", v, tp)
+        def down(v: int) -> dict[str, int]:
+            return _put({**base, "in": v}, "shard_in", split(v, tp))
 
-        return [Use("linear", "gate_up_proj", col), Use("linear", "down_proj", row),
+        return [Use("linear", "gate_up_proj", gate_up), Use("linear", "down_proj", down),
                 Use("model", "layers", lambda v: dict(base))]
     if role in (Role.RANK, Role.KV_LATENT):
-        return [Use("linear", "lowrank_out", lambda v: {**base, **g, "out": v, "shard_out": v}),
-                Use("linear", "lowrank_in", lambda v: {**base, **g, "in": v, "shard_in": v})]
+        return [Use("linear", "lowrank_out", lambda v: {**base, "out": v, "shard_out": v}),
+                Use("linear", "lowrank_in", lambda v: {**base, "in": v, "shard_in": v})]
     if role is Role.HIDDEN:
-        return [Use("linear", "hidden_in", lambda v: {**base, **g, "in": v, "shard_in": v}),
-                Use("linear", "hidden_out", lambda v: {**base, **g, "out": v, "shard_out": v})]
+        return [Use("linear", "hidden_in", lambda v: {**base, "in": v, "shard_in": v}),
+                Use("linear", "hidden_out", lambda v: {**base, "out": v, "shard_out": v})]
     if role is Role.HEAD_DIM:
         heads = lay.heads or 0
         kv = lay.kv_heads or heads
@@ -126,21 +133,16 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
 
         def attention(v: int) -> dict[str, int]:
             q = {**base, "head_dim": v, "heads": heads, "kv_heads": kv}
-            if hpr is not None:
-                q["heads_per_rank"] = hpr
-            if kvpr is not None:
-                q["kv_heads_per_rank"] = kvpr
-            return q
+            _put(q, "heads_per_rank", hpr)
+            return _put(q, "kv_heads_per_rank", kvpr)
 
         out = [Use("attention", "attention", attention)]
-        if hpr:
-            out += [Use("linear", "q_proj",
-                        lambda v: {**base, **g, "out": heads * v, "shard_out": hpr * v}),
+        if hpr and kvpr:
+            out += [Use("linear", "qkv_proj",
+                        lambda v: {**base, "out": (heads + 2 * kv) * v,
+                                   "shard_out": (hpr + 2 * kvpr) * v}),
                     Use("linear", "o_proj",
-                        lambda v: {**base, **g, "in": heads * v, "shard_in": hpr * v})]
-        if kvpr:
-            out.append(Use("linear", "kv_proj",
-                           lambda v: {**base, **g, "out": kv * v, "shard_out": kvpr * v}))
+                        lambda v: {**base, "in": heads * v, "shard_in": hpr * v})]
         return out
     if role is Role.HEADS:
         kv = site.attrs.get("kv_heads")
@@ -148,28 +150,22 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
 
         def heads_q(v: int) -> dict[str, int]:
             q = {**base, "heads": v, "kv_heads": kv}
-            if (h := split(v, tp)) is not None:
-                q["heads_per_rank"] = h
-            if (k := kv_heads_per_rank(kv, tp, kv_rule)) is not None:
-                q["kv_heads_per_rank"] = k
-            return q
+            _put(q, "heads_per_rank", split(v, tp))
+            return _put(q, "kv_heads_per_rank", kv_heads_per_rank(kv, tp, kv_rule))
 
         return [Use("model", "heads", heads_q)]
     if role is Role.VOCAB:
         def vocab(v: int) -> dict[str, int]:
             padded = pad_to_multiple(v, vocab_pad)
-            q = {**base, "vocab": padded, "out": padded}
-            if (r := split(padded, tp)) is not None:
-                q["vocab_per_rank"] = r
-                q["shard_out"] = r
-            return q
+            q = {**base, "vocab": padded, "part_out": padded}
+            return _put(q, "vocab_per_rank", split(padded, tp))
 
         return [Use("embedding", "lm_head", vocab)]
     return []
 
 
-def _shard(q: dict[str, int], key: str, v: int, tp: int) -> dict[str, int]:
-    part = split(v, tp)
-    if part is not None:
-        q[key] = part
+def _put(q: dict[str, int], key: str, value: int | None) -> dict[str, int]:
+    """Set ``key`` where the arithmetic gives a value (a shard exists only when TP divides)."""
+    if value is not None:
+        q[key] = value
     return q

@@ -66,7 +66,7 @@ class TargetVerdict:
         return REFUSED
 
 
-def _version_ok(pack: Pack, c: Candidate, version: str) -> bool:
+def _version_ok(pack: Pack, c: Candidate | Selection, version: str) -> bool:
     i = pack.version_index(version)
     if c.since is not None and i < pack.version_index(c.since):
         return False
@@ -124,7 +124,8 @@ def judge_uses(target: Target, site_uses: list[Use], value: int,
     for use in site_uses:
         q = use.quantities(value)
         for sel in pack.selections:
-            if sel.component == use.component and sel.applies(target.quant, target.kv, use.name):
+            if (sel.component == use.component and sel.applies(target.quant, target.kv, use.name)
+                    and _version_ok(pack, sel, target.version)):
                 out.append(select(pack, sel, target, q, sm))
     return out
 
@@ -230,8 +231,9 @@ class SiteVerdicts:
                                        if v.target is t]) for t in self.targets}
 
 
-def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str) -> SiteVerdicts:
-    shape = model_shape(sites)
+def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
+              dtype: str = "bfloat16") -> SiteVerdicts:
+    shape = model_shape(sites, dtype)
     out = SiteVerdicts(targets, profile, shape)
     for site in sites:
         out.by_site[site.name] = [judge(site, shape, t, profile) for t in targets]
