@@ -81,6 +81,20 @@ def test_pruned_intermediate_sharded_repairs_exactly(tiny, strategy, tmp_path_fa
 
 
 @MODEL_SETTINGS
+@given(tiny=st.sampled_from(("llama", "qwen2")).flatmap(
+    lambda f: tiny_models(family=f, intermediate=misaligned_dims(8, 9, 200))),
+       targets=st.lists(st.sampled_from(("vllm,tp=2,quant=awq", "vllm,quant=gptq,group=32",
+                                         "vllm@v0.20.0,tp=4,quant=gptq", "vllm,tp=3",
+                                         "vllm@v0.20.0,quant=int8")),
+                        min_size=1, max_size=2, unique=True))
+def test_pruned_intermediate_repairs_exactly_to_deployment_target_sizes(tiny, targets,
+                                                                        tmp_path_factory):
+    """``--repair --target``: the MLP is padded to what each engine runs fast (per TP shard,
+    quantization group and kernel tile), and the padded model still computes the same."""
+    check_pruned(tiny, "minimal", tmp_path_factory.mktemp("pruned-target"), targets=targets)
+
+
+@MODEL_SETTINGS
 @given(tiny=tiny_models(family="qwen2", max_layers=1).filter(
            lambda t: t.kwargs["num_key_value_heads"] >= 2),
        group_size=st.sampled_from((1, 2)),

@@ -209,6 +209,7 @@ class SiteVerdicts:
     profile: str
     shape: ModelShape
     by_site: dict[str, list[TargetVerdict]] = field(default_factory=dict)
+    _memo: dict[tuple, int | None] = field(default_factory=dict, repr=False)
 
     def of(self, site: DimSite) -> list[TargetVerdict]:
         return self.by_site.get(site.name, [])
@@ -216,8 +217,19 @@ class SiteVerdicts:
     def smallest_fast(self, site: DimSite, start: int) -> int | None:
         """The smallest size >= ``start`` that is fast on every target (None: none in reach;
         ``start`` itself when nothing speaks about the site)."""
-        if all(v.why == NO_RULE for v in self.of(site)):
+        verdicts = self.of(site)
+        if all(v.why == NO_RULE for v in verdicts):
             return start
+        if any(v.verdict != FAST and v.fast_at is None for v in verdicts):
+            return None  # one target has no fast size in reach: no size is fast on all
+        if start == site.value:  # each target's own smallest fast size bounds the joint one
+            start = max([start, *(v.fast_at for v in verdicts if v.fast_at is not None)])
+        key = (_context(site, self.shape), start)
+        if key not in self._memo:
+            self._memo[key] = self._search(site, start)
+        return self._memo[key]
+
+    def _search(self, site: DimSite, start: int) -> int | None:
         sm = SM_OF_PROFILE.get(self.profile)
         per = [(t, site_uses(site, self.shape, t)) for t in self.targets]
         for v in range(start, start + SEARCH_SPAN + 1):
@@ -231,12 +243,25 @@ class SiteVerdicts:
                                        if v.target is t]) for t in self.targets}
 
 
+def _context(site: DimSite, shape: ModelShape) -> tuple:
+    """What a site's verdicts depend on: sites of equal context (the same width in every
+    layer of a uniform model) are judged once."""
+    lay = shape.layer(site.layer)
+    kv = site.attrs.get("kv_heads")
+    return (site.role, site.value, site.inexact, kv if isinstance(kv, int) else None,
+            lay.heads, lay.kv_heads, lay.head_dim, lay.intermediate)
+
+
 def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
               dtype: str = "bfloat16") -> SiteVerdicts:
     shape = model_shape(sites, dtype)
     out = SiteVerdicts(targets, profile, shape)
+    seen: dict[tuple, list[TargetVerdict]] = {}
     for site in sites:
-        out.by_site[site.name] = [judge(site, shape, t, profile) for t in targets]
+        key = _context(site, shape)
+        if key not in seen:
+            seen[key] = [judge(site, shape, t, profile) for t in targets]
+        out.by_site[site.name] = seen[key]
     return out
 
 
