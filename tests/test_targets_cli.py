@@ -182,3 +182,23 @@ def test_hub_model_gets_target_verdicts(llama70, tmp_path):
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["summary"]["targets"]["vllm,tp=3"]["verdict"] == "refused"  # 64 heads % 3
+
+
+def test_vllm_and_llamacpp_side_by_side(pruned):
+    """The README's example: one vLLM and one llama.cpp target; 27000 = 105.5 x 256 and
+    27000 % 32 = 24, so llama.cpp's Q4_K_M stores ffn_down in F16."""
+    code, doc = run_json(pruned, "--gpu", "h100", "--target", "vllm,tp=4,quant=awq",
+                         "--target", "llama.cpp,quant=Q4_K_M")
+    assert code == 1
+    vllm, llama = verdicts(doc, "intermediate")[:2]
+    assert vllm["verdict"] == "refused" and vllm["fix_to"] == 27136  # 6784 = 53 x 128
+    assert llama["verdict"] == "fallback" and llama["kernel"].startswith("F16 (for Q")
+    assert llama["fix_to"] == 27136  # 106 x 256
+    assert llama["source"]["repo"] == "ggml-org/llama.cpp"
+    site = next(s for s in doc["sites"] if s["role"] == "intermediate")
+    assert site["repair_to"] == 27136  # fast on both
+
+
+def test_llamacpp_quant_names_are_checked(pruned):
+    proc = helpers.gac(pruned, "--target", "llama.cpp,quant=Q4_K_X")
+    assert proc.returncode == 2 and "Q4_K_M" in proc.stderr

@@ -288,3 +288,54 @@ def test_a_rule_without_a_citation_does_not_load():
     raw["selections"][0]["candidates"][0]["versions"] = {"from": "2"}
     with pytest.raises(PackError, match="not in the pack's versions"):
         parse_pack(raw)
+
+
+# ---------------------------------------------------------------------------- llama.cpp
+@pytest.mark.parametrize("target, role, value, expected, kernel, fix", [
+    # ffn_down's row is the MLP width; Q4_K_M asks Q6_K for "more bits" layers (layer 0 of 8)
+    ("llama.cpp,quant=Q4_K_M", "intermediate", 10944, "fallback", "Q8_0 (for Q6_K)", 11008),
+    ("llama.cpp,quant=Q4_K_M", "intermediate", 11264, "fast", None, 11264),
+    ("llama.cpp,quant=Q4_K_M", "intermediate", 8806, "fallback", "F16 (for Q6_K)", 8960),
+    ("llama.cpp,quant=Q6_K", "intermediate", 8832, "fallback", "Q8_0 (for Q6_K)", 8960),
+    ("llama.cpp,quant=Q8_0", "intermediate", 8832, "fast", None, 8832),
+    ("llama.cpp,quant=Q8_0", "intermediate", 8806, "fallback", "F16 (for Q8_0)", 8832),
+    ("llama.cpp@b4747,quant=Q8_0", "intermediate", 8806, "refused", None, 8832),
+    ("llama.cpp,quant=Q3_K_S", "intermediate", 704, "fallback", "Q4_0 (for Q3_K)", 768),
+    ("llama.cpp@b4747,quant=Q3_K_S", "intermediate", 704, "fallback", "IQ4_NL (for Q3_K)", 768),
+    ("llama.cpp,quant=IQ4_XS", "intermediate", 704, "fallback", "Q5_1 (for Q5_K)", 768),
+    ("llama.cpp,quant=IQ4_XS", "hidden", 704, "fallback", None, 768),  # IQ4_XS -> IQ4_NL
+    ("llama.cpp,quant=Q5_K_S", "intermediate", 1856, "fallback", "Q5_1 (for Q5_K)", 2048),
+    ("llama.cpp", "intermediate", 8806, "fast", None, 8806),  # F16: nothing to fall back from
+    # the low-rank rank is the second factor's row
+    ("llama.cpp,quant=Q4_K_S", "rank", 1843, "fallback", "F16 (for Q4_K)", 2048),
+    # attn_output's row is heads x head_dim: 32 x 100 = 3200 = 12.5 x 256
+    ("llama.cpp,quant=Q4_K_S", "head_dim", 100, "fallback", "Q5_0 (for Q4_K)", 104),
+    # hidden: every q/k/v/gate/up row, token_embd and the output head (Q6_K, Q8_0 unaligned)
+    ("llama.cpp,quant=Q4_K_M", "hidden", 4000, "fallback", None, 4096),
+    ("llama.cpp,quant=IQ2_XS", "hidden", 4096, "refused", None, None),  # no imatrix
+    # every low-bit tensor fell back, so no imatrix is needed; aligned, it would be refused
+    ("llama.cpp,quant=IQ2_XS", "hidden", 4000, "fallback", None, None),
+])
+def test_llamacpp_gguf_types(target, role, value, expected, kernel, fix):
+    layers = {i: LayerShape(**LAYER) for i in range(8)}
+    shape = ModelShape(4096 if role != "hidden" else value, 32000, layers)
+    inexact = "exactness is not what this test is about" if role in ("head_dim", "hidden") \
+        else None
+    site = DimSite(f"model.layers.0:{role}", Role(role), value, [],
+                   layer=None if role == "hidden" else 0, inexact=inexact)
+    if role == "intermediate":
+        layers[0].intermediate = value
+    v = judge(site, shape, parse_target(target), "cpu")
+    assert v.verdict == expected, v.why
+    if kernel:
+        assert v.kernel == kernel
+    if inexact is None:
+        assert v.fix_to == fix
+    else:
+        assert v.fast_at == fix and v.fix_to is None
+
+
+def test_llamacpp_has_no_tensor_parallelism():
+    with pytest.raises(BadInput, match="no tensor parallelism"):
+        parse_target("llama.cpp,tp=2,quant=Q4_K_M")
+    assert parse_target("llamacpp,quant=q4_k_m").quant == "Q4_K_M"  # alias, any case

@@ -24,6 +24,8 @@ QUANTITIES = frozenset({
     "uniform_layers", "part_out", "act_fp16",
 })
 SOURCE_KEYS = ("repo", "file", "function", "ref")
+GGUF_EXTRAS = ("fallback_by_version", "no_fallback", "second_step_f16", "output_head",
+               "requires_imatrix", "bump_70b")
 
 
 class PackError(ValueError):
@@ -159,6 +161,8 @@ class Pack:
     gguf_types: dict[str, GgufType] = field(default_factory=dict)
     ftypes: dict[str, dict] = field(default_factory=dict)
     multi_gpu: bool = True
+    #: GGUF extras: fallback_by_version, no_fallback, output_head, requires_imatrix, bump_70b
+    gguf: dict = field(default_factory=dict)
 
     @property
     def default_version(self) -> str:
@@ -250,13 +254,17 @@ def parse_pack(raw: dict, name: str = "pack") -> Pack:
         for t in [f.get("default"), *(r["type"] for r in f.get("tensors", []))]:
             if t not in types:
                 raise PackError(f"{name} ftype {fname}: unknown type {t!r}")
+    gguf = {k: raw[k] for k in GGUF_EXTRAS if k in raw}
+    for key, rule in gguf.items():
+        for sub in ([rule] if "source" in rule else rule.values()):
+            _source(sub.get("source"), f"{name} {key}")
     quants = tuple(raw.get("quants") or ("none",))
     return Pack(
         engine=raw["engine"], title=raw.get("title", raw["engine"]), repo=raw.get("repo", ""),
         versions=versions, quants=quants, default_quant=raw.get("default_quant", quants[0]),
         default_group=dict(raw.get("default_group") or {}), selections=tuple(selections),
         tp=tp, aliases=tuple(raw.get("aliases") or ()), notes=tuple(raw.get("notes") or ()),
-        gguf_types=types, ftypes=ftypes, multi_gpu=bool(raw.get("multi_gpu", True)))
+        gguf_types=types, ftypes=ftypes, multi_gpu=bool(raw.get("multi_gpu", True)), gguf=gguf)
 
 
 @cache

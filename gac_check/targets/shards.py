@@ -95,6 +95,8 @@ class Use:
     component: str  # attention | linear | embedding | model | tensor
     name: str  # qkv_proj, gate_up_proj, down_proj, attention, heads, lm_head, ...
     quantities: Callable[[int], dict[str, int]]
+    #: a GGUF tensor (gac_check.targets.gguf.TensorUse) for component "tensor"
+    tensor: object = None
 
 
 def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gac_check.sites import DimSite
+from gac_check.targets import gguf
 from gac_check.targets.packs import Candidate, Pack, Selection, Source
 from gac_check.targets.shards import ModelShape, Use, model_shape, uses
 from gac_check.targets.spec import Target
@@ -122,6 +123,9 @@ def judge_uses(target: Target, site_uses: list[Use], value: int,
     pack = target.pack
     out = []
     for use in site_uses:
+        if use.component == "tensor":
+            out.append(_gguf_outcome(pack, target, use.tensor, value))  # type: ignore[arg-type]
+            continue
         q = use.quantities(value)
         for sel in pack.selections:
             if (sel.component == use.component and sel.applies(target.quant, target.kv, use.name)
@@ -130,11 +134,35 @@ def judge_uses(target: Target, site_uses: list[Use], value: int,
     return out
 
 
+def _gguf_outcome(pack: Pack, target: Target, tu: gguf.TensorUse, value: int) -> Outcome:
+    """One GGUF tensor: the type llama.cpp stores it in against the type its mix asks for."""
+    sel = f"{pack.engine}-{tu.tensor}"
+    row = tu.rows(value)
+    stored = [gguf.stored_type(pack, target.version, target.quant, tu.tensor, r, row)
+              for r in tu.requested]
+    for s in stored:
+        refusal = gguf.imatrix_refusal(pack, tu.tensor, s.type)
+        if refusal:
+            return Outcome(REFUSED, None, refusal[0], refusal[1], sel)
+    bad = next((s for s in stored if s.type is None), None)
+    if bad is not None:
+        return Outcome(REFUSED, None, f"{tu.tensor}: {bad.why}", bad.source, sel)
+    moved = next((s for s in stored if s.type != s.requested), None)
+    if moved is not None:
+        return Outcome(FALLBACK, f"{moved.type} (for {moved.requested})",
+                       f"{tu.tensor}: {moved.why}", moved.source, sel)
+    kinds = "/".join(tu.requested)
+    return Outcome(FAST, kinds, "", stored[0].source, sel)
+
+
 def worst(outcomes: list[Outcome]) -> str:
     return max((o.verdict for o in outcomes), key=RANK.__getitem__, default=FAST)
 
 
 def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
+    if target.pack.gguf_types:  # llama.cpp: the GGUF tensors whose rows the site sets
+        return [Use("tensor", tu.tensor, lambda v: {}, tu)
+                for tu in gguf.tensor_uses(target.pack, target.quant, site, shape)]
     tp_rules = target.pack.tp
     kv_rule = (tp_rules.get("kv_heads") or {}).get("rule", "replicate")
     vocab_pad = int((tp_rules.get("vocab_padding") or {}).get("multiple", 1))
@@ -188,6 +216,11 @@ def _no_padding_helps(site: DimSite, shape: ModelShape, target: Target,
     if decisive.selection.endswith("uniform-layers") or "uniform" in decisive.why:
         return ("the engine reads one width per model: re-run the compressor with the same "
                 "width in every layer")
+    if "importance matrix" in decisive.why:
+        return ("no padding helps: quantize with an importance matrix (llama-quantize "
+                "--imatrix), or choose another quant")
+    if not target.pack.multi_gpu:
+        return "no padding of this dimension makes it fast on this target"
     good = []
     for tp in (1, 2, 4, 8, 16):
         other = Target(target.spec, target.engine, target.version, tp, target.quant,
