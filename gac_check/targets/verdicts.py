@@ -257,7 +257,7 @@ class SiteVerdicts:
             return None  # one target has no fast size in reach: no size is fast on all
         if start == site.value:  # each target's own smallest fast size bounds the joint one
             start = max([start, *(v.fast_at for v in verdicts if v.fast_at is not None)])
-        key = (_context(site, self.shape), start)
+        key = (_context(site, self.shape, self.targets), start)
         if key not in self._memo:
             self._memo[key] = self._search(site, start)
         return self._memo[key]
@@ -276,13 +276,16 @@ class SiteVerdicts:
                                        if v.target is t]) for t in self.targets}
 
 
-def _context(site: DimSite, shape: ModelShape) -> tuple:
+def _context(site: DimSite, shape: ModelShape, targets: tuple[Target, ...]) -> tuple:
     """What a site's verdicts depend on: sites of equal context (the same width in every
-    layer of a uniform model) are judged once."""
+    layer of a uniform model) are judged once. llama.cpp's type mix depends on the layer
+    index itself, so with a GGUF target the layer is part of the context."""
     lay = shape.layer(site.layer)
     kv = site.attrs.get("kv_heads")
+    by_layer = any(t.pack.gguf_types for t in targets)
     return (site.role, site.value, site.inexact, kv if isinstance(kv, int) else None,
-            lay.heads, lay.kv_heads, lay.head_dim, lay.intermediate)
+            lay.heads, lay.kv_heads, lay.head_dim, lay.intermediate,
+            site.layer if by_layer else None)
 
 
 def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
@@ -291,7 +294,7 @@ def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
     out = SiteVerdicts(targets, profile, shape)
     seen: dict[tuple, list[TargetVerdict]] = {}
     for site in sites:
-        key = _context(site, shape)
+        key = _context(site, shape, targets)
         if key not in seen:
             seen[key] = [judge(site, shape, t, profile) for t in targets]
         out.by_site[site.name] = seen[key]
