@@ -202,3 +202,16 @@ def test_vllm_and_llamacpp_side_by_side(pruned):
 def test_llamacpp_quant_names_are_checked(pruned):
     proc = helpers.gac(pruned, "--target", "llama.cpp,quant=Q4_K_X")
     assert proc.returncode == 2 and "Q4_K_M" in proc.stderr
+
+
+def test_llamacpp_mix_differs_by_layer(tmp_path):
+    """Q4_K_M asks Q6_K for ffn_down in llama.cpp's "more bits" layers only (of 8: 0, 3, 6,
+    7), so the same width gets a different verdict per layer."""
+    model = sparse_llama(tmp_path / "m", hidden=4096, intermediate=10944, heads=32,
+                         kv_heads=8, layers=8, vocab=32000)
+    code, doc = run_json(model, "--target", "llama.cpp,quant=Q4_K_M")
+    kernels = [v["kernel"] for v in verdicts(doc, "intermediate")]
+    assert code == 1
+    assert kernels == ["Q8_0 (for Q6_K)", "Q5_0 (for Q4_K)", "Q5_0 (for Q4_K)",
+                       "Q8_0 (for Q6_K)", "Q5_0 (for Q4_K)", "Q5_0 (for Q4_K)",
+                       "Q8_0 (for Q6_K)", "Q8_0 (for Q6_K)"]
