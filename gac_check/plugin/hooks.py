@@ -50,8 +50,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "perf: a timing test; serialized per device under xdist")
     from gac_check.plugin import collect, workers
 
+    _check_targets(config)
     workers.register(config)  # xdist: pin workers to devices, serialise perf tests per device
     collect.register(config)  # --gac-report: collect on the controller, write at session end
+
+
+def _check_targets(config: pytest.Config) -> None:
+    """A bad ``--gac-target`` is a usage error (exit 4) before any test runs."""
+    specs = config.getoption(OPTION_TARGET, None) or []
+    if not specs:
+        return
+    from gac_check.errors import BadInput
+    from gac_check.targets.spec import parse_target
+
+    for spec in specs:
+        try:
+            parse_target(spec)
+        except BadInput as exc:
+            raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture(scope="session")
