@@ -339,3 +339,53 @@ def test_llamacpp_has_no_tensor_parallelism():
     with pytest.raises(BadInput, match="no tensor parallelism"):
         parse_target("llama.cpp,tp=2,quant=Q4_K_M")
     assert parse_target("llamacpp,quant=q4_k_m").quant == "Q4_K_M"  # alias, any case
+
+
+def test_fallback_why_names_a_kernel_this_gpu_could_run():
+    """On an A100 Machete (sm90 only) never runs, so a Marlin miss is the reason given."""
+    v = verdict("intermediate", 29568, "vllm,tp=4,quant=gptq,group=-1", "a100")
+    assert v.verdict == "fallback" and "sm" not in v.why and "shard_" in v.why
+
+
+# ------------------------------------------------------ SGLang, TensorRT-LLM, transformers
+@pytest.mark.parametrize("target, role, value, gpu, expected, kernel", [
+    # SGLang: fa3 on Hopper takes head_dim % 8 and <= 256; no automatic fallback
+    ("sglang", "head_dim", 128, "h100", "fast", "fa3"),
+    ("sglang", "head_dim", 112, "h100", "fast", "fa3"),
+    ("sglang", "head_dim", 107, "h100", "refused", None),
+    ("sglang", "head_dim", 128, "a100", "fast", "flashinfer"),
+    ("sglang", "head_dim", 96, "a100", "refused", None),  # FlashInfer's list: 64/128/256
+    ("sglang,tp=3", "heads", 32, "h100", "refused", None),
+    ("sglang,tp=8", "heads", 32, "h100", "fast", None),
+    # 11008 / 4 = 2752: not a multiple of Marlin's 128, nor of the 128 group (refused); with
+    # group 64 the unoptimized AWQ GEMM kernel takes it
+    ("sglang,tp=4,quant=awq", "intermediate", 11008, "h100", "refused", None),
+    ("sglang,tp=4,quant=awq,group=64", "intermediate", 11008, "h100", "fallback",
+     "AWQ GEMM (unoptimized)"),
+    ("sglang,tp=4,quant=awq", "intermediate", 11264, "h100", "fast", "awq_marlin"),
+    # TensorRT-LLM: precompiled XQA for 64/128/256, MMHA for its list, else refused
+    ("tensorrt-llm", "head_dim", 128, "h100", "fast", "XQA (precompiled) + fused context FMHA"),
+    ("tensorrt-llm", "head_dim", 80, "h100", "fallback", "MMHA + fused context FMHA"),
+    ("tensorrt-llm", "head_dim", 107, "h100", "refused", None),
+    ("tensorrt-llm,tp=3", "heads", 32, "h100", "refused", None),
+    ("tensorrt-llm,quant=int4_awq", "intermediate", 11008, "h100", "fast",
+     "CUTLASS fpA_intB (int4)"),
+    ("tensorrt-llm,tp=4,quant=int4_awq", "intermediate", 11000, "h100", "refused", None),
+    # transformers: SDPA's flash backend to 256, then mem-efficient (% 8), then math
+    ("transformers", "head_dim", 128, "a100", "fast", "SDPA flash"),
+    ("transformers", "head_dim", 264, "a100", "fast", "SDPA mem-efficient"),
+    ("transformers", "head_dim", 260, "a100", "fallback", "SDPA math"),
+])
+def test_other_engines(target, role, value, gpu, expected, kernel):
+    v = verdict(role, value, target, gpu)
+    assert v.verdict == expected, v.why
+    if kernel is not None:
+        assert (v.kernels[0] if expected == "fast" else v.kernel) == kernel
+
+
+def test_transformers_refuses_per_layer_widths():
+    shape = ModelShape(4096, 32000, {0: LayerShape(32, 8, 128, 11008),
+                                     1: LayerShape(32, 8, 128, 9000)})
+    site = DimSite("model.layers.1.mlp:intermediate", Role.INTERMEDIATE, 9000, [], layer=1)
+    v = judge(site, shape, parse_target("transformers"), "a100")
+    assert v.verdict == "refused" and "re-run the compressor" in v.cannot_pad

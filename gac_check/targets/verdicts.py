@@ -99,6 +99,7 @@ def select(pack: Pack, sel: Selection, target: Target, q: dict[str, int],
            sm: int | None) -> Outcome:
     """Walk one selection's candidates in the engine's order."""
     first_fast_why = None
+    gpu_why = None  # a fast kernel this GPU cannot run explains a fallback only if no other
     for c in sel.candidates:
         if not _version_ok(pack, c, target.version):
             continue
@@ -108,10 +109,14 @@ def select(pack: Pack, sel: Selection, target: Target, q: dict[str, int],
                 return Outcome(REFUSED, None, c.message or c.kernel, c.source, sel.id, sel.gate)
             if c.fast:
                 return Outcome(FAST, c.kernel, "", c.source, sel.id, sel.gate)
-            return Outcome(FALLBACK, c.kernel, first_fast_why or "", c.source, sel.id, sel.gate)
-        if c.fast and first_fast_why is None:
+            return Outcome(FALLBACK, c.kernel, first_fast_why or gpu_why or "", c.source, sel.id,
+                           sel.gate)
+        if c.fast and not _gpu_ok(c, sm):
+            gpu_why = gpu_why or why
+        elif c.fast and first_fast_why is None:
             first_fast_why = why
     message = sel.otherwise_message
+    first_fast_why = first_fast_why or gpu_why
     why = f"{message} ({first_fast_why})" if first_fast_why and message else (
         message or first_fast_why or "")
     return Outcome(REFUSED if sel.otherwise_verdict == REFUSED else FALLBACK,
