@@ -98,6 +98,8 @@ def test_heads_that_do_not_divide_say_which_tp_loads(tmp_path):
     heads = verdicts(doc, "heads")[0]
     assert code == 1 and heads["verdict"] == "refused" and heads["fix_to"] is None
     assert "loads at tp=1/2" in heads["cannot_pad"]
+    site = next(s for s in doc["sites"] if s["role"] == "heads")
+    assert "vllm,tp=4: no padding helps; it loads at tp=1/2" in site["refusal"]
 
 
 def test_per_layer_pruned_model_is_refused_with_what_would_help(tmp_path):

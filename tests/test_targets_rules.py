@@ -281,6 +281,10 @@ def test_a_rule_without_a_citation_does_not_load():
     raw["selections"][0]["candidates"][0]["source"] = {"repo": "r", "file": "f",
                                                        "function": "g", "ref": "1"}
     assert parse_pack(raw).selections[0].candidates[0].kernel == "k"
+    del raw["selections"][0]["candidates"][0]["source"]["ref"]  # a source without a release
+    with pytest.raises(PackError, match="source"):
+        parse_pack(raw)
+    raw["selections"][0]["candidates"][0]["source"]["ref"] = "1"
     raw["selections"][0]["candidates"][0]["when"] = [{"quantity": "nope", "max": 1}]
     with pytest.raises(PackError, match="unknown quantity"):
         parse_pack(raw)
