@@ -345,6 +345,22 @@ def test_llamacpp_has_no_tensor_parallelism():
     assert parse_target("llamacpp,quant=q4_k_m").quant == "Q4_K_M"  # alias, any case
 
 
+@pytest.mark.parametrize("role, value, target, gpu, expected", [
+    # release boundaries read from consecutive wheels
+    ("head_dim", 80, "vllm@v0.11.0", "a100", "fallback"),  # FA's list
+    ("head_dim", 80, "vllm@v0.12.0", "a100", "fast"),  # FA's % 8 and <= 256
+    ("head_dim", 512, "vllm@v0.21.0", "h100", "fallback"),  # FlashInfer 64/128/256
+    ("head_dim", 512, "vllm@v0.22.0", "h100", "fast"),  # FlashInfer adds 512
+    ("intermediate", 8806, "vllm@v0.20.0,quant=fp8", "h100", "fallback"),  # triton_scaled_mm
+    ("intermediate", 8806, "vllm@v0.21.0,quant=fp8", "h100", "fast"),  # CUTLASS pads to 16
+    ("intermediate", 29568, "vllm@v0.22.0,tp=4,quant=gptq,group=-1", "a100", "refused"),
+    ("intermediate", 29568, "vllm@v0.23.0,tp=4,quant=gptq,group=-1", "a100", "fallback"),
+    ("intermediate", 29568, "vllm@v0.24.0,tp=4,quant=gptq,group=-1", "a100", "fallback"),
+])
+def test_vllm_release_boundaries(role, value, target, gpu, expected):
+    assert verdict(role, value, target, gpu).verdict == expected
+
+
 def test_fallback_why_names_a_kernel_this_gpu_could_run():
     """On an A100 Machete (sm90 only) never runs, so a Marlin miss is the reason given."""
     v = verdict("intermediate", 29568, "vllm,tp=4,quant=gptq,group=-1", "a100")
