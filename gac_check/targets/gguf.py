@@ -21,6 +21,8 @@ from gac_check.targets.shards import ModelShape
 #: Tensors whose row length is the hidden size (GGUF names).
 HIDDEN_ROWS = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")
 FLOATS = frozenset({"F32", "F16", "BF16"})
+#: Sites whose tensors' types depend on their layer index (ffn_down, attn_output).
+PER_LAYER_ROLES = frozenset({Role.INTERMEDIATE, Role.HEAD_DIM})
 
 
 def more_bits(i: int, n: int) -> bool:

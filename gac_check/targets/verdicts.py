@@ -287,7 +287,8 @@ def _context(site: DimSite, shape: ModelShape, targets: tuple[Target, ...]) -> t
     index itself, so with a GGUF target the layer is part of the context."""
     lay = shape.layer(site.layer)
     kv = site.attrs.get("kv_heads")
-    by_layer = any(t.pack.gguf_types for t in targets)
+    by_layer = (site.role in gguf.PER_LAYER_ROLES
+                and any(t.pack.gguf_types for t in targets))
     return (site.role, site.value, site.inexact, kv if isinstance(kv, int) else None,
             lay.heads, lay.kv_heads, lay.head_dim, lay.intermediate,
             site.layer if by_layer else None)
@@ -297,12 +298,15 @@ def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
               dtype: str = "bfloat16") -> SiteVerdicts:
     shape = model_shape(sites, dtype)
     out = SiteVerdicts(targets, profile, shape)
-    seen: dict[tuple, list[TargetVerdict]] = {}
+    seen: dict[tuple, TargetVerdict] = {}
     for site in sites:
-        key = _context(site, shape, targets)
-        if key not in seen:
-            seen[key] = [judge(site, shape, t, profile) for t in targets]
-        out.by_site[site.name] = seen[key]
+        verdicts = []
+        for t in targets:  # each target's verdict depends on the layer only for llama.cpp
+            key = (t.spec, _context(site, shape, (t,)))
+            if key not in seen:
+                seen[key] = judge(site, shape, t, profile)
+            verdicts.append(seen[key])
+        out.by_site[site.name] = verdicts
     return out
 
 
