@@ -109,12 +109,14 @@ def repaired(src: Path, out: Path, strategy: str, targets: Sequence[str] = ()
 
 
 # ------------------------------------------------------------------ checkpoint-level checks
-def check_asvd(tiny: TinyModel, ratio: float, strategy: str, tmp: Path) -> tuple[float, float]:
-    """Reference-compress (irregular ranks), repair, load both, compare logits/hidden states."""
+def check_asvd(tiny: TinyModel, ratio: float, strategy: str, tmp: Path,
+               targets: Sequence[str] = ()) -> tuple[float, float]:
+    """Reference-compress (irregular ranks), repair (to what is fast on ``targets`` too),
+    load both, compare logits/hidden states."""
     model = tiny.build(seed=1)
     dense = save_model(model, tmp / "dense")
     compress_dir(dense, tmp / "asvd", ratio)
-    report = repaired(tmp / "asvd", tmp / "fixed", strategy)
+    report = repaired(tmp / "asvd", tmp / "fixed", strategy, targets)
     ids = inputs(tiny.kwargs["vocab_size"])
     ref = run(load_model(tmp / "asvd"), ids)
     got = run(load_model(tmp / "fixed"), ids)
