@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 DEMO_DIR ?= demo-out
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo test test-slow lint bench clean llamacpp-wheel
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,18 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n 2 -m "slow" tests suites --gpu cpu
+
+# The llama.cpp oracle (tests/test_targets_llamacpp_oracle.py, slow tier) runs llama.cpp's own
+# quantizer through llama-cpp-python, which builds llama.cpp from source (~7 minutes on 2
+# cores). Build the wheel once into .cache/wheels (CI caches that directory) and install it
+# from there; `make test` never needs it (the oracle test skips, saying why, without it).
+LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
+WHEELS := .cache/wheels
+llamacpp-wheel: $(STAMP)
+	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
+	  CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DLLAVA_BUILD=OFF" \
+	  $(PY) -m pip wheel --no-deps "$(LLAMA_CPP_PYTHON)" -w $(WHEELS)
+	$(PY) -m pip install --quiet $(WHEELS)/llama_cpp_python-*.whl gguf
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

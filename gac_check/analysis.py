@@ -5,6 +5,7 @@ never disagree about what was checked against what.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -12,12 +13,12 @@ from pathlib import Path
 from gac_check.checkpoint.index import Checkpoint, open_checkpoint
 from gac_check.contract.dtype_choice import DtypeChoice, choose_dtype
 from gac_check.contract.rules import Contract, Finding
-from gac_check.contract.select import for_hardware
+from gac_check.contract.select import assemble
 from gac_check.formats import Format, detect
 from gac_check.formats.architectures import find_family
-from gac_check.profiles import resolve_profile
 from gac_check.repair.plan import RepairPlan, plan
 from gac_check.sites import DimSite
+from gac_check.targets.spec import Target
 
 
 @dataclass
@@ -55,17 +56,32 @@ class CheckResult:
 
     @property
     def refusals(self) -> dict[str, str]:
-        """Why each refused site cannot be zero-padded exactly, by site name."""
-        return {r.site.name: r.reason for r in self.repair_plan.refused}
+        """Why each refused site cannot be zero-padded exactly, by site name; a site no
+        padding makes fast on a target says so, and what would help instead."""
+        out = {r.site.name: r.reason for r in self.repair_plan.refused}
+        if self.contract.targets is not None:
+            for site in self.sites:
+                if site.name in out:
+                    continue
+                why = [f"{v.target.spec}: {v.cannot_pad}" for v in self.contract.targets.of(site)
+                       if v.cannot_pad and v.fix_to is None]
+                if why:
+                    out[site.name] = "; ".join(why)
+        return out
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return self.contract.targets.targets if self.contract.targets else ()
 
     @property
     def repair_overhead_fraction(self) -> float:
         return self.repair_plan.overhead_fraction
 
 
-def check(model_dir: Path | str | Checkpoint, gpu: str = "auto",
-          dtype: str | None = None) -> CheckResult:
-    """Check a directory against ``gpu``'s contract for ``dtype`` (default: the model's own).
+def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | None = None,
+          targets: Sequence[Target | str] = ()) -> CheckResult:
+    """Check a directory against ``gpu``'s contract for ``dtype`` (default: the model's own)
+    and, per deployment target (``vllm,tp=4,quant=awq``), the engine's kernel choices.
 
     An already indexed checkpoint is checked as it is: that is how a Hub model, indexed from
     its headers by :func:`gac_check.checkpoint.remote.open_remote`, goes through the same
@@ -75,5 +91,5 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto",
     fmt = detect(ckpt)
     sites = fmt.sites(ckpt)
     choice = choose_dtype(ckpt, dtype)
-    contract = for_hardware(resolve_profile(gpu), choice.dtype)
+    contract = assemble(gpu, choice.dtype, targets, sites)
     return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice)

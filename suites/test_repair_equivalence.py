@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gac_check.analysis import check
 from gac_check.models.compress import compress_dir
 from gac_check.models.loaders import load_model
 from gac_check.report.repair import render_repair
@@ -67,6 +68,23 @@ def test_asvd_compressed_decoders_repair_exactly(tiny, ratio, strategy, tmp_path
     check_asvd(tiny, ratio, strategy, tmp_path_factory.mktemp("asvd"))
 
 @MODEL_SETTINGS
+@given(tiny=st.sampled_from(("llama", "qwen2")).flatmap(lambda f: tiny_models(family=f)),
+       ratio=compress_ratios(),
+       targets=st.sampled_from((["vllm,quant=awq"], ["llama.cpp,quant=Q8_0"],
+                                ["vllm@v0.20.0,quant=gptq", "llama.cpp,quant=Q4_K_M"])))
+def test_asvd_ranks_repair_exactly_to_deployment_target_sizes(tiny, ratio, targets,
+                                                              tmp_path_factory):
+    """A low-rank rank is the output of one GEMM and the input of the other: padded to what
+    the engine runs fast (AWQ's groups and Marlin tiles, llama.cpp's blocks), still exact."""
+    tmp = tmp_path_factory.mktemp("asvd-target")
+    check_asvd(tiny, ratio, "minimal", tmp, targets)
+    again = check(tmp / "fixed", "gpu", "float16", targets)
+    ranks = [s for s in again.sites if s.role is Role.RANK]
+    assert ranks and all(v.verdict == "fast" for s in ranks
+                         for v in again.contract.targets.of(s)), "a rank is not fast after"
+
+
+@MODEL_SETTINGS
 @given(tiny=tiny_models(family="bert"), ratio=compress_ratios())
 def test_asvd_compressed_bert_repairs_exactly(tiny, ratio, tmp_path_factory):
     check_asvd(tiny, ratio, "minimal", tmp_path_factory.mktemp("bert"))
@@ -78,6 +96,20 @@ def test_asvd_compressed_bert_repairs_exactly(tiny, ratio, tmp_path_factory):
        strategy=st.sampled_from(("minimal", "optimal")))
 def test_pruned_intermediate_sharded_repairs_exactly(tiny, strategy, tmp_path_factory):
     check_pruned(tiny, strategy, tmp_path_factory.mktemp("pruned"))
+
+
+@MODEL_SETTINGS
+@given(tiny=st.sampled_from(("llama", "qwen2")).flatmap(
+    lambda f: tiny_models(family=f, intermediate=misaligned_dims(8, 9, 200))),
+       targets=st.lists(st.sampled_from(("vllm,tp=2,quant=awq", "vllm,quant=gptq,group=32",
+                                         "vllm@v0.20.0,tp=4,quant=gptq", "vllm,tp=3",
+                                         "vllm@v0.20.0,quant=int8")),
+                        min_size=1, max_size=2, unique=True))
+def test_pruned_intermediate_repairs_exactly_to_deployment_target_sizes(tiny, targets,
+                                                                        tmp_path_factory):
+    """``--repair --target``: the MLP is padded to what each engine runs fast (per TP shard,
+    quantization group and kernel tile), and the padded model still computes the same."""
+    check_pruned(tiny, "minimal", tmp_path_factory.mktemp("pruned-target"), targets=targets)
 
 
 @MODEL_SETTINGS

@@ -75,6 +75,12 @@ def test_the_wheel_installs_and_its_cli_and_plugin_work_outside_the_checkout(ins
     doc = json.loads(check.stdout)
     assert doc["summary"]["misaligned"] >= 1 and doc["hardware"]["profile"] == "a100"
 
+    targets = run(installed / "gac-check", "model", "--gpu", "a100", "--format", "json",
+                  "--target", "vllm,quant=awq", "--target", "llama.cpp,quant=Q4_K_M",
+                  cwd=tmp_path)  # the rule packs ship in the wheel as package data
+    assert set(json.loads(targets.stdout)["summary"]["targets"]) == {
+        "vllm,quant=awq", "llama.cpp,quant=Q4_K_M"}, targets.stderr
+
     report = run(installed / "gac-check", "model", "--gpu", "a100", "--report", "r.html",
                  "--fail-on", "never", cwd=tmp_path)  # the jinja2 template ships in the wheel
     assert report.returncode == 0 and "<html" in (tmp_path / "r.html").read_text()[:200]

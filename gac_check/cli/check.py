@@ -131,7 +131,7 @@ def check_model(name: str, args: argparse.Namespace) -> CheckResult:
     ckpt = open_model(name, args)
     seconds = time.perf_counter() - start
     try:
-        result = check(ckpt, args.gpu, args.dtype)
+        result = check(ckpt, args.gpu, args.dtype, getattr(args, "targets", ()))
     except BadInput as exc:
         if not _is_remote(ckpt):
             raise

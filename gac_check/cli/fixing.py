@@ -7,6 +7,7 @@ before any work, like a plain check's, and may not lie inside OUT, which the fix
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from gac_check.analysis import CheckResult, check
@@ -28,10 +29,10 @@ def plan_fix_outputs(args: argparse.Namespace, out: Path) -> Outputs:
 
 
 def write_fix_outputs(outputs: Outputs, kind: str, before: CheckResult, out: Path, gpu: str,
-                      dtype: str, fail_on: str) -> list[Path]:
+                      dtype: str, fail_on: str, targets: Sequence = ()) -> list[Path]:
     """Re-check ``out`` and write the requested files from that re-check."""
     if outputs.report is None and not outputs.default_report and outputs.junit is None:
         return []
     was = to_json(before)
-    after = to_json(check(out, gpu, dtype))
+    after = to_json(check(out, gpu, dtype, targets))
     return write_outputs(outputs, annotate(was, after), fail_on, fix_record(kind, was, after))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gac_check.cli.exits import EXIT_BAD_INPUT, EXIT_INTERNAL
 from gac_check.errors import BadInput
-from gac_check.plugin.options import add_gpu_option
+from gac_check.plugin.options import add_gpu_option, add_target_option
 from gac_check.profiles import resolve_profile
 from gac_check.report.outputs import DEFAULT_REPORT
 
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="dtype the model will be served in (default: config.json's dtype, "
                    "else the weights')")
+    add_target_option(p.add_argument, "--target", dest="targets")
     p.add_argument("--format", choices=("text", "json"), default="text", dest="output",
                    help="text: the site table for a person (default); json: one gac-check/1 "
                    "object on stdout for a program (no progress on stderr)")
@@ -172,6 +173,11 @@ def _fail(message: str, code: int) -> int:
 def run(args: argparse.Namespace) -> int:
     """Dispatch to the job the options ask for; each job module runs one."""
     resolve_profile(args.gpu)  # an unknown --gpu is bad input before anything is read
+    from gac_check.targets.spec import parse_target
+
+    args.targets = [parse_target(t) for t in args.targets]  # and an unknown --target
+    if args.realign and args.targets:
+        raise BadInput("--realign does not take --target yet; use --repair --target")
     if args.base and not args.realign:
         raise BadInput("--base is only used with --realign")
     if args.repair and args.realign:

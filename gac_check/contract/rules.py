@@ -15,6 +15,7 @@ from typing import Protocol
 
 from gac_check.contract.slowdown import Slowdown
 from gac_check.sites import DimSite, Role
+from gac_check.targets.verdicts import FAST, SiteVerdicts
 
 ERROR, WARNING = "error", "warning"
 SEVERITY_RANK = {WARNING: 1, ERROR: 2}
@@ -120,16 +121,44 @@ class Contract:
     rules: list[Rule] = field(default_factory=list)
     source: str = "published"
     evidence: SlowdownSource | None = None  # where expected slowdowns come from
+    #: the deployment targets' verdicts per site (gac_check.targets), judged with the model's
+    #: own shapes when the contract was assembled (contract.select.assemble)
+    targets: SiteVerdicts | None = None
 
     def rules_for(self, site: DimSite) -> list[Rule]:
         return [r for r in self.rules if site.role in r.roles]
 
     def violations(self, site: DimSite) -> list[Rule]:
-        return [r for r in self.rules_for(site) if r.violated_by(site.value)]
+        broken = [r for r in self.rules_for(site) if r.violated_by(site.value)]
+        return broken + self._target_rules(site)
+
+    def _target_rules(self, site: DimSite) -> list[Rule]:
+        """A fallback or refused verdict on a target is an error-level rule of the site."""
+        if self.targets is None:
+            return []
+        return [Rule(f"target:{v.target.spec}", frozenset({site.role}), ERROR,
+                     f"{v.target.spec}: {v.verdict}"
+                     + (f" to {v.kernel}" if v.kernel and v.verdict != "refused" else "")
+                     + (f": {v.why}" if v.why else "")
+                     + (f"; {v.cannot_pad}" if v.cannot_pad else ""),
+                     source=str(v.source) if v.source else "target")
+                for v in self.targets.of(site) if v.verdict != FAST]
 
     def target(self, site: DimSite, severities: tuple[str, ...] = (ERROR,)) -> int:
-        """Smallest value >= the site's that satisfies all its rules of those severities."""
-        return self._target(site.role, site.value, severities)
+        """Smallest value >= the site's that satisfies all its rules of those severities and,
+        where padding can make it so, is fast on every target."""
+        value = self._target(site.role, site.value, severities)
+        if self.targets is None or ERROR not in severities:
+            return value
+        for _ in range(64):  # each step is the smallest size both the rules and targets take
+            nxt = self.targets.smallest_fast(site, value)
+            if nxt is None:
+                return value
+            nxt = self._target(site.role, nxt, severities)
+            if nxt == value:
+                return value
+            value = nxt
+        return value
 
     def _target(self, role: Role, value: int, severities: tuple[str, ...]) -> int:
         rules = [r for r in self.rules if role in r.roles and r.severity in severities]

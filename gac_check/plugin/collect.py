@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from gac_check.plugin.options import OPTION_GPU, OPTION_MODEL, OPTION_REPORT
+from gac_check.plugin.options import OPTION_GPU, OPTION_MODEL, OPTION_REPORT, OPTION_TARGET
 
 PERF_PROPERTY = "gac_perf"
 EXAMPLE_START = re.compile(r"^(Falsifying (?:explicit )?example|Failing test case): ")
@@ -181,10 +181,11 @@ class ReportCollector:
         from gac_check.report.json_report import to_json
 
         gpu = self.config.getoption(OPTION_GPU) or "auto"
+        targets = self.config.getoption(OPTION_TARGET) or []
         checks = []
         for model in self.config.getoption(OPTION_MODEL):
             try:
-                checks.append(to_json(check(model, gpu)))
+                checks.append(to_json(check(model, gpu, None, targets)))
             except BadInput as exc:
                 self.failures.append({"nodeid": f"--model {model}", "when": "check",
                                       "message": str(exc), "equivalence": False})

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from gac_check.plugin.options import ALIASES, OPTION_GPU, OPTION_MODEL, add_aliases, add_options
+from gac_check.plugin.options import (
+    ALIASES,
+    OPTION_GPU,
+    OPTION_MODEL,
+    OPTION_TARGET,
+    add_aliases,
+    add_options,
+)
 
 GROUP = "gac-check"
 
@@ -43,8 +50,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "perf: a timing test; serialized per device under xdist")
     from gac_check.plugin import collect, workers
 
+    _check_targets(config)
     workers.register(config)  # xdist: pin workers to devices, serialise perf tests per device
     collect.register(config)  # --gac-report: collect on the controller, write at session end
+
+
+def _check_targets(config: pytest.Config) -> None:
+    """A bad ``--gac-target`` is a usage error (exit 4) before any test runs."""
+    specs = config.getoption(OPTION_TARGET, None) or []
+    if not specs:
+        return
+    from gac_check.errors import BadInput
+    from gac_check.targets.spec import parse_target
+
+    for spec in specs:
+        try:
+            parse_target(spec)
+        except BadInput as exc:
+            raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +82,15 @@ def gac_profile(request: pytest.FixtureRequest) -> str:
 def gac_models(request: pytest.FixtureRequest) -> list[Path]:
     """The model directories given with ``--model`` (possibly none)."""
     return [Path(p) for p in request.config.getoption(OPTION_MODEL)]
+
+
+@pytest.fixture(scope="session")
+def gac_targets(request: pytest.FixtureRequest) -> list:
+    """The deployment targets given with ``--gac-target`` (parsed; possibly none): pass them
+    to ``gac_check.analysis.check(model, gpu, dtype, targets)``."""
+    from gac_check.targets.spec import parse_target
+
+    return [parse_target(t) for t in request.config.getoption(OPTION_TARGET) or []]
 
 
 @pytest.fixture(scope="session")

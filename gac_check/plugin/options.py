@@ -17,6 +17,7 @@ OPTION_MODEL = "--gac-model"
 OPTION_REPORT = "--gac-report"
 OPTION_UPDATE_BASELINES = "--gac-update-baselines"
 OPTION_PERF_FACTOR = "--gac-perf-factor"
+OPTION_TARGET = "--gac-target"
 #: Short spellings the plugin also answers to, unless another plugin already owns them.
 ALIASES = {OPTION_GPU: "--gpu", OPTION_MODEL: "--model"}
 
@@ -30,11 +31,25 @@ def add_gpu_option(addoption: Callable[..., object], *names: str, default: str |
               "(default auto: the GPU present, else the generic published GPU contract)")
 
 
+TARGET_HELP = (
+    "a deployment target ENGINE[@VERSION][,tp=N][,quant=Q][,group=G][,kv=DTYPE], e.g. "
+    "vllm,tp=4,quant=awq or llama.cpp,quant=Q4_K_M (repeatable; engines, versions and rules: "
+    "docs/targets.md): will every layer load, which kernel runs it, is it the fast path, and "
+    "what padding makes it so")
+
+
+def add_target_option(addoption: Callable[..., object], *names: str, dest: str) -> None:
+    """``--target SPEC`` (repeatable): the serving engine, TP size and quantization."""
+    addoption(*names, dest=dest, action="append", default=[], metavar="SPEC",
+              help=TARGET_HELP)
+
+
 def add_options(addoption: Callable[..., object]) -> None:
     """Every option of the pytest plugin, by its ``--gac-`` name, in its ``gac-check`` group."""
     add_gpu_option(addoption, OPTION_GPU, default=None, dest="gac_gpu")
     addoption(OPTION_MODEL, dest="gac_model", action="append", default=[], metavar="DIR",
               help="model directory the suites check (repeatable)")
+    add_target_option(addoption, OPTION_TARGET, dest="gac_target")
     addoption(OPTION_REPORT, action="store", default=None, metavar="FILE.html",
               help="write the alignment-regression HTML report here")
     addoption(OPTION_UPDATE_BASELINES, action="store_true", default=False,

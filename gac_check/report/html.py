@@ -34,6 +34,17 @@ class FindingGroup:
 
 
 @dataclass
+class MatrixRow:
+    """A site (folded over layers) and its verdict on each --target: the site x target matrix."""
+
+    kind: str
+    value: int
+    cells: list[dict]
+    layers: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+
+
+@dataclass
 class CheckView:
     label: str
     model: str
@@ -42,6 +53,8 @@ class CheckView:
     wide: charts.Grid | None
     groups: list[FindingGroup]
     counts: dict[str, int]
+    targets: dict[str, dict] = field(default_factory=dict)  # summary.targets
+    matrix: list[MatrixRow] = field(default_factory=list)
 
 
 @dataclass
@@ -91,7 +104,27 @@ def _check_view(label: str, check: dict) -> CheckView:
     for s in check["sites"]:
         counts[charts.site_state(s)] += 1
     model = model_name(check["model_dir"])
-    return CheckView(label, model, check, grid, wide, _groups(check["sites"]), counts)
+    return CheckView(label, model, check, grid, wide, _groups(check["sites"]), counts,
+                     check["summary"].get("targets") or {}, _matrix(check["sites"]))
+
+
+def _matrix(sites: list[dict]) -> list[MatrixRow]:
+    """One row per site kind, value and verdicts (layers folded), one cell per target."""
+    rows: dict[tuple, MatrixRow] = {}
+    for s in sites:
+        cells = s.get("targets") or []
+        if not cells:
+            continue
+        kind = charts.site_kind(s)
+        key = (kind, s["value"], tuple((c["verdict"], c.get("kernel"), c.get("fix_to"))
+                                       for c in cells))
+        row = rows.setdefault(key, MatrixRow(kind, s["value"], cells))
+        if s.get("layer") is not None:
+            row.layers.append(s["layer"])
+        row.names.append(s["name"])
+    order = {"refused": 0, "fallback": 1, "fast": 2}
+    return sorted(rows.values(), key=lambda r: (min(order.get(c["verdict"], 3) for c in r.cells),
+                                                r.kind))
 
 
 def model_name(model_dir: str) -> str:

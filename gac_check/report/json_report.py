@@ -6,6 +6,11 @@ measured, estimate or bench, hardware, dtype, shape, coverage, citation, note; v
 no data cover the shape). ``expected_slowdown`` keeps its old meaning for older readers, but
 only for figures read from data at the site's shape: it is null for estimates and unmeasured
 shapes, so a number quoted from it is never an unmarked extrapolation.
+
+With ``--target``, every site carries ``targets``: one object per target given (``target``,
+``verdict``: fast, fallback or refused, ``kernel``, ``fix_to``: the smallest size that makes
+it fast or null where padding cannot, ``source``: the pack rule's citation; also ``why`` and
+``cannot_pad``), and ``summary.targets`` maps each spec to its model-level verdict with counts.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ def to_json(result: CheckResult) -> dict:
     ckpt, contract, choice = result.checkpoint, result.contract, result.dtype_choice
     findings = result.by_site
     refusals = result.refusals
+    verdicts = contract.targets
     sites = []
     for site in result.sites:
         f = findings.get(site.name)
@@ -38,6 +44,7 @@ def to_json(result: CheckResult) -> dict:
             "refusal": refusals.get(site.name, site.inexact),
             "notes": site.notes,
             "tensors": site.tensors,
+            "targets": [v.as_dict() for v in verdicts.of(site)] if verdicts else [],
         })
     misaligned = len(result.findings)
     return {
@@ -61,5 +68,6 @@ def to_json(result: CheckResult) -> dict:
             "misaligned_fraction": misaligned / len(result.sites) if result.sites else 0.0,
             "params": ckpt.params,
             "repair_overhead_fraction": result.repair_overhead_fraction,
+            "targets": verdicts.summary() if verdicts else {},
         },
     }

@@ -1,4 +1,5 @@
-"""``gac-check --junit FILE.xml``: one JUnit testcase per dimension site.
+"""``gac-check --junit FILE.xml``: one JUnit testcase per dimension site, and with
+``--target`` one per site and target (a fallback or refused verdict fails).
 
 CI systems (GitHub, GitLab, Jenkins) already show JUnit files as test results, so a site that
 breaks the gate shows up as a failed test named after the tensor dimension, next to pytest's
@@ -27,15 +28,24 @@ def gated(site: dict, fail_on: str) -> bool:
     return site.get("severity") == "error" or fail_on == "warning"
 
 
+def target_gated(verdict: dict, fail_on: str) -> bool:
+    """A site on a target fails the gate when it is not fast (fallback and refused are
+    error-level findings)."""
+    return fail_on != "never" and verdict.get("verdict") != "fast"
+
+
 def to_junit(check: dict, fail_on: str = "error") -> str:
     model = check["model_dir"].rstrip("/").rsplit("/", 1)[-1] or "model"
     profile = check["hardware"]["profile"]
     suite_name = f"gac-check.{model}.{profile}"
-    failures = sum(gated(s, fail_on) for s in check["sites"])
-    root = ET.Element("testsuites", name="gac-check", tests=str(len(check["sites"])),
+    pairs = [(s, v) for s in check["sites"] for v in s.get("targets") or []]
+    tests = len(check["sites"]) + len(pairs)
+    failures = (sum(gated(s, fail_on) for s in check["sites"])
+                + sum(target_gated(v, fail_on) for _, v in pairs))
+    root = ET.Element("testsuites", name="gac-check", tests=str(tests),
                       failures=str(failures), errors="0")
     suite = ET.SubElement(root, "testsuite", name=_clean(suite_name),
-                          tests=str(len(check["sites"])), failures=str(failures), errors="0",
+                          tests=str(tests), failures=str(failures), errors="0",
                           skipped="0", time="0")
     props = ET.SubElement(suite, "properties")
     fields = [("model_dir", check["model_dir"]), ("profile", profile),
@@ -47,6 +57,8 @@ def to_junit(check: dict, fail_on: str = "error") -> str:
         ET.SubElement(props, "property", name=key, value=_clean(value))
     for site in check["sites"]:
         _testcase(suite, suite_name, site, fail_on)
+    for site, verdict in pairs:  # --target: one testcase per site and target
+        _target_case(suite, suite_name, site, verdict, fail_on)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
@@ -71,6 +83,30 @@ def _testcase(suite: ET.Element, suite_name: str, site: dict, fail_on: str) -> N
         out = ET.SubElement(case, "system-out")
         out.text = _clean(f"{site.get('severity')} below the gate: {message}"
                           + (f"\n{changed}" if changed else ""))
+
+
+def _target_case(suite: ET.Element, suite_name: str, site: dict, verdict: dict,
+                 fail_on: str) -> None:
+    case = ET.SubElement(suite, "testcase", classname=_clean(f"{suite_name}.target"),
+                         name=_clean(f"{site['name']} on {verdict['target']}"), time="0")
+    kernel = verdict.get("kernel") or ""
+    text = f"{verdict['verdict']} {kernel}".strip()
+    if verdict.get("why"):
+        text += f": {verdict['why']}"
+    if verdict["verdict"] != "fast":
+        fix = verdict.get("fix_to")
+        text += (f"; pad to {fix} (--repair --target)" if fix is not None
+                 else f"; {verdict.get('cannot_pad') or 'padding cannot make it fast'}")
+    if verdict.get("source"):
+        src = verdict["source"]
+        text += (f"\nrule: {src.get('repo')}@{src.get('ref')}:{src.get('file')} "
+                 f"({src.get('function')})")
+    if target_gated(verdict, fail_on):
+        failure = ET.SubElement(case, "failure", message=_clean(text.splitlines()[0]),
+                                type=_clean(verdict["verdict"]))
+        failure.text = _clean(text)
+    else:
+        ET.SubElement(case, "system-out").text = _clean(text)
 
 
 def _message(site: dict) -> str:

@@ -29,4 +29,12 @@ def render_repair(report: RepairReport) -> str:
     errors = sum(f.severity == ERROR for f in report.remaining)
     lines.append(f"  re-check of {report.out.name}: {len(report.remaining)} sites still "
                  f"misaligned ({errors} errors, {len(report.remaining) - errors} warnings)")
+    left: dict[str, list[str]] = {}  # --target: what padding could not make fast, and why
+    for f in report.remaining:
+        for r in f.rules:
+            if r.id.startswith("target:"):
+                left.setdefault(r.why, []).append(f.site.name)
+    for why, names in left.items():
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        lines.append(f"    {', '.join(names[:3])}{more}: {why}")
     return "\n".join(lines)

@@ -43,8 +43,23 @@ def render_text(result: CheckResult) -> str:
         lines += [f"  {name}: {note}" for name, note in notes[:20]]
         if len(notes) > 20:
             lines.append(f"  ... and {len(notes) - 20} more")
+    lines += _targets_summary(result)
     lines += ["", _summary(result)]
     return "\n".join(lines)
+
+
+def _targets_summary(result: CheckResult) -> list[str]:
+    """Per --target: the model-level verdict (the worst of its sites), with counts."""
+    verdicts = result.contract.targets
+    if not verdicts:
+        return []
+    out = ["", "targets (the worst of the sites; fix: what --repair --target pads to):"]
+    for spec, v in verdicts.summary().items():
+        t = next(t for t in verdicts.targets if t.spec == spec)
+        out.append(f"  {spec:<28} {v['verdict']:<8} {v['fast']} fast, {v['fallback']} "
+                   f"fallback, {v['refused']} refused  ({t.engine} {t.version}, tp={t.tp}, "
+                   f"quant={t.quant}" + (f", group={t.group}" if t.group else "") + ")")
+    return out
 
 
 def _dtype_source(result: CheckResult) -> str:
@@ -57,7 +72,8 @@ def _fold(result: CheckResult) -> list[_Row]:
     rows: dict[tuple, _Row] = {}
     for f in result.findings:
         pattern = _LAYER.sub("*", f.site.name, count=1) if f.site.layer is not None else f.site.name
-        key = (pattern, f.site.value, f.repair_to, tuple(r.id for r in f.rules))
+        key = (pattern, f.site.value, f.repair_to, tuple(r.id for r in f.rules),
+               tuple(_cells(result, f)))
         row = rows.setdefault(key, _Row(pattern, f))
         if f.site.layer is not None:
             row.layers.append(f.site.layer)
@@ -66,9 +82,23 @@ def _fold(result: CheckResult) -> list[_Row]:
     return list(rows.values())
 
 
+def _cells(result: CheckResult, f: Finding) -> list[str]:
+    """One cell per --target: the short verdict and kernel (``fast awq_marlin``)."""
+    verdicts = result.contract.targets
+    return [v.short for v in verdicts.of(f.site)] if verdicts else []
+
+
+def _target_widths(result: CheckResult) -> list[int]:
+    return [max([len(t.spec), *(len(c[i]) for f in result.findings
+                                 if (c := _cells(result, f)))]) for i, t in
+            enumerate(result.targets)]
+
+
 def _findings_table(result: CheckResult) -> list[str]:
+    widths = _target_widths(result)
+    targets = "".join(f"{t.spec:<{w}}  " for t, w in zip(result.targets, widths, strict=True))
     header = (f"  {'site':<44} {'layers':<10} {'value':>6} {'fix':>6} {'severity':<8} "
-              f"{'slower':>11} {'+params':>10}  rules")
+              f"{'slower':>11} {'+params':>10}  {targets}rules")
     out = [header, "  " + "-" * (len(header) - 2)]
     refusals = result.refusals
     legend: dict[str, int] = {}
@@ -83,8 +113,10 @@ def _findings_table(result: CheckResult) -> list[str]:
             mark = legend.setdefault(f.figure.basis, len(legend) + 1)
             slower = f"{f.figure.short} [{mark}]"
         pad = "-" if refused else f"{row.pad:,}"
+        cells = "".join(f"{c:<{w}}  " for c, w in zip(_cells(result, f), widths, strict=True))
         out.append(f"  {name:<44} {_ranges(row.layers):<10} {f.site.value:>6} {fix:>6} "
-                   f"{f.severity:<8} {slower:>11} {pad:>10}  {', '.join(r.id for r in f.rules)}")
+                   f"{f.severity:<8} {slower:>11} {pad:>10}  {cells}"
+                   f"{', '.join(r.id for r in f.rules)}")
     out += ["", "  fix: what --repair pads to; (N): only --strategy optimal pads, to N"]
     if legend:
         out += ["  slower: time at the value over time at the fix, where measured; ~ estimate, "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -93,12 +94,14 @@ def write_layout(model: nn.Module, state: dict[str, torch.Tensor], path: Path,
     return path
 
 
-def repaired(src: Path, out: Path, strategy: str) -> writer.RepairReport:
-    """Repair and assert what every repair must: input untouched, repaired sites clean."""
+def repaired(src: Path, out: Path, strategy: str, targets: Sequence[str] = ()
+             ) -> writer.RepairReport:
+    """Repair and assert what every repair must: input untouched, repaired sites clean (on the
+    deployment ``targets`` too, when given)."""
     before = {p.name: p.stat().st_mtime_ns for p in src.iterdir()}
-    report = repair_dir(src, out, PROFILE, strategy, DTYPE)
+    report = repair_dir(src, out, PROFILE, strategy, DTYPE, targets=targets)
     assert {p.name: p.stat().st_mtime_ns for p in src.iterdir()} == before, "input modified"
-    still = {f.site.name for f in check(out, PROFILE, DTYPE).findings
+    still = {f.site.name for f in check(out, PROFILE, DTYPE, targets).findings
              if f.severity in planner.STRATEGIES[strategy]}
     fixed = {r.site.name for r in report.plan.repairs}
     assert not fixed & still, f"repaired sites still misaligned: {sorted(fixed & still)[:3]}"
@@ -106,12 +109,14 @@ def repaired(src: Path, out: Path, strategy: str) -> writer.RepairReport:
 
 
 # ------------------------------------------------------------------ checkpoint-level checks
-def check_asvd(tiny: TinyModel, ratio: float, strategy: str, tmp: Path) -> tuple[float, float]:
-    """Reference-compress (irregular ranks), repair, load both, compare logits/hidden states."""
+def check_asvd(tiny: TinyModel, ratio: float, strategy: str, tmp: Path,
+               targets: Sequence[str] = ()) -> tuple[float, float]:
+    """Reference-compress (irregular ranks), repair (to what is fast on ``targets`` too),
+    load both, compare logits/hidden states."""
     model = tiny.build(seed=1)
     dense = save_model(model, tmp / "dense")
     compress_dir(dense, tmp / "asvd", ratio)
-    report = repaired(tmp / "asvd", tmp / "fixed", strategy)
+    report = repaired(tmp / "asvd", tmp / "fixed", strategy, targets)
     ids = inputs(tiny.kwargs["vocab_size"])
     ref = run(load_model(tmp / "asvd"), ids)
     got = run(load_model(tmp / "fixed"), ids)
@@ -122,14 +127,16 @@ def check_asvd(tiny: TinyModel, ratio: float, strategy: str, tmp: Path) -> tuple
 
 
 def check_pruned(tiny: TinyModel, strategy: str, tmp: Path,
-                 shard_bytes: int | None = 4096) -> tuple[float, float]:
+                 shard_bytes: int | None = 4096, targets: Sequence[str] = ()
+                 ) -> tuple[float, float]:
     """A stock model whose config records a pruned intermediate size (e.g. 37), saved sharded;
-    repaired shards keep their names and the index its map; loaded with from_pretrained."""
+    repaired shards keep their names and the index its map; loaded with from_pretrained.
+    With ``targets`` the repair pads to what is fast on those deployments too."""
     from transformers import AutoModel, AutoModelForCausalLM
 
     model = tiny.build(seed=2)
     src = save_model(model, tmp / "pruned", shard_bytes)
-    repaired(src, tmp / "fixed", strategy)
+    repaired(src, tmp / "fixed", strategy, targets)
     shards = sorted(p.name for p in src.glob("*.safetensors"))
     assert sorted(p.name for p in (tmp / "fixed").glob("*.safetensors")) == shards
     auto = AutoModel if tiny.family == "bert" else AutoModelForCausalLM

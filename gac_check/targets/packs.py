@@ -1,0 +1,288 @@
+"""Rule packs: each engine's kernel and backend choices as versioned data (docs/targets.md).
+
+A pack (``gac_check/targets/packs/<engine>.json``, schema ``gac-check-pack/1``) lists the
+engine's *selections*: for a component (attention, a linear, the embedding, the whole model),
+the kernels it tries in the engine's own order, each with the conditions it needs, the
+releases it holds for and where in the engine's source the condition is. Loading validates
+every rule and refuses one without a citation, so a pack can never ship an unsourced rule.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+from gac_check.errors import BadInput
+
+SCHEMA = "gac-check-pack/1"
+COMPONENTS = ("attention", "linear", "embedding", "model", "tensor")
+OPERATORS = ("multiple_of", "max", "min", "in", "not_in", "equals")
+QUANTITIES = frozenset({
+    "head_dim", "heads", "kv_heads", "heads_per_rank", "kv_heads_per_rank", "tp", "in",
+    "out", "shard_in", "shard_out", "group", "vocab", "vocab_per_rank", "row",
+    "uniform_layers", "part_out", "act_fp16",
+})
+SOURCE_KEYS = ("repo", "file", "function", "ref")
+GGUF_EXTRAS = ("fallback_by_version", "no_fallback", "second_step_f16", "output_head",
+               "requires_imatrix", "bump_70b")
+
+
+class PackError(ValueError):
+    """A pack that breaks the schema: a bug in the shipped data, caught by the tests."""
+
+
+@dataclass(frozen=True)
+class Source:
+    repo: str
+    file: str
+    function: str
+    ref: str
+    issue: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.repo}@{self.ref}:{self.file} ({self.function})"
+
+    def as_dict(self) -> dict:
+        d = {"repo": self.repo, "file": self.file, "function": self.function, "ref": self.ref}
+        if self.issue:
+            d["issue"] = self.issue
+        return d
+
+
+@dataclass(frozen=True)
+class Condition:
+    """``quantity OP operand``; ``any`` holds when one of its alternatives does."""
+
+    quantity: str = ""
+    op: str = ""
+    operand: object = None
+    message: str | None = None
+    any: tuple[Condition, ...] = ()
+
+    def holds(self, q: dict[str, int]) -> bool:
+        if self.any:
+            return any(c.holds(q) for c in self.any)
+        if self.quantity not in q:
+            return True  # judged at the site that determines it (docs/targets.md)
+        x = q[self.quantity]
+        arg = self.operand
+        if isinstance(arg, str):
+            if arg not in q:
+                return True
+            arg = q[arg]
+        if self.op == "multiple_of":
+            return arg > 0 and x % arg == 0  # type: ignore[operator]
+        if self.op == "max":
+            return x <= arg  # type: ignore[operator]
+        if self.op == "min":
+            return x >= arg  # type: ignore[operator]
+        if self.op == "in":
+            return x in arg  # type: ignore[operator]
+        if self.op == "not_in":
+            return x not in arg  # type: ignore[operator]
+        return x == arg
+
+    def describe(self, q: dict[str, int] | None = None) -> str:
+        if self.any:
+            return " or ".join(c.describe(q) for c in self.any)
+        op = {"multiple_of": "%", "max": "<=", "min": ">=", "in": "in", "not_in": "not in",
+              "equals": "=="}[self.op]
+        arg = self.operand
+        if isinstance(arg, list):
+            arg = "{" + ", ".join(map(str, arg)) + "}"
+        text = (f"{self.quantity} % {arg} == 0" if self.op == "multiple_of"
+                else f"{self.quantity} {op} {arg}")
+        if q is not None and self.quantity in q:
+            text += f" ({self.quantity} = {q[self.quantity]})"
+        return text
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kernel: str
+    fast: bool
+    when: tuple[Condition, ...]
+    source: Source
+    sm_min: int | None = None
+    sm_max: int | None = None
+    since: str | None = None
+    until: str | None = None
+    refuse: bool = False
+    message: str | None = None
+    uncertain: str | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    id: str
+    component: str
+    quant: tuple[str, ...]
+    kv: tuple[str, ...]
+    candidates: tuple[Candidate, ...]
+    otherwise_verdict: str
+    otherwise_kernel: str | None
+    otherwise_message: str
+    otherwise_source: Source
+    uses: tuple[str, ...] = ()  # which uses (linear names) it judges; empty = all
+    #: a gate (TP divisibility, uniform layers) only speaks when it fails; its kernel is not
+    #: the site's kernel
+    gate: bool = False
+    since: str | None = None  # the releases the whole selection holds for (None: open)
+    until: str | None = None
+
+    def applies(self, quant: str, kv: str, use: str) -> bool:
+        return (("*" in self.quant or quant in self.quant)
+                and (not self.kv or kv in self.kv)
+                and (not self.uses or use in self.uses))
+
+
+@dataclass(frozen=True)
+class GgufType:
+    name: str
+    block: int
+    fallback: str | None
+    source: Source
+
+
+@dataclass(frozen=True)
+class Pack:
+    engine: str
+    title: str
+    repo: str
+    versions: tuple[str, ...]
+    quants: tuple[str, ...]
+    default_quant: str
+    default_group: dict[str, int]
+    selections: tuple[Selection, ...]
+    tp: dict = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    gguf_types: dict[str, GgufType] = field(default_factory=dict)
+    ftypes: dict[str, dict] = field(default_factory=dict)
+    multi_gpu: bool = True
+    #: GGUF extras: fallback_by_version, no_fallback, output_head, requires_imatrix, bump_70b
+    gguf: dict = field(default_factory=dict)
+
+    @property
+    def default_version(self) -> str:
+        return self.versions[-1]
+
+    def version_index(self, version: str) -> int:
+        return self.versions.index(version)
+
+
+def _source(raw: object, where: str) -> Source:
+    if not isinstance(raw, dict) or any(not isinstance(raw.get(k), str) or not raw.get(k)
+                                        for k in SOURCE_KEYS):
+        raise PackError(f"{where}: every rule needs a source with {', '.join(SOURCE_KEYS)}")
+    return Source(raw["repo"], raw["file"], raw["function"], raw["ref"], raw.get("issue"))
+
+
+def _condition(raw: dict, where: str) -> Condition:
+    if "any" in raw:
+        return Condition(any=tuple(_condition(c, where) for c in raw["any"]),
+                         message=raw.get("message"))
+    quantity = raw.get("quantity")
+    if quantity not in QUANTITIES:
+        raise PackError(f"{where}: unknown quantity {quantity!r}")
+    ops = [o for o in OPERATORS if o in raw]
+    if len(ops) != 1:
+        raise PackError(f"{where}: a condition needs exactly one of {', '.join(OPERATORS)}")
+    arg = raw[ops[0]]
+    if isinstance(arg, str) and arg not in QUANTITIES:
+        raise PackError(f"{where}: unknown quantity {arg!r}")
+    return Condition(quantity, ops[0], arg, raw.get("message"))
+
+
+def _candidate(raw: dict, where: str, versions: tuple[str, ...]) -> Candidate:
+    where = f"{where} {raw.get('kernel')}"
+    span = raw.get("versions") or {}
+    for key in ("from", "to"):
+        if span.get(key) is not None and span[key] not in versions:
+            raise PackError(f"{where}: version {span[key]!r} is not in the pack's versions")
+    gpu = raw.get("gpu") or {}
+    return Candidate(
+        kernel=raw["kernel"], fast=bool(raw.get("fast", False)),
+        when=tuple(_condition(c, where) for c in raw.get("when", [])),
+        source=_source(raw.get("source"), where), sm_min=gpu.get("sm_min"),
+        sm_max=gpu.get("sm_max"), since=span.get("from"), until=span.get("to"),
+        refuse=bool(raw.get("refuse", False)), message=raw.get("message"),
+        uncertain=raw.get("uncertain"))
+
+
+def parse_pack(raw: dict, name: str = "pack") -> Pack:
+    """Validate one pack's JSON; :class:`PackError` names what is wrong."""
+    if raw.get("schema") != SCHEMA:
+        raise PackError(f"{name}: schema must be {SCHEMA!r}")
+    versions = tuple(raw.get("versions") or ())
+    if not versions:
+        raise PackError(f"{name}: a pack names the releases it was read from")
+    selections = []
+    for s in raw.get("selections", []):
+        where = f"{name} {s.get('id')}"
+        if s.get("component") not in COMPONENTS:
+            raise PackError(f"{where}: component must be one of {', '.join(COMPONENTS)}")
+        other = s.get("otherwise") or {}
+        if other.get("verdict") not in ("refused", "fallback"):
+            raise PackError(f"{where}: otherwise.verdict must be refused or fallback")
+        selections.append(Selection(
+            id=s["id"], component=s["component"], quant=tuple(s.get("quant") or ("*",)),
+            kv=tuple(s.get("kv") or ()),
+            candidates=tuple(_candidate(c, where, versions) for c in s["candidates"]),
+            otherwise_verdict=other["verdict"], otherwise_kernel=other.get("kernel"),
+            otherwise_message=other.get("message", ""),
+            otherwise_source=_source(other.get("source"), f"{where} otherwise"),
+            uses=tuple(s.get("uses") or ()), gate=bool(s.get("gate", False)),
+            since=(s.get("versions") or {}).get("from"), until=(s.get("versions") or {}).get("to")))
+        for v in (selections[-1].since, selections[-1].until):
+            if v is not None and v not in versions:
+                raise PackError(f"{where}: version {v!r} is not in the pack's versions")
+    tp = raw.get("tp") or {}
+    for key, rule in tp.items():
+        _source(rule.get("source") if isinstance(rule, dict) else None, f"{name} tp.{key}")
+    types = {}
+    for tname, t in (raw.get("types") or {}).items():
+        types[tname] = GgufType(tname, int(t["block"]), t.get("fallback"),
+                                _source(t.get("source"), f"{name} type {tname}"))
+    for tname, t in types.items():
+        if t.fallback is not None and t.fallback not in types:
+            raise PackError(f"{name}: {tname} falls back to unknown type {t.fallback}")
+    ftypes = raw.get("ftypes") or {}
+    for fname, f in ftypes.items():
+        _source(f.get("source"), f"{name} ftype {fname}")
+        for t in [f.get("default"), *(r["type"] for r in f.get("tensors", []))]:
+            if t not in types:
+                raise PackError(f"{name} ftype {fname}: unknown type {t!r}")
+    gguf = {k: raw[k] for k in GGUF_EXTRAS if k in raw}
+    for key, rule in gguf.items():
+        for sub in ([rule] if "source" in rule else rule.values()):
+            _source(sub.get("source"), f"{name} {key}")
+    quants = tuple(raw.get("quants") or ("none",))
+    return Pack(
+        engine=raw["engine"], title=raw.get("title", raw["engine"]), repo=raw.get("repo", ""),
+        versions=versions, quants=quants, default_quant=raw.get("default_quant", quants[0]),
+        default_group=dict(raw.get("default_group") or {}), selections=tuple(selections),
+        tp=tp, aliases=tuple(raw.get("aliases") or ()), notes=tuple(raw.get("notes") or ()),
+        gguf_types=types, ftypes=ftypes, multi_gpu=bool(raw.get("multi_gpu", True)), gguf=gguf)
+
+
+@cache
+def packs() -> dict[str, Pack]:
+    """Every shipped pack, by engine id."""
+    out = {}
+    for entry in sorted(resources.files("gac_check.targets").joinpath("packs").iterdir(),
+                        key=lambda e: e.name):
+        if entry.name.endswith(".json"):
+            pack = parse_pack(json.loads(entry.read_text(encoding="utf-8")), entry.name)
+            out[pack.engine] = pack
+    return out
+
+
+def find_pack(engine: str) -> Pack:
+    """The pack for an engine id or alias; BadInput listing the known ones."""
+    name = engine.strip().lower()
+    for pack in packs().values():
+        if name == pack.engine or name in pack.aliases:
+            return pack
+    raise BadInput(f"unknown engine {engine!r} in --target (known: {', '.join(packs())})")

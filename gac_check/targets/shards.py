@@ -1,0 +1,173 @@
+"""Per-shard arithmetic: what each tensor-parallel rank holds, as pure functions.
+
+A site's dimension enters one or more *uses*: a linear it is an output or input of, the
+attention it sets the head size of, the model-level head counts. Each use maps a candidate
+value of the dimension to the quantities a rule pack's conditions read (``shard_out``,
+``heads_per_rank``, ...), so the fixer can try larger values and re-judge them.
+
+Column-parallel linears (q, k, v, gate, up, the LM head) split their outputs over the ranks,
+row-parallel ones (o, down) their inputs; fused projections (qkv, gate_up) are what the
+kernels see, so their per-rank width is the fused one ((heads/tp + 2 kv/tp) x head_dim,
+2 x intermediate/tp), while TP divides each part. KV heads fewer than the ranks are
+replicated (one per rank) where the engine does so. A low-rank rank and a PaLU latent are
+not split: the factors are run as replicated linears, the rank being the output of one GEMM
+and the input of the other.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gac_check.sites import DimSite, Role
+
+
+@dataclass
+class LayerShape:
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    intermediate: int | None = None
+
+
+@dataclass
+class ModelShape:
+    """The widths a target's arithmetic needs, gathered from the sites."""
+
+    hidden: int | None = None
+    vocab: int | None = None
+    layers: dict[int, LayerShape] = field(default_factory=dict)
+    #: activations in float16 (some kernels, ExLlama, take nothing else)
+    act_fp16: bool = False
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every layer has the same widths and head counts (one config value each)."""
+        seen = {(s.heads, s.kv_heads, s.head_dim, s.intermediate) for s in self.layers.values()}
+        return len(seen) <= 1
+
+    def layer(self, i: int | None) -> LayerShape:
+        return self.layers.get(i, LayerShape()) if i is not None else LayerShape()
+
+
+def model_shape(sites: list[DimSite], dtype: str = "bfloat16") -> ModelShape:
+    shape = ModelShape(act_fp16=dtype == "float16")
+    for s in sites:
+        if s.role is Role.HIDDEN:
+            shape.hidden = s.value
+        elif s.role is Role.VOCAB:
+            shape.vocab = s.value
+        elif s.layer is not None:
+            lay = shape.layers.setdefault(s.layer, LayerShape())
+            if s.role is Role.HEADS:
+                lay.heads = s.value
+                kv = s.attrs.get("kv_heads")
+                lay.kv_heads = kv if isinstance(kv, int) else s.value
+            elif s.role is Role.HEAD_DIM:
+                lay.head_dim = s.value
+            elif s.role is Role.INTERMEDIATE:
+                lay.intermediate = s.value
+    return shape
+
+
+def split(n: int, tp: int) -> int | None:
+    """What one of ``tp`` ranks holds of ``n``; None when ``n`` does not divide evenly
+    (the TP engines assert divisibility and refuse to load)."""
+    return n // tp if n % tp == 0 else None
+
+
+def kv_heads_per_rank(kv_heads: int, tp: int, rule: str = "replicate") -> int | None:
+    """KV heads one rank holds. ``replicate`` (vLLM, SGLang, TensorRT-LLM): with fewer KV
+    heads than ranks each rank holds one copy, which needs ``tp % kv_heads == 0``; otherwise
+    they are split and need ``kv_heads % tp == 0``. ``divide``: only the split."""
+    if kv_heads >= tp or rule != "replicate":
+        return split(kv_heads, tp)
+    return 1 if tp % kv_heads == 0 else None
+
+
+def pad_to_multiple(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class Use:
+    """One place a site's dimension is used: ``quantities(value)`` for a candidate value."""
+
+    component: str  # attention | linear | embedding | model | tensor
+    name: str  # qkv_proj, gate_up_proj, down_proj, attention, heads, lm_head, ...
+    quantities: Callable[[int], dict[str, int]]
+    #: a GGUF tensor (gac_check.targets.gguf.TensorUse) for component "tensor"
+    tensor: object = None
+
+
+def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
+         kv_rule: str = "replicate", vocab_pad: int = 1) -> list[Use]:
+    """Every use of ``site``'s dimension at TP size ``tp``.
+
+    Quantities a use leaves out (the other dimension of a GEMM) are judged at the site that
+    determines them. Fused projections carry their fused per-rank width (what the kernel
+    sees) as ``shard_out`` and one part's full width as ``part_out`` (what TP divides)."""
+    lay = shape.layer(site.layer)
+    base = {"tp": tp, "uniform_layers": int(shape.uniform), "act_fp16": int(shape.act_fp16)}
+    if group is not None:
+        base["group"] = group
+    role = site.role
+    if role is Role.INTERMEDIATE:
+        def gate_up(v: int) -> dict[str, int]:
+            q = {**base, "part_out": v, "out": 2 * v}
+            return _put(q, "shard_out", split(2 * v, tp) if v % tp == 0 else None)
+
+        def down(v: int) -> dict[str, int]:
+            return _put({**base, "in": v}, "shard_in", split(v, tp))
+
+        return [Use("linear", "gate_up_proj", gate_up), Use("linear", "down_proj", down),
+                Use("model", "layers", lambda v: dict(base))]
+    if role in (Role.RANK, Role.KV_LATENT):
+        return [Use("linear", "lowrank_out", lambda v: {**base, "out": v, "shard_out": v}),
+                Use("linear", "lowrank_in", lambda v: {**base, "in": v, "shard_in": v})]
+    if role is Role.HIDDEN:
+        return [Use("linear", "hidden_in", lambda v: {**base, "in": v, "shard_in": v}),
+                Use("linear", "hidden_out", lambda v: {**base, "out": v, "shard_out": v})]
+    if role is Role.HEAD_DIM:
+        heads = lay.heads or 0
+        kv = lay.kv_heads or heads
+        hpr = split(heads, tp) if heads else None
+        kvpr = kv_heads_per_rank(kv, tp, kv_rule) if kv else None
+
+        def attention(v: int) -> dict[str, int]:
+            q = {**base, "head_dim": v, "heads": heads, "kv_heads": kv}
+            _put(q, "heads_per_rank", hpr)
+            return _put(q, "kv_heads_per_rank", kvpr)
+
+        out = [Use("attention", "attention", attention)]
+        if hpr and kvpr:
+            out += [Use("linear", "qkv_proj",
+                        lambda v: {**base, "out": (heads + 2 * kv) * v,
+                                   "shard_out": (hpr + 2 * kvpr) * v}),
+                    Use("linear", "o_proj",
+                        lambda v: {**base, "in": heads * v, "shard_in": hpr * v})]
+        return out
+    if role is Role.HEADS:
+        kv = site.attrs.get("kv_heads")
+        kv = kv if isinstance(kv, int) else site.value
+
+        def heads_q(v: int) -> dict[str, int]:
+            q = {**base, "heads": v, "kv_heads": kv}
+            _put(q, "heads_per_rank", split(v, tp))
+            return _put(q, "kv_heads_per_rank", kv_heads_per_rank(kv, tp, kv_rule))
+
+        return [Use("model", "heads", heads_q)]
+    if role is Role.VOCAB:
+        def vocab(v: int) -> dict[str, int]:
+            padded = pad_to_multiple(v, vocab_pad)
+            q = {**base, "vocab": padded, "part_out": padded}
+            return _put(q, "vocab_per_rank", split(padded, tp))
+
+        return [Use("embedding", "lm_head", vocab)]
+    return []
+
+
+def _put(q: dict[str, int], key: str, value: int | None) -> dict[str, int]:
+    """Set ``key`` where the arithmetic gives a value (a shard exists only when TP divides)."""
+    if value is not None:
+        q[key] = value
+    return q

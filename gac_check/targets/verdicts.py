@@ -1,0 +1,319 @@
+"""A verdict per site and target: ``fast`` (the kernel named), ``fallback`` (the slower one it
+lands on, and why) or ``refused`` (the engine will not load it, and what it would print), with
+the smallest exact padding that makes it fast.
+
+Each of the site's uses (:mod:`gac_check.targets.shards`) is judged by every selection of the
+target's pack that applies to it: the first candidate, in the engine's order, whose conditions
+hold is what runs. The site's verdict is the worst over its uses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gac_check.sites import DimSite
+from gac_check.targets import gguf
+from gac_check.targets.packs import Candidate, Pack, Selection, Source
+from gac_check.targets.shards import ModelShape, Use, model_shape, uses
+from gac_check.targets.spec import Target
+
+FAST, FALLBACK, REFUSED = "fast", "fallback", "refused"
+RANK = {FAST: 0, FALLBACK: 1, REFUSED: 2}
+#: The generic profile is judged as the oldest GPU the published contract covers (an A100).
+SM_OF_PROFILE = {"a100": 80, "h100": 90, "h200": 90, "gpu": 80, "cpu": None}
+#: How far above a value the fixer looks for a fast size (then: padding cannot help).
+SEARCH_SPAN = 4096
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one selection decides for one use at one value."""
+
+    verdict: str
+    kernel: str | None
+    why: str
+    source: Source
+    selection: str
+    gate: bool = False
+
+
+@dataclass
+class TargetVerdict:
+    """One site on one target (the JSON object under ``sites[].targets``)."""
+
+    target: Target
+    verdict: str
+    kernel: str | None
+    why: str
+    source: Source | None
+    fix_to: int | None = None
+    #: a fast size exists but zero padding of this site is not exact (the reason), or no size
+    #: in reach is fast; then what would help instead
+    cannot_pad: str | None = None
+    fast_at: int | None = None
+    kernels: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"target": self.target.spec, "verdict": self.verdict, "kernel": self.kernel,
+                "fix_to": self.fix_to, "source": self.source.as_dict() if self.source else None,
+                "why": self.why, "cannot_pad": self.cannot_pad}
+
+    @property
+    def short(self) -> str:
+        """``fast FLASH_ATTN``, ``fallback->XFORMERS``, ``refused``: the text table's cell."""
+        if self.verdict == FAST:
+            return f"fast {self.kernel or ''}".strip()
+        if self.verdict == FALLBACK:
+            return f"fallback {self.kernel or ''}".strip()
+        return REFUSED
+
+
+def _version_ok(pack: Pack, c: Candidate | Selection, version: str) -> bool:
+    i = pack.version_index(version)
+    if c.since is not None and i < pack.version_index(c.since):
+        return False
+    return not (c.until is not None and i > pack.version_index(c.until))
+
+
+def _gpu_ok(c: Candidate, sm: int | None) -> bool:
+    if c.sm_min is None and c.sm_max is None:
+        return True
+    if sm is None:
+        return False
+    return (c.sm_min is None or sm >= c.sm_min) and (c.sm_max is None or sm <= c.sm_max)
+
+
+def _failed(c: Candidate, q: dict[str, int], sm: int | None) -> str | None:
+    """The first reason candidate ``c`` does not run (None: it runs)."""
+    if not _gpu_ok(c, sm):
+        want = [f"sm >= {c.sm_min}" if c.sm_min else "", f"sm <= {c.sm_max}" if c.sm_max else ""]
+        have = f"sm_{sm}" if sm else "no GPU"
+        return f"{c.kernel} needs {' and '.join(w for w in want if w)} ({have})"
+    for cond in c.when:
+        if not cond.holds(q):
+            text = cond.message or f"{c.kernel} needs {cond.describe(q)}"
+            return text if cond.message is None else f"{text} ({cond.describe(q)})"
+    return None
+
+
+def select(pack: Pack, sel: Selection, target: Target, q: dict[str, int],
+           sm: int | None) -> Outcome:
+    """Walk one selection's candidates in the engine's order."""
+    first_fast_why = None
+    gpu_why = None  # a fast kernel this GPU cannot run explains a fallback only if no other
+    for c in sel.candidates:
+        if not _version_ok(pack, c, target.version):
+            continue
+        why = _failed(c, q, sm)
+        if why is None:
+            if c.refuse:
+                return Outcome(REFUSED, None, c.message or c.kernel, c.source, sel.id, sel.gate)
+            if c.fast:
+                return Outcome(FAST, c.kernel, "", c.source, sel.id, sel.gate)
+            return Outcome(FALLBACK, c.kernel, first_fast_why or gpu_why or "", c.source, sel.id,
+                           sel.gate)
+        if c.fast and not _gpu_ok(c, sm):
+            gpu_why = gpu_why or why
+        elif c.fast and first_fast_why is None:
+            first_fast_why = why
+    message = sel.otherwise_message
+    first_fast_why = first_fast_why or gpu_why
+    why = f"{message} ({first_fast_why})" if first_fast_why and message else (
+        message or first_fast_why or "")
+    return Outcome(REFUSED if sel.otherwise_verdict == REFUSED else FALLBACK,
+                   sel.otherwise_kernel, why, sel.otherwise_source, sel.id, sel.gate)
+
+
+def judge_uses(target: Target, site_uses: list[Use], value: int,
+               sm: int | None) -> list[Outcome]:
+    pack = target.pack
+    out = []
+    for use in site_uses:
+        if use.component == "tensor":
+            out.append(_gguf_outcome(pack, target, use.tensor, value))  # type: ignore[arg-type]
+            continue
+        q = use.quantities(value)
+        for sel in pack.selections:
+            if (sel.component == use.component and sel.applies(target.quant, target.kv, use.name)
+                    and _version_ok(pack, sel, target.version)):
+                out.append(select(pack, sel, target, q, sm))
+    return out
+
+
+def _gguf_outcome(pack: Pack, target: Target, tu: gguf.TensorUse, value: int) -> Outcome:
+    """One GGUF tensor: the type llama.cpp stores it in against the type its mix asks for."""
+    sel = f"{pack.engine}-{tu.tensor}"
+    row = tu.rows(value)
+    stored = [gguf.stored_type(pack, target.version, target.quant, tu.tensor, r, row)
+              for r in tu.requested]
+    for s in stored:
+        refusal = gguf.imatrix_refusal(pack, tu.tensor, s.type)
+        if refusal:
+            return Outcome(REFUSED, None, refusal[0], refusal[1], sel)
+    bad = next((s for s in stored if s.type is None), None)
+    if bad is not None:
+        return Outcome(REFUSED, None, f"{tu.tensor}: {bad.why}", bad.source, sel)
+    moved = next((s for s in stored if s.type != s.requested), None)
+    if moved is not None:
+        return Outcome(FALLBACK, f"{moved.type} (for {moved.requested})",
+                       f"{tu.tensor}: {moved.why}", moved.source, sel)
+    kinds = "/".join(tu.requested)
+    return Outcome(FAST, kinds, "", stored[0].source, sel)
+
+
+def worst(outcomes: list[Outcome]) -> str:
+    return max((o.verdict for o in outcomes), key=RANK.__getitem__, default=FAST)
+
+
+def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
+    if target.pack.gguf_types:  # llama.cpp: the GGUF tensors whose rows the site sets
+        return [Use("tensor", tu.tensor, lambda v: {}, tu)
+                for tu in gguf.tensor_uses(target.pack, target.quant, site, shape)]
+    tp_rules = target.pack.tp
+    kv_rule = (tp_rules.get("kv_heads") or {}).get("rule", "replicate")
+    vocab_pad = int((tp_rules.get("vocab_padding") or {}).get("multiple", 1))
+    return uses(site, shape, target.tp, target.group, kv_rule, vocab_pad)
+
+
+NO_RULE = "no rule of this engine's pack constrains this dimension"
+
+
+def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> TargetVerdict:
+    """The site's verdict on ``target`` (fast, with no kernel, where no rule speaks)."""
+    sm = SM_OF_PROFILE.get(profile)
+    su = site_uses(site, shape, target)
+    outcomes = judge_uses(target, su, site.value, sm)
+    if not outcomes:
+        return TargetVerdict(target, FAST, None, NO_RULE, None, fix_to=site.value)
+    verdict = worst(outcomes)
+    kernels = [o.kernel for o in outcomes if not o.gate and o.kernel]
+    decisive = next((o for o in outcomes if o.verdict == verdict and not o.gate),
+                    next(o for o in outcomes if o.verdict == verdict))
+    kernel = decisive.kernel if verdict != FAST else "+".join(dict.fromkeys(kernels)) or None
+    tv = TargetVerdict(target, verdict, kernel, decisive.why if verdict != FAST else "",
+                       decisive.source, kernels=kernels)
+    if verdict == FAST:
+        tv.fix_to = site.value
+        return tv
+    fast_at = _smallest_fast(target, su, site.value, sm)
+    tv.fast_at = fast_at
+    if fast_at is None:
+        tv.cannot_pad = _no_padding_helps(site, shape, target, decisive)
+    elif site.inexact:
+        tv.cannot_pad = f"fast at {fast_at}, but {site.inexact}"
+    else:
+        tv.fix_to = fast_at
+    return tv
+
+
+def _smallest_fast(target: Target, su: list[Use], value: int, sm: int | None) -> int | None:
+    """The smallest value above ``value`` whose every use is fast (brute force upward: the
+    conditions are few and cheap, and a search needs no inverse of them)."""
+    for v in range(value + 1, value + SEARCH_SPAN + 1):
+        if worst(judge_uses(target, su, v, sm)) == FAST:
+            return v
+    return None
+
+
+def _no_padding_helps(site: DimSite, shape: ModelShape, target: Target,
+                      decisive: Outcome) -> str:
+    """What would help where no padding of this site does: another TP size that loads, or a
+    re-run of the compressor with uniform widths."""
+    if decisive.selection.endswith("uniform-layers") or "uniform" in decisive.why:
+        return ("the engine reads one width per model: re-run the compressor with the same "
+                "width in every layer")
+    if "importance matrix" in decisive.why:
+        return ("no padding helps: quantize with an importance matrix (llama-quantize "
+                "--imatrix), or choose another quant")
+    if not target.pack.multi_gpu:
+        return "no padding of this dimension makes it fast on this target"
+    good = []
+    for tp in (1, 2, 4, 8, 16):
+        other = Target(target.spec, target.engine, target.version, tp, target.quant,
+                       target.group, target.kv)
+        sm = None
+        outs = judge_uses(other, site_uses(site, shape, other), site.value, sm)
+        if worst([o for o in outs if o.gate or o.selection.endswith("heads")]) == FAST:
+            good.append(tp)
+    if good and target.tp not in good:
+        return f"no padding helps; it loads at tp={'/'.join(map(str, good))}"
+    return "no padding of this dimension makes it fast on this target"
+
+
+@dataclass
+class SiteVerdicts:
+    """Every site's verdicts on every target, and the joint search the repair pads by."""
+
+    targets: tuple[Target, ...]
+    profile: str
+    shape: ModelShape
+    by_site: dict[str, list[TargetVerdict]] = field(default_factory=dict)
+    _memo: dict[tuple, int | None] = field(default_factory=dict, repr=False)
+
+    def of(self, site: DimSite) -> list[TargetVerdict]:
+        return self.by_site.get(site.name, [])
+
+    def smallest_fast(self, site: DimSite, start: int) -> int | None:
+        """The smallest size >= ``start`` that is fast on every target (None: none in reach;
+        ``start`` itself when nothing speaks about the site)."""
+        verdicts = self.of(site)
+        if all(v.why == NO_RULE for v in verdicts):
+            return start
+        if any(v.verdict != FAST and v.fast_at is None for v in verdicts):
+            return None  # one target has no fast size in reach: no size is fast on all
+        if start == site.value:  # each target's own smallest fast size bounds the joint one
+            start = max([start, *(v.fast_at for v in verdicts if v.fast_at is not None)])
+        key = (_context(site, self.shape, self.targets), start)
+        if key not in self._memo:
+            self._memo[key] = self._search(site, start)
+        return self._memo[key]
+
+    def _search(self, site: DimSite, start: int) -> int | None:
+        sm = SM_OF_PROFILE.get(self.profile)
+        per = [(t, site_uses(site, self.shape, t)) for t in self.targets]
+        for v in range(start, start + SEARCH_SPAN + 1):
+            if all(worst(judge_uses(t, su, v, sm)) == FAST for t, su in per):
+                return v
+        return None
+
+    def summary(self) -> dict[str, dict]:
+        """``summary.targets``: each spec's model-level verdict with counts."""
+        return {t.spec: model_verdict([v for vs in self.by_site.values() for v in vs
+                                       if v.target is t]) for t in self.targets}
+
+
+def _context(site: DimSite, shape: ModelShape, targets: tuple[Target, ...]) -> tuple:
+    """What a site's verdicts depend on: sites of equal context (the same width in every
+    layer of a uniform model) are judged once. llama.cpp's type mix depends on the layer
+    index itself, so with a GGUF target the layer is part of the context."""
+    lay = shape.layer(site.layer)
+    kv = site.attrs.get("kv_heads")
+    by_layer = (site.role in gguf.PER_LAYER_ROLES
+                and any(t.pack.gguf_types for t in targets))
+    return (site.role, site.value, site.inexact, kv if isinstance(kv, int) else None,
+            lay.heads, lay.kv_heads, lay.head_dim, lay.intermediate,
+            site.layer if by_layer else None)
+
+
+def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
+              dtype: str = "bfloat16") -> SiteVerdicts:
+    shape = model_shape(sites, dtype)
+    out = SiteVerdicts(targets, profile, shape)
+    seen: dict[tuple, TargetVerdict] = {}
+    for site in sites:
+        verdicts = []
+        for t in targets:  # each target's verdict depends on the layer only for llama.cpp
+            key = (t.spec, _context(site, shape, (t,)))
+            if key not in seen:
+                seen[key] = judge(site, shape, t, profile)
+            verdicts.append(seen[key])
+        out.by_site[site.name] = verdicts
+    return out
+
+
+def model_verdict(verdicts: list[TargetVerdict]) -> dict:
+    """The worst of a target's site verdicts, with counts."""
+    counts = {FAST: 0, FALLBACK: 0, REFUSED: 0}
+    for v in verdicts:
+        counts[v.verdict] += 1
+    verdict = max((v.verdict for v in verdicts), key=RANK.__getitem__, default=FAST)
+    return {"verdict": verdict, **counts}

@@ -1,0 +1,411 @@
+"""Deployment-target rules at and around their boundaries (docs/targets.md).
+
+Table-driven: each row is one rule of a shipped pack, or a case from the engines' own issues
+(vllm-project/vllm#7075, #9913, #13640, #16021; llm-compressor#54, #1489), judged the way a
+check judges it: a site of the given role and width in a model of the given shape, on a
+target, on a GPU profile. The expected verdicts were derived from the engines' sources as cited
+in the packs, not from gac-check's output.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gac_check.errors import BadInput
+from gac_check.formats.architectures import HEADS_NOT_PADDED
+from gac_check.sites import DimSite, Role
+from gac_check.targets.packs import PackError, packs, parse_pack
+from gac_check.targets.shards import LayerShape, ModelShape, kv_heads_per_rank, split
+from gac_check.targets.spec import parse_target
+from gac_check.targets.verdicts import judge, judge_all
+
+LAYER = dict(heads=32, kv_heads=8, head_dim=128, intermediate=14336)
+
+
+def verdict(role: str, value: int, target: str, gpu: str = "h100", dtype: str = "bfloat16",
+            hidden: int = 4096, vocab: int = 32000, **layer):
+    """Judge one site of ``role`` with ``value`` in a Llama-shaped model on ``target``."""
+    lay = LayerShape(**{**LAYER, **layer})
+    role_ = Role(role)
+    if role_ is Role.INTERMEDIATE:
+        lay.intermediate = value
+    elif role_ is Role.HEAD_DIM:
+        lay.head_dim = value
+    elif role_ is Role.HEADS:
+        lay.heads = value
+    shape = ModelShape(hidden, vocab, {0: lay}, act_fp16=dtype == "float16")
+    attrs = {"kv_heads": lay.kv_heads} if role_ is Role.HEADS else {}
+    inexact = {Role.HEAD_DIM: "exactness is not what this test is about",
+               Role.HEADS: HEADS_NOT_PADDED}.get(role_)
+    site = DimSite(f"model.layers.0:{role}", role_, value, [], layer=0 if role_ not in
+                   (Role.HIDDEN, Role.VOCAB) else None, inexact=inexact, attrs=attrs)
+    return judge(site, shape, parse_target(target), gpu)
+
+
+# --------------------------------------------------------------------------- vLLM attention
+@pytest.mark.parametrize("target, head_dim, gpu, expected, kernel", [
+    # v0.14.0+: FLASH_ATTN takes head_dim % 8 == 0 and <= 256, then FLASHINFER, TRITON, FLEX
+    ("vllm", 128, "h100", "fast", "FLASH_ATTN"),
+    ("vllm", 112, "h100", "fast", "FLASH_ATTN"),
+    ("vllm", 104, "a100", "fast", "FLASH_ATTN"),
+    ("vllm", 256, "h100", "fast", "FLASH_ATTN"),
+    ("vllm", 107, "h100", "fallback", "TRITON_ATTN"),  # engine-cases attn-107-sm90
+    ("vllm", 257, "h100", "fallback", "TRITON_ATTN"),
+    ("vllm", 512, "h100", "fast", "FLASHINFER"),  # FlashInfer's list from v0.25.0
+    ("vllm@v0.20.0", 512, "h100", "fallback", "TRITON_ATTN"),
+    ("vllm", 32, "h100", "fast", "FLASH_ATTN"),
+    ("vllm", 20, "h100", "fallback", "FLEX_ATTENTION"),  # attn-20: < 32 and not % 8
+    ("vllm", 31, "h100", "fallback", "FLEX_ATTENTION"),
+    # v0.11.0: the FlashAttention list, else FlexAttention
+    ("vllm@v0.11.0", 128, "a100", "fast", "FLASH_ATTN"),
+    ("vllm@v0.11.0", 80, "a100", "fallback", "FLEX_ATTENTION"),  # attn-80-v0.11
+    ("vllm@v0.11.0", 107, "h100", "fallback", "FLEX_ATTENTION"),
+    # v0.8.5 (V1 default): outside the list FlashAttentionImpl raises
+    ("vllm@v0.8.5", 96, "a100", "fast", "FLASH_ATTN"),
+    ("vllm@v0.8.5", 107, "h100", "refused", None),
+    # v0.6.3.post1 (V0): FLASH_ATTN list, else XFORMERS' PagedAttention list, else refused
+    ("vllm@v0.6.3.post1", 128, "a100", "fast", "FLASH_ATTN"),
+    ("vllm@v0.6.3.post1", 80, "a100", "fallback", "XFORMERS"),
+    ("vllm@v0.6.3.post1", 120, "a100", "fallback", "XFORMERS"),
+    ("vllm@v0.6.3.post1", 107, "a100", "refused", None),
+])
+def test_vllm_attention_backend(target, head_dim, gpu, expected, kernel):
+    v = verdict("head_dim", head_dim, target, gpu)
+    assert (v.verdict, v.kernel if expected != "fast" else v.kernels[0]) == (expected, kernel)
+
+
+@pytest.mark.parametrize("target, head_dim, fast_at", [
+    ("vllm", 107, 112), ("vllm@v0.11.0", 107, 128), ("vllm@v0.8.5", 107, 128),
+    ("vllm@v0.6.3.post1", 107, 128), ("vllm", 257, 512),
+])
+def test_vllm_attention_smallest_fast_head_dim(target, head_dim, fast_at):
+    v = verdict("head_dim", head_dim, target)
+    assert v.fast_at == fast_at
+    assert v.fix_to is None and "exactness" in v.cannot_pad  # head_dim: not exactly paddable
+
+
+# ------------------------------------------------------------------------ vLLM TP and heads
+@pytest.mark.parametrize("heads, kv, tp, expected", [
+    (32, 8, 1, "fast"), (32, 8, 8, "fast"), (32, 8, 16, "fast"),  # 16 % 8: KV replicated
+    (32, 2, 8, "fast"),  # tp-kv-rep: one KV head per rank, four replicas
+    (30, 30, 4, "refused"),  # tp-heads: 30 % 4
+    (40, 10, 4, "refused"),  # vllm#16021, Phi-4: 10 % 4 and 4 % 10
+    (48, 6, 4, "refused"),  # tp-kv-bad
+    (48, 6, 6, "fast"), (48, 6, 12, "fast"), (48, 6, 3, "fast"),
+    (32, 6, 1, "refused"),  # 32 % 6: GQA groups
+])
+def test_vllm_heads_divide_by_tp_and_kv_heads_replicate(heads, kv, tp, expected):
+    v = verdict("heads", heads, f"vllm,tp={tp}", kv_heads=kv)
+    assert v.verdict == expected
+    if expected == "refused":
+        assert v.fix_to is None and v.cannot_pad
+
+
+def test_phi4_at_tp4_says_which_tp_sizes_load():
+    v = verdict("heads", 40, "vllm,tp=4", kv_heads=10)
+    assert "tp=1/2" in v.cannot_pad and "loads at" in v.cannot_pad
+
+
+@pytest.mark.parametrize("kv, tp, per_rank", [(8, 4, 2), (8, 8, 1), (2, 8, 1), (8, 16, 1),
+                                              (6, 4, None), (3, 8, None), (1, 4, 1)])
+def test_kv_heads_per_rank_replicates_below_tp(kv, tp, per_rank):
+    assert kv_heads_per_rank(kv, tp) == per_rank
+
+
+@pytest.mark.parametrize("n, tp, part", [(11008, 4, 2752), (11000, 3, None), (7, 1, 7)])
+def test_split(n, tp, part):
+    assert split(n, tp) == part
+
+
+@pytest.mark.parametrize("intermediate, tp, expected", [
+    (11008, 4, "fast"), (11000, 3, "refused"), (11001, 3, "fast"), (11001, 2, "refused"),
+])
+def test_vllm_mlp_width_must_divide_by_tp(intermediate, tp, expected):
+    assert verdict("intermediate", intermediate, f"vllm,tp={tp}").verdict == expected
+
+
+@pytest.mark.parametrize("vocab, tp, expected", [
+    (32000, 2, "fast"), (32001, 2, "fast"), (32001, 3, "fast"),  # padded to 32064
+    (32000, 3, "refused"),  # 32000 padded to 32000: % 3
+])
+def test_vllm_vocab_is_padded_to_64_then_divided(vocab, tp, expected):
+    assert verdict("vocab", vocab, f"vllm,tp={tp}", vocab=vocab).verdict == expected
+
+
+# --------------------------------------------------------------------- vLLM quantized linears
+@pytest.mark.parametrize("target, gpu, dtype, width, expected, kernel", [
+    # vllm#9913: DeepSeek-Coder-V2-Lite AWQ, down_proj in 10944 (% 128 = 64), v0.6.3.post1
+    ("vllm@v0.6.3.post1,quant=awq", "a100", "float16", 10944, "refused", None),
+    # from v0.8.5 a misaligned layer falls back to the AWQ GEMM kernel
+    ("vllm@v0.8.5,quant=awq", "a100", "float16", 10944, "refused", None),  # 10944 % 128 group
+    ("vllm@v0.8.5,quant=awq,group=64", "a100", "float16", 10944, "fallback", "awq"),
+    # vllm#13640: Qwen2.5-VL-72B AWQ, 29568 at tp=2 -> 14784 % 128 = 64: v0.6.3 refused
+    ("vllm@v0.6.3.post1,tp=2,quant=awq", "a100", "float16", 29568, "refused", None),
+    ("vllm@v0.6.3.post1,tp=1,quant=awq", "a100", "float16", 29568, "fast", "awq_marlin"),
+    # llm-compressor#57: W8A16-style Marlin, 29568 at tp=4 -> 7392 % 128 = 96 (group -1)
+    ("vllm@v0.20.0,tp=4,quant=gptq,group=-1", "a100", "bfloat16", 29568, "refused", None),
+    ("vllm,tp=4,quant=gptq,group=-1", "a100", "bfloat16", 29568, "fallback",
+     "marlin (tile-padded)"),
+    # gptq-8806: group 128 does not tile 8806 -> refused at every version read
+    ("vllm,quant=gptq", "h100", "bfloat16", 8806, "refused", None),
+    ("vllm@v0.20.0,quant=gptq", "h100", "bfloat16", 8806, "refused", None),
+    # aligned widths: Machete on sm90, Marlin on sm80
+    ("vllm,tp=8,quant=gptq", "h100", "bfloat16", 28672, "fast", "machete"),
+    ("vllm,tp=8,quant=gptq", "a100", "bfloat16", 28672, "fast", "marlin"),
+    ("vllm,tp=8,quant=awq", "a100", "bfloat16", 28672, "fast", "awq_marlin"),
+    # FP8: CUTLASS on sm89+ (pads K, N to 16 from v0.25.0), weight-only Marlin below
+    ("vllm,quant=fp8", "h100", "bfloat16", 8806, "fast", "cutlass_scaled_mm"),
+    ("vllm@v0.20.0,quant=fp8", "h100", "bfloat16", 8806, "fallback", "triton_scaled_mm"),
+    ("vllm@v0.20.0,quant=fp8", "h100", "bfloat16", 8816, "fast", "cutlass_scaled_mm"),
+    ("vllm,quant=fp8", "a100", "bfloat16", 8192, "fallback", "fp8_marlin (weight-only)"),
+    # INT8 W8A8: CUTLASS needs K, N % 16, else Triton
+    ("vllm,quant=int8", "a100", "bfloat16", 8806, "fallback", "triton_scaled_mm"),
+    ("vllm,quant=int8", "a100", "bfloat16", 8816, "fast", "cutlass_scaled_mm"),
+])
+def test_vllm_quantized_mlp_kernels(target, gpu, dtype, width, expected, kernel):
+    v = verdict("intermediate", width, target, gpu, dtype)
+    assert v.verdict == expected, v.why
+    if kernel is not None:
+        assert (v.kernels if expected == "fast" else [v.kernel])[-1] == kernel
+
+
+def test_llm_compressor_1489_bf16_gptq_with_marlin_misaligned_input_is_refused():
+    """in = 8256 (% 128 = 64), group 64, bf16, H100, v0.8.5: Machete takes only groups -1/128
+    there, Marlin needs in % 128, ExLlama fp16 activations: no kernel."""
+    v = verdict("hidden", 8256, "vllm@v0.8.5,quant=gptq,group=64", "h100", "bfloat16",
+                hidden=8256)
+    assert v.verdict == "refused" and "Failed to find a kernel" in v.why
+    fp16 = verdict("hidden", 8256, "vllm@v0.8.5,quant=gptq,group=64", "h100", "float16",
+                   hidden=8256)
+    assert (fp16.verdict, fp16.kernel) == ("fallback", "exllama")
+
+
+def test_vllm_7075_marlin_width_fine_at_tp1_fails_at_tp4():
+    """A width that is fine on one GPU fails at TP=4 (the issue's point): 11264 / 4 = 2816,
+    % 128 = 0, but 11008 / 4 = 2752, % 128 = 64."""
+    assert verdict("intermediate", 11008, "vllm@v0.20.0,tp=1,quant=gptq", "a100").verdict == "fast"
+    at4 = verdict("intermediate", 11008, "vllm@v0.20.0,tp=4,quant=gptq", "a100")
+    assert at4.verdict == "refused" and at4.fix_to == 11264
+
+
+@pytest.mark.parametrize("target, gpu, width, fix", [
+    ("vllm,tp=4,quant=awq", "h100", 11000, 11264),  # shard_in % 128 (group, Marlin k)
+    ("vllm,tp=2,quant=gptq", "h100", 8806, 8960),  # 4480 % 128 = 0; 2 x 8960 / 2 % 128 = 0
+    ("vllm,quant=gptq", "h100", 8806, 8832),  # engine-cases gptq-8806: 8832
+    ("vllm,tp=3", "h100", 11000, 11001),  # TP divisibility only
+    ("vllm@v0.20.0,quant=fp8", "h100", 8806, 8816),
+])
+def test_fix_to_is_the_smallest_fast_width(target, gpu, width, fix):
+    v = verdict("intermediate", width, target, gpu)
+    assert v.fix_to == fix
+    for smaller in range(width, fix):
+        assert verdict("intermediate", smaller, target, gpu).verdict != "fast"
+    assert verdict("intermediate", fix, target, gpu).verdict == "fast"
+
+
+def test_lowrank_rank_is_out_of_one_gemm_and_in_of_the_other():
+    """engine-cases lowrank-1843: AWQ packs out in eighths and groups in in 128s: 1920."""
+    v = verdict("rank", 1843, "vllm,quant=awq", "h100")
+    assert v.verdict == "refused" and v.fix_to == 1920
+
+
+def test_per_layer_widths_are_refused_and_say_what_would_help():
+    shape = ModelShape(4096, 32000, {0: LayerShape(32, 8, 128, 11008),
+                                     1: LayerShape(32, 8, 128, 9000)})
+    site = DimSite("model.layers.1.mlp:intermediate", Role.INTERMEDIATE, 9000, [], layer=1)
+    v = judge(site, shape, parse_target("vllm"), "h100")
+    assert v.verdict == "refused" and v.fix_to is None
+    assert "re-run the compressor" in v.cannot_pad
+
+
+def test_model_verdict_is_the_worst_with_counts():
+    sites = [DimSite("a:intermediate", Role.INTERMEDIATE, 11000, [], layer=0),
+             DimSite("b:intermediate", Role.INTERMEDIATE, 11008, [], layer=1)]
+    out = judge_all(sites, (parse_target("vllm,tp=4,quant=awq"),), "h100")
+    summary = out.summary()["vllm,tp=4,quant=awq"]
+    assert summary["verdict"] == "refused" and summary["refused"] == 2  # and uniform-layers
+    same = judge_all(sites[1:], (parse_target("vllm,tp=4"),), "h100").summary()
+    assert same["vllm,tp=4"] == {"verdict": "fast", "fast": 1, "fallback": 0, "refused": 0}
+
+
+# -------------------------------------------------------------------------------- specs
+@pytest.mark.parametrize("spec, fields", [
+    ("vllm", dict(engine="vllm", tp=1, quant="none", group=None)),
+    ("vllm,tp=4,quant=awq", dict(tp=4, quant="awq", group=128)),
+    ("VLLM@v0.8.5,quant=GPTQ,group=64", dict(version="v0.8.5", quant="gptq", group=64)),
+    ("vllm,quant=gptq,group=-1", dict(group=-1)),
+    ("vllm,kv=fp8", dict(kv="fp8")),
+])
+def test_target_spec_parses(spec, fields):
+    t = parse_target(spec)
+    assert t.spec == spec and t.version
+    for key, value in fields.items():
+        assert getattr(t, key) == value
+    assert parse_target("vllm").version == packs()["vllm"].versions[-1]  # newest by default
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("", "ENGINE"), ("nope", "known: "), ("vllm@v0.0.1", "known: v0.6.3.post1"),
+    ("vllm,tp=0", "positive integer"), ("vllm,tp=-2", "positive integer"),
+    ("vllm,tp=2.5", "positive integer"), ("vllm,tp=", "unknown option"),
+    ("vllm,quant=q4", "known: none, awq"), ("vllm,zz=1", "known: tp=, quant="),
+    ("vllm,tp=2,tp=4", "twice"), ("vllm,kv=int3", "known: auto"),
+    ("vllm,group=0", "positive integer"),
+])
+def test_bad_target_spec_is_one_line_listing_what_is_known(spec, says):
+    with pytest.raises(BadInput) as exc:
+        parse_target(spec)
+    assert says in str(exc.value) and "\n" not in str(exc.value)
+
+
+# -------------------------------------------------------------------------------- packs
+def test_every_shipped_rule_has_a_citation_and_a_version_range():
+    for pack in packs().values():
+        assert pack.versions
+        for sel in pack.selections:
+            for c in [*sel.candidates]:
+                assert c.source.repo and c.source.file and c.source.function and c.source.ref
+            assert sel.otherwise_source.ref
+
+
+def test_a_rule_without_a_citation_does_not_load():
+    raw = json.loads(json.dumps({
+        "schema": "gac-check-pack/1", "engine": "x", "versions": ["1"],
+        "selections": [{"id": "s", "component": "attention",
+                        "candidates": [{"kernel": "k", "fast": True, "when": []}],
+                        "otherwise": {"verdict": "refused", "source": {
+                            "repo": "r", "file": "f", "function": "g", "ref": "1"}}}]}))
+    with pytest.raises(PackError, match="source"):
+        parse_pack(raw)
+    raw["selections"][0]["candidates"][0]["source"] = {"repo": "r", "file": "f",
+                                                       "function": "g", "ref": "1"}
+    assert parse_pack(raw).selections[0].candidates[0].kernel == "k"
+    del raw["selections"][0]["candidates"][0]["source"]["ref"]  # a source without a release
+    with pytest.raises(PackError, match="source"):
+        parse_pack(raw)
+    raw["selections"][0]["candidates"][0]["source"]["ref"] = "1"
+    raw["selections"][0]["candidates"][0]["when"] = [{"quantity": "nope", "max": 1}]
+    with pytest.raises(PackError, match="unknown quantity"):
+        parse_pack(raw)
+    raw["selections"][0]["candidates"][0]["when"] = []
+    raw["selections"][0]["candidates"][0]["versions"] = {"from": "2"}
+    with pytest.raises(PackError, match="not in the pack's versions"):
+        parse_pack(raw)
+
+
+# ---------------------------------------------------------------------------- llama.cpp
+@pytest.mark.parametrize("target, role, value, expected, kernel, fix", [
+    # ffn_down's row is the MLP width; Q4_K_M asks Q6_K for "more bits" layers (layer 0 of 8)
+    ("llama.cpp,quant=Q4_K_M", "intermediate", 10944, "fallback", "Q8_0 (for Q6_K)", 11008),
+    ("llama.cpp,quant=Q4_K_M", "intermediate", 11264, "fast", None, 11264),
+    ("llama.cpp,quant=Q4_K_M", "intermediate", 8806, "fallback", "F16 (for Q6_K)", 8960),
+    ("llama.cpp,quant=Q6_K", "intermediate", 8832, "fallback", "Q8_0 (for Q6_K)", 8960),
+    ("llama.cpp,quant=Q8_0", "intermediate", 8832, "fast", None, 8832),
+    ("llama.cpp,quant=Q8_0", "intermediate", 8806, "fallback", "F16 (for Q8_0)", 8832),
+    ("llama.cpp@b4747,quant=Q8_0", "intermediate", 8806, "refused", None, 8832),
+    ("llama.cpp,quant=Q3_K_S", "intermediate", 704, "fallback", "Q4_0 (for Q3_K)", 768),
+    ("llama.cpp@b4747,quant=Q3_K_S", "intermediate", 704, "fallback", "IQ4_NL (for Q3_K)", 768),
+    ("llama.cpp,quant=IQ4_XS", "intermediate", 704, "fallback", "Q5_1 (for Q5_K)", 768),
+    ("llama.cpp,quant=IQ4_XS", "hidden", 704, "fallback", None, 768),  # IQ4_XS -> IQ4_NL
+    ("llama.cpp,quant=Q5_K_S", "intermediate", 1856, "fallback", "Q5_1 (for Q5_K)", 2048),
+    ("llama.cpp", "intermediate", 8806, "fast", None, 8806),  # F16: nothing to fall back from
+    # the low-rank rank is the second factor's row
+    ("llama.cpp,quant=Q4_K_S", "rank", 1843, "fallback", "F16 (for Q4_K)", 2048),
+    # attn_output's row is heads x head_dim: 32 x 100 = 3200 = 12.5 x 256
+    ("llama.cpp,quant=Q4_K_S", "head_dim", 100, "fallback", "Q5_0 (for Q4_K)", 104),
+    # hidden: every q/k/v/gate/up row, token_embd and the output head (Q6_K, Q8_0 unaligned)
+    ("llama.cpp,quant=Q4_K_M", "hidden", 4000, "fallback", None, 4096),
+    ("llama.cpp,quant=IQ2_XS", "hidden", 4096, "refused", None, None),  # no imatrix
+    # every low-bit tensor fell back, so no imatrix is needed; aligned, it would be refused
+    ("llama.cpp,quant=IQ2_XS", "hidden", 4000, "fallback", None, None),
+])
+def test_llamacpp_gguf_types(target, role, value, expected, kernel, fix):
+    layers = {i: LayerShape(**LAYER) for i in range(8)}
+    shape = ModelShape(4096 if role != "hidden" else value, 32000, layers)
+    inexact = "exactness is not what this test is about" if role in ("head_dim", "hidden") \
+        else None
+    site = DimSite(f"model.layers.0:{role}", Role(role), value, [],
+                   layer=None if role == "hidden" else 0, inexact=inexact)
+    if role == "intermediate":
+        layers[0].intermediate = value
+    v = judge(site, shape, parse_target(target), "cpu")
+    assert v.verdict == expected, v.why
+    if kernel:
+        assert v.kernel == kernel
+    if inexact is None:
+        assert v.fix_to == fix
+    else:
+        assert v.fast_at == fix and v.fix_to is None
+
+
+def test_llamacpp_has_no_tensor_parallelism():
+    with pytest.raises(BadInput, match="no tensor parallelism"):
+        parse_target("llama.cpp,tp=2,quant=Q4_K_M")
+    assert parse_target("llamacpp,quant=q4_k_m").quant == "Q4_K_M"  # alias, any case
+
+
+@pytest.mark.parametrize("role, value, target, gpu, expected", [
+    # release boundaries read from consecutive wheels
+    ("head_dim", 80, "vllm@v0.11.0", "a100", "fallback"),  # FA's list
+    ("head_dim", 80, "vllm@v0.12.0", "a100", "fast"),  # FA's % 8 and <= 256
+    ("head_dim", 512, "vllm@v0.21.0", "h100", "fallback"),  # FlashInfer 64/128/256
+    ("head_dim", 512, "vllm@v0.22.0", "h100", "fast"),  # FlashInfer adds 512
+    ("intermediate", 8806, "vllm@v0.20.0,quant=fp8", "h100", "fallback"),  # triton_scaled_mm
+    ("intermediate", 8806, "vllm@v0.21.0,quant=fp8", "h100", "fast"),  # CUTLASS pads to 16
+    ("intermediate", 29568, "vllm@v0.22.0,tp=4,quant=gptq,group=-1", "a100", "refused"),
+    ("intermediate", 29568, "vllm@v0.23.0,tp=4,quant=gptq,group=-1", "a100", "fallback"),
+    ("intermediate", 29568, "vllm@v0.24.0,tp=4,quant=gptq,group=-1", "a100", "fallback"),
+])
+def test_vllm_release_boundaries(role, value, target, gpu, expected):
+    assert verdict(role, value, target, gpu).verdict == expected
+
+
+def test_fallback_why_names_a_kernel_this_gpu_could_run():
+    """On an A100 Machete (sm90 only) never runs, so a Marlin miss is the reason given."""
+    v = verdict("intermediate", 29568, "vllm,tp=4,quant=gptq,group=-1", "a100")
+    assert v.verdict == "fallback" and "sm" not in v.why and "shard_" in v.why
+
+
+# ------------------------------------------------------ SGLang, TensorRT-LLM, transformers
+@pytest.mark.parametrize("target, role, value, gpu, expected, kernel", [
+    # SGLang: fa3 on Hopper takes head_dim % 8 and <= 256; no automatic fallback
+    ("sglang", "head_dim", 128, "h100", "fast", "fa3"),
+    ("sglang", "head_dim", 112, "h100", "fast", "fa3"),
+    ("sglang", "head_dim", 107, "h100", "refused", None),
+    ("sglang", "head_dim", 128, "a100", "fast", "flashinfer"),
+    ("sglang", "head_dim", 96, "a100", "refused", None),  # FlashInfer's list: 64/128/256
+    ("sglang,tp=3", "heads", 32, "h100", "refused", None),
+    ("sglang,tp=8", "heads", 32, "h100", "fast", None),
+    # 11008 / 4 = 2752: not a multiple of Marlin's 128, nor of the 128 group (refused); with
+    # group 64 the unoptimized AWQ GEMM kernel takes it
+    ("sglang,tp=4,quant=awq", "intermediate", 11008, "h100", "refused", None),
+    ("sglang,tp=4,quant=awq,group=64", "intermediate", 11008, "h100", "fallback",
+     "AWQ GEMM (unoptimized)"),
+    ("sglang,tp=4,quant=awq", "intermediate", 11264, "h100", "fast", "awq_marlin"),
+    # TensorRT-LLM: precompiled XQA for 64/128/256, MMHA for its list, else refused
+    ("tensorrt-llm", "head_dim", 128, "h100", "fast", "XQA (precompiled) + fused context FMHA"),
+    ("tensorrt-llm", "head_dim", 80, "h100", "fallback", "MMHA + fused context FMHA"),
+    ("tensorrt-llm", "head_dim", 107, "h100", "refused", None),
+    ("tensorrt-llm,tp=3", "heads", 32, "h100", "refused", None),
+    ("tensorrt-llm,quant=int4_awq", "intermediate", 11008, "h100", "fast",
+     "CUTLASS fpA_intB (int4)"),
+    ("tensorrt-llm,tp=4,quant=int4_awq", "intermediate", 11000, "h100", "refused", None),
+    # transformers: SDPA's flash backend to 256, then mem-efficient (% 8), then math
+    ("transformers", "head_dim", 128, "a100", "fast", "SDPA flash"),
+    ("transformers", "head_dim", 264, "a100", "fast", "SDPA mem-efficient"),
+    ("transformers", "head_dim", 260, "a100", "fallback", "SDPA math"),
+])
+def test_other_engines(target, role, value, gpu, expected, kernel):
+    v = verdict(role, value, target, gpu)
+    assert v.verdict == expected, v.why
+    if kernel is not None:
+        assert (v.kernels[0] if expected == "fast" else v.kernel) == kernel
+
+
+def test_transformers_refuses_per_layer_widths():
+    shape = ModelShape(4096, 32000, {0: LayerShape(32, 8, 128, 11008),
+                                     1: LayerShape(32, 8, 128, 9000)})
+    site = DimSite("model.layers.1.mlp:intermediate", Role.INTERMEDIATE, 9000, [], layer=1)
+    v = judge(site, shape, parse_target("transformers"), "a100")
+    assert v.verdict == "refused" and "re-run the compressor" in v.cannot_pad
