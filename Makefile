@@ -45,7 +45,7 @@ llamacpp-wheel: $(STAMP)
 	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
 	  CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DLLAVA_BUILD=OFF" \
 	  $(PY) -m pip wheel --no-deps "$(LLAMA_CPP_PYTHON)" -w $(WHEELS)
-	$(PY) -m pip install --quiet $(WHEELS)/llama_cpp_python-*.whl gguf
+	$(PY) -m pip install --quiet --find-links $(WHEELS) -e ".[oracle]"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
