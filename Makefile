@@ -34,6 +34,7 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n 2 -m "slow" tests suites --gpu cpu
+	GAC_FUZZ=1 $(PY) -m pytest -p no:cacheprovider -n 2 tests/test_fuzz.py
 
 # The llama.cpp oracle (tests/test_targets_llamacpp_oracle.py, slow tier) runs llama.cpp's own
 # quantizer through llama-cpp-python, which builds llama.cpp from source (~7 minutes on 2
