@@ -17,7 +17,7 @@ def render_realign(report: RealignReport) -> str:
         f"realigned {len(p.choices)} low-rank matrices to multiples of {report.align} "
         f"-> {report.out}",
         f"  ranks: {changed} changed to another aligned rank, {same} unchanged, {dense} "
-        "replaced by their dense product (fewer parameters than any aligned rank's factors)",
+        "now stored as dense matrices (the knapsack's best use of the budget for them)",
         f"  parameters in low-rank matrices: {report.old_params:,} -> {p.total_params:,} "
         f"(budget {p.budget:,})",
         f"  weight-space error (sum of discarded s^2): {report.old_error:.6g} -> "
