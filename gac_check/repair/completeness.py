@@ -5,14 +5,15 @@ The plan is built from the sites a format adapter describes; an adapter that mis
 that pads some axes of a dimension and not others, and a checkpoint its loader rejects. This
 check does not trust the adapter: for each padded site it looks at the tensors around it, from
 their shapes alone, and any axis that still holds the old size without being padded refuses
-the whole repair, naming the tensor, before anything is written.
+the whole repair, naming the tensor, before anything is written. An axis some site names is
+known to carry that site's dimension and is not suspect.
 
 "Around it" is the scope a dimension can live in. A residual-stream width (``hidden``) runs
 through whole layers and the embeddings and head, so its scope is every layer one of its
 tensors is in, plus the tensors outside the layer list. Any other dimension stays inside its
 module (an MLP, a factorised linear, a PaLU projection). An unrelated axis that happens to
-share the old size inside that scope also refuses the repair: a false refusal costs a user a
-message, a false completion a model that does not load.
+share the old size inside that scope, and that no site names, also refuses the repair: a false
+refusal costs a user a message, a false completion a model that does not load.
 """
 from __future__ import annotations
 
@@ -43,14 +44,17 @@ def _scope(rep: SiteRepair, names: list[str]) -> list[str]:
 def unpadded_axes(repair_plan: RepairPlan,
                   shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, int, str]]:
     """(tensor, axis, site name) of every axis in a padded site's scope that holds the site's
-    old size and that no repair in the plan pads."""
+    old size, that no repair in the plan pads and that no site names (an axis a site names
+    carries that site's dimension, which may have the same size by coincidence: a PaLU
+    group's latent of 8 beside its 8 output rows)."""
     names = sorted(shapes)
     padded = {(t, a) for t, edit in repair_plan.edits.items() for a in edit.axes}
+    known = padded | repair_plan.claimed  # an axis a site names carries its own dimension
     missing = []
     for rep in repair_plan.repairs:
         for name in _scope(rep, names):
             for axis, n in enumerate(shapes[name]):
-                if n == rep.site.value and (name, axis) not in padded:
+                if n == rep.site.value and (name, axis) not in known:
                     missing.append((name, axis, rep.site.name))
     return missing
 

@@ -185,6 +185,9 @@ class RepairPlan:
     params: int
     edits: dict[str, TensorEdit] = field(default_factory=dict)
     config_edits: list[ConfigEdit] = field(default_factory=list)
+    #: every (tensor, axis) some site says carries a dimension, padded or not: an axis no site
+    #: names is what :mod:`gac_check.repair.completeness` looks for
+    claimed: frozenset[tuple[str, int]] = frozenset()
 
     @property
     def padding_params(self) -> int:
@@ -228,8 +231,9 @@ def plan(sites: Iterable[DimSite], contract: Contract, strategy: str = "minimal"
                     if r.site.name in conflicts]
         repairs = [r for r in repairs if r.site.name not in conflicts]
     params = sum(math.prod(s) for s in shapes.values())
+    claimed = frozenset((ax.tensor, ax.axis) for s in sites for ax in s.axes)
     return RepairPlan(strategy, contract.profile, contract.dtype, repairs, refused, params,
-                      _tensor_edits(repairs, shapes), config_edits)
+                      _tensor_edits(repairs, shapes), config_edits, claimed)
 
 
 def _refusal(site: DimSite, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
