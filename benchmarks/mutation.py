@@ -36,6 +36,9 @@ TARGETS = {
     "baselines": (["gac_check/bench/baselines.py"],
                   ["tests/test_baselines.py", "tests/test_baseline_files.py",
                    "tests/test_verdicts.py", "tests/test_perf_gate.py"]),
+    "dtype_choice": (["gac_check/contract/dtype_choice.py"], ["tests/test_dtype_edges.py"]),
+    "safetensors_header": (["gac_check/checkpoint/safetensors_header.py"],
+                           ["tests/test_safetensors_edges.py"]),
 }
 
 
