@@ -75,6 +75,9 @@ COUNTS = [
       "w": ((16, 16), F16)}, "float16"),
     # and the other way round
     ({"a": ((2,), F16), "b": ((2,), F16), "c": ((2,), F16), "w": ((8, 8), F32)}, "float32"),
+    # a dtype's elements are summed over its tensors: three fp32 vectors of 10 outweigh one
+    # fp16 vector of 16, though each is smaller
+    ({"a": ((10,), F32), "b": ((10,), F32), "c": ((10,), F32), "w": ((16,), F16)}, "float32"),
     # one element more decides
     ({"a": ((33,), BF16), "b": ((32,), F16)}, "bfloat16"),
     ({"a": ((32,), BF16), "b": ((33,), F16)}, "float16"),
@@ -119,3 +122,40 @@ def test_requested_dtype_wins_and_says_what_it_overrode(tmp_path):
                            "against --dtype float32")
     agreeing = model(tmp_path / "n", {"w": ((8, 8), F16)}, {"torch_dtype": "float16"})
     assert choose_dtype(agreeing, "float32").note is None
+
+
+def test_the_mixed_note_lists_two_minority_tensors_without_an_ellipsis(tmp_path):
+    ckpt = model(tmp_path / "m", {"a": ((2,), F32), "b": ((2,), F32), "w": ((8, 8), F16)})
+    assert mixed_weights(ckpt) == (
+        "the weights mix dtypes: float16 in 1 tensors (most elements), float32 in 2 (a, b); "
+        "every site is judged in one dtype")
+
+
+def test_mixed_weights_are_noted_whichever_source_decides(tmp_path):
+    """config.json agreeing with the majority, or no config dtype at all: the mix is still
+    said, with the dtype used and why."""
+    tensors = {"a": ((2,), F32), "w": ((8, 8), F16)}
+    mix = "the weights mix dtypes: float16 in 1 tensors (most elements), float32 in 1 (a)"
+    agreed = choose_dtype(model(tmp_path / "m", tensors, {"torch_dtype": "float16"}))
+    assert (agreed.dtype, agreed.source) == ("float16", "config.json")
+    assert agreed.note.startswith(mix) and agreed.note.endswith(": float16, config.json's")
+    weights = choose_dtype(model(tmp_path / "n", tensors))
+    assert (weights.dtype, weights.source) == ("float16", "weights")
+    assert weights.note.startswith(mix) and weights.note.endswith(
+        ": float16, the dtype of most weight elements (pass --dtype to judge in the dtype it "
+        "is served in)")
+    requested = choose_dtype(model(tmp_path / "o", tensors), "bfloat16")
+    assert requested.note.startswith(mix) and requested.note.endswith(
+        "; checked against --dtype bfloat16")
+
+
+def test_a_config_dtype_gac_check_does_not_know_counts_as_four_bytes(tmp_path):
+    """An unknown name ("half", "fp8") is taken as 4 bytes wide: the 2-byte weights are
+    stricter and win."""
+    choice = choose_dtype(model(tmp_path / "m", {"w": ((8, 8), F16)}, {"torch_dtype": "half"}))
+    assert (choice.dtype, choice.source) == ("float16", "stricter of config.json and weights")
+    assert "config.json says half, the weights are float16" in choice.note
+    wide = choose_dtype(model(tmp_path / "n", {"w": ((8, 8), torch.float64)},
+                              {"torch_dtype": "half"}))
+    assert wide.dtype == "half"  # 4 bytes, narrower than float64's 8
+    assert "checked against half, the stricter of the two (4 bytes per element" in wide.note
