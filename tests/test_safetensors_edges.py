@@ -23,10 +23,12 @@ def entry(dtype: str, shape: list, begin: int, end: int) -> dict:
     return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
 
 
-def raw(header: dict | str, data: bytes = b"", length: int | None = None,
+def raw(header: dict | str | bytes, data: bytes = b"", length: int | None = None,
         pad: bool = True) -> bytes:
-    text = header if isinstance(header, str) else json.dumps(header)
-    blob = text.encode()
+    if isinstance(header, bytes):
+        blob = header
+    else:
+        blob = (header if isinstance(header, str) else json.dumps(header)).encode()
     if pad:
         blob += b" " * (-len(blob) % 8)
     return struct.pack("<Q", len(blob) if length is None else length) + blob + data
@@ -114,6 +116,31 @@ CASES = [
     ("an offset of 2**64", raw({"t": entry("U8", [0], U64, U64)}), False,
      "non-negative integers"),
     ("a negative offset", raw({"t": entry("U8", [0], -1, 0)}), False, "non-negative"),
+    ("an offset of -0 (serde reads a float)",
+     raw('{"t": {"dtype": "U8", "shape": [0], "data_offsets": [-0, 0]}}'), False,
+     "non-negative"),
+    # ------------------------------------------------------------ the rest of the schema
+    ("metadata of strings", raw({"__metadata__": {"format": "pt"}}), True, None),
+    ("metadata null", raw({"__metadata__": None}), True, None),
+    ("metadata with a number", raw({"__metadata__": {"n": 1}}), False, "strings to strings"),
+    ("metadata as a list", raw({"__metadata__": ["pt"]}), False, "strings to strings"),
+    ("a metadata key twice (the last wins)",
+     raw('{"__metadata__": {"a": "1", "a": "2"}}'), True, None),
+    ("an entry's field twice",
+     raw('{"t": {"dtype": "U8", "dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}'),
+     False, "gives 'dtype' twice"),
+    ("an extra field, ignored", raw({"t": {**entry("U8", [0], 0, 0), "x": [1, {"y": 2}]}}),
+     True, None),
+    ("an extra field past a float's range",
+     raw('{"t": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0], "x": 1e400}}'), False,
+     None),
+    ("an extra field nested 130 deep",
+     raw('{"t": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0], "x": '
+         + "[" * 130 + "]" * 130 + "}}"), False, None),
+    ("a lone surrogate in a name", raw('{"\\ud800": {"dtype": "U8", "shape": [0], '
+                                       '"data_offsets": [0, 0]}}'), False, None),
+    ("a name that is not UTF-8", raw(b'{"\xff": {"dtype": "U8", "shape": [0], '
+                                     b'"data_offsets": [0, 0]}}'), False, "not valid UTF-8"),
 ]
 
 
@@ -127,6 +154,24 @@ def test_gac_check_agrees_with_safetensors(tmp_path, data, accepted, why):
     assert (verdict is None) is accepted, verdict
     if why is not None:
         assert why in verdict
+
+
+def test_an_accepted_file_is_indexed_where_safetensors_reads_it(tmp_path):
+    """Offsets are absolute in the file: the data starts after the 8-byte length and the
+    (padded) header; each tensor's range, shape and dtype are those safetensors reads."""
+    data = bytes(range(4)) + bytes(range(100, 112))
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(raw({"a": entry("U8", [4], 0, 4), "e": entry("F32", [0], 4, 4),
+                          "b": entry("F16", [2, 3], 4, 16)}, data))
+    index = read_safetensors_header(path)
+    start = path.stat().st_size - len(data)
+    got = {n: (t.begin - start, t.end - start, t.shape, t.dtype) for n, t in index.items()}
+    assert got == {"a": (0, 4, (4,), "uint8"), "e": (4, 4, (0,), "float32"),
+                   "b": (4, 16, (2, 3), "float16")}
+    with safe_open(str(path), framework="np") as f:
+        for name, t in index.items():
+            blob = path.read_bytes()[t.begin:t.end]
+            assert f.get_tensor(name).tobytes() == blob
 
 
 def test_a_header_of_exactly_the_limit(tmp_path):
