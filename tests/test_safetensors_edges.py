@@ -119,6 +119,13 @@ CASES = [
     ("an offset of -0 (serde reads a float)",
      raw('{"t": {"dtype": "U8", "shape": [0], "data_offsets": [-0, 0]}}'), False,
      "non-negative"),
+    # a "-0" anywhere makes integers go through serde's reading (u64, else a float)
+    ("u64's largest dimension beside a -0", raw(
+        '{"__metadata__": {"k": "-0"}, "t": {"dtype": "U8", "shape": [18446744073709551615, 0],'
+        ' "data_offsets": [0, 0]}}'), True, None),
+    ("2**64 beside a -0", raw(
+        '{"__metadata__": {"k": "-0"}, "t": {"dtype": "U8", "shape": [18446744073709551616, 0],'
+        ' "data_offsets": [0, 0]}}'), False, "non-negative integers"),
     # ------------------------------------------------------------ the rest of the schema
     ("metadata of strings", raw({"__metadata__": {"format": "pt"}}), True, None),
     ("metadata null", raw({"__metadata__": None}), True, None),
@@ -127,7 +134,7 @@ CASES = [
     ("a metadata key twice (the last wins)",
      raw('{"__metadata__": {"a": "1", "a": "2"}}'), True, None),
     ("an entry's field twice",
-     raw('{"t": {"dtype": "U8", "dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}'),
+     raw('{"t": {"shape": [0], "dtype": "U8", "dtype": "U8", "data_offsets": [0, 0]}}'),
      False, "gives 'dtype' twice"),
     ("an extra field, ignored", raw({"t": {**entry("U8", [0], 0, 0), "x": [1, {"y": 2}]}}),
      True, None),
@@ -188,3 +195,14 @@ def test_a_header_of_exactly_the_limit(tmp_path):
         fh.write(b" ")
     assert not theirs(path)
     assert "refuses headers above 100000000 bytes" in ours(path)
+
+
+def test_sub_byte_dtypes_are_refused_on_purpose(tmp_path):
+    """safetensors reads F4; gac-check cannot map it to a torch dtype and says so."""
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(raw({"t": entry("F4", [0], 0, 0)}))
+    assert theirs(path)
+    assert "unsupported dtype 'F4' (sub-byte; gac-check cannot map it to torch)" in ours(path)
+    path.write_bytes(raw({"t": entry("F3", [0], 0, 0)}))
+    assert not theirs(path)
+    assert ours(path).endswith("has unsupported dtype 'F3'")
