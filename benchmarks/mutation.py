@@ -7,7 +7,7 @@ benchmarks/hand_mutants.py is the complement: a few plausible bugs chosen by han
 whole package, each tied to the tests that must catch it.
 
     .venv/bin/pip install mutmut                        # or: pip install -e ".[dev]"
-    python benchmarks/mutation.py                       # every target (~5 min on 2 cores)
+    python benchmarks/mutation.py                       # every target (~10 min on 2 cores)
     python benchmarks/mutation.py --only stats --survivors
 
 Everything happens in a scratch copy of the working tree (tracked and untracked, not ignored,
