@@ -55,6 +55,15 @@ FACTORS, CAL = "gac_check/realign/factors.py", "gac_check/realign/calibration.py
 RP = "tests/test_realign_properties.py"
 RULES, SELECT = "gac_check/contract/rules.py", "gac_check/contract/select.py"
 EVIDENCE, CE = "gac_check/contract/evidence.py", "tests/test_contract_edges.py"
+DT, DTE = "gac_check/contract/dtype_choice.py", "tests/test_dtype_edges.py"
+MEAS, MT = "gac_check/contract/measured.py", "tests/test_measured_top.py"
+RR = "tests/test_rerecord.py"
+ST, STE = "gac_check/checkpoint/safetensors_header.py", "tests/test_safetensors_edges.py"
+ATOMIC, OUTDIR = "gac_check/checkpoint/atomic.py", "gac_check/checkpoint/outdir.py"
+FM = "tests/test_file_modes.py"
+TEXT, RUN = "gac_check/report/text.py", "gac_check/report/run.py"
+PC, LR = "tests/test_padding_cost.py", "tests/test_layer_ranges.py"
+RD = "tests/test_run_document_types.py"
 
 MUTANTS = [
     # ---------------------------------------------------------------- perf verdicts
@@ -236,6 +245,157 @@ MUTANTS = [
     Mutant("elsewhere", "perf gate on a CPU uses the GPU's factor", "gac_check/plugin/perf.py",
            "GPU_PERF_FACTOR if target.device == \"cuda\" else CPU_PERF_FACTOR)",
            "GPU_PERF_FACTOR)", (V,)),
+    # ------------------------------------------- issue 22, "tests that bite": the thin areas
+    # ------------------------------------------------------------------ dtype choice
+    Mutant("dtype", "a tie in width goes to config.json", DT,
+           "stricter = min((stored, declared), key=_itemsize)",
+           "stricter = min((declared, stored), key=_itemsize)", (DTE,)),
+    Mutant("dtype", "the looser of config and weights", DT,
+           "stricter = min((stored, declared), key=_itemsize)",
+           "stricter = max((stored, declared), key=_itemsize)", (DTE,)),
+    Mutant("dtype", "weights' dtype by tensor count, not elements", DT,
+           "counts[t.dtype] = counts.get(t.dtype, 0) + t.numel",
+           "counts[t.dtype] = counts.get(t.dtype, 0) + 1", (DTE,)),
+    Mutant("dtype", "integer and bool tensors counted as weights", DT,
+           "    for t in ckpt.tensors.values():\n        if t.dtype.startswith(FLOAT_PREFIXES):",
+           "    for t in ckpt.tensors.values():\n        if True:", (DTE,)),
+    Mutant("dtype", "the weights' dtype with the fewest elements", DT,
+           "return max(counts, key=counts.__getitem__) if counts else None",
+           "return min(counts, key=counts.__getitem__) if counts else None", (DTE,)),
+    Mutant("dtype", "a stale torch_dtype read before dtype", DT,
+           'ckpt.config.get("dtype") or ckpt.config.get("torch_dtype")',
+           'ckpt.config.get("torch_dtype") or ckpt.config.get("dtype")', (DTE,)),
+    Mutant("dtype", "\"auto\" taken as a dtype", DT,
+           'declared not in ("auto", "")', 'declared != ""', (DTE,)),
+    Mutant("dtype", "--dtype hides a config/weights disagreement", DT,
+           'said = "; ".join(x for x in (mixed, seen) if x)', 'said = mixed or ""', (DTE,)),
+    # ------------------------------------------------- measured rules at the top of a sweep
+    Mutant("measured", "64 not credited with a pair padding onto a larger power of two", MEAS,
+           "return pow2 == m or (m == MODULI[-1] and pow2 >= m)", "return pow2 == m", (MT,)),
+    Mutant("measured", "exactly MIN_PAIRS pairs not enough", MEAS,
+           "return (self.pairs >= MIN_PAIRS and", "return (self.pairs > MIN_PAIRS and", (MT,)),
+    Mutant("measured", "one pair enough", MEAS, "MIN_PAIRS = 2", "MIN_PAIRS = 1", (MT,)),
+    Mutant("measured", "a family of exactly MIN_FAMILY sizes refused", MEAS,
+           "if len(pts) >= MIN_FAMILY]", "if len(pts) > MIN_FAMILY]", (MT,)),
+    Mutant("measured", "the weakest family makes the rule", MEAS,
+           "if k not in strongest or e.rescue > strongest[k].rescue:",
+           "if k not in strongest or e.rescue < strongest[k].rescue:", (MT,)),
+    Mutant("measured", "the first family makes the rule", MEAS,
+           "if k not in strongest or e.rescue > strongest[k].rescue:",
+           "if k not in strongest:", (MT,)),
+    Mutant("measured", "a family at the noise limit judges nothing", MEAS,
+           "if fam.noise <= MAX_NOISE for e", "if fam.noise < MAX_NOISE for e", (MT,)),
+    Mutant("measured", "sizes padding past the sweep's top not skipped", MEAS,
+           "if v % m == 0 or up not in family.points or not _exactly(up, m):",
+           "if v % m == 0 or not _exactly(up, m):", (MT,)),
+    # ------------------------------------------- re-recording after the stack changed
+    Mutant("rerecord", "the old measurement kept over the re-recorded one", BASELINES,
+           "baseline.cases.update({m.case: m for m in measurements})",
+           "baseline.cases = {**{m.case: m for m in measurements}, **baseline.cases}", (RR,)),
+    Mutant("rerecord", "cases not re-measured dropped", BASELINES,
+           "baseline.cases.update({m.case: m for m in measurements})",
+           "baseline.cases = {m.case: m for m in measurements}", (RR,)),
+    Mutant("rerecord", "peak figures replaced, not merged", BASELINES,
+           "baseline.peak.update(peak)", "baseline.peak = dict(peak)", (RR,)),
+    Mutant("rerecord", "device not checked when re-recording", BASELINES,
+           "            check_fingerprint(baseline, fingerprint)\n"
+           "            baseline.fingerprint = fingerprint",
+           "            baseline.fingerprint = fingerprint", (RR,)),
+    Mutant("rerecord", "cuDNN drift not warned", BASELINES,
+           'STACK_FIELDS = ("torch", "cuda", "cudnn"', 'STACK_FIELDS = ("torch", "cuda"', (RR,)),
+    # --------------------------------------- safetensors header, against safetensors' verdict
+    Mutant("safetensors", "a header filling the file refused", ST,
+           "if n > size - 8:", "if n >= size - 8:", (STE,)),
+    Mutant("safetensors", "a header of exactly the limit refused", ST,
+           "if n > MAX_HEADER_BYTES:", "if n >= MAX_HEADER_BYTES:", (STE,)),
+    Mutant("safetensors", "one trailing byte tolerated", ST,
+           "if data_start + end < size:", "if data_start + end < size - 1:", (STE,)),
+    Mutant("safetensors", "empty tensors refused (end <= begin)", ST,
+           "if e.end < e.begin:", "if e.end <= e.begin:", (STE,)),
+    Mutant("safetensors", "tensors sorted by begin only", ST,
+           "sorted(entries, key=lambda e: (e.begin, e.end))",
+           "sorted(entries, key=lambda e: e.begin)", (STE,)),
+    Mutant("safetensors", "a one-byte gap tolerated", ST,
+           "if e.begin > start:", "if e.begin > start + 1:", (STE,)),
+    Mutant("safetensors", "element count multiplied out before the overflow check", ST,
+           "        if n > U64_MAX:\n            break\n", "", (STE,)),
+    Mutant("safetensors", "overflow checked in bytes, not bits", ST,
+           "    n *= SAFETENSORS_TYPES[e.dtype][1] * 8\n    if n > U64_MAX:",
+           "    n *= SAFETENSORS_TYPES[e.dtype][1] * 8\n    if n // 8 > U64_MAX:", (STE,)),
+    # ------------------------------------------------------- file modes of what is written
+    Mutant("modes", "atomic files keep mkstemp's 0600", ATOMIC,
+           "            os.fchmod(fh.fileno(), 0o666 & ~umask())\n", "", (FM,)),
+    Mutant("modes", "atomic files 0644 whatever the umask", ATOMIC,
+           "os.fchmod(fh.fileno(), 0o666 & ~umask())", "os.fchmod(fh.fileno(), 0o644)", (FM,)),
+    Mutant("modes", "atomic files executable", ATOMIC,
+           "os.fchmod(fh.fileno(), 0o666 & ~umask())",
+           "os.fchmod(fh.fileno(), 0o777 & ~umask())", (FM,)),
+    Mutant("modes", "the umask assumed 022", ATOMIC,
+           "    os.umask(mask)\n    return mask", "    os.umask(mask)\n    return 0o022", (FM,)),
+    Mutant("modes", "OUT 0755 whatever the umask", OUTDIR,
+           "tmp.chmod(0o777 & ~umask())", "tmp.chmod(0o755)", (FM,)),
+    Mutant("modes", "side files copied with the model directory's modes", OUTDIR,
+           "shutil.copyfile(item, dst / item.name)", "shutil.copy2(item, dst / item.name)",
+           (FM,)),
+    Mutant("modes", "side folders keep the model directory's modes", OUTDIR,
+           "            _new_folder_modes(dst / item.name)\n", "", (FM,)),
+    # ------------------------------------------------- padding cost of multi-head sites
+    Mutant("padding", "only axes after the padded one count (consumers cost 1)", SITES,
+           "if i != ax.axis:", "if i > ax.axis:", (PC,)),
+    Mutant("padding", "each tensor counted once (fused qkv: one part)", SITES,
+           "for ax in self.axes:\n            shape = shapes[ax.tensor]",
+           "for ax in {a.tensor: a for a in self.axes}.values():\n"
+           "            shape = shapes[ax.tensor]", (PC,)),
+    Mutant("padding", "the cost quoted for the optimal target", "gac_check/analysis.py",
+           "to = finding.repair_to if target is None else target",
+           "to = finding.optimal_to if target is None else target", (PC,)),
+    Mutant("padding", "fused k/v parts given as many blocks as query heads",
+           "gac_check/formats/architectures.py",
+           "[heads_n * hd, (heads_n + kv_n) * hd], kv_n, hd)",
+           "[heads_n * hd, (heads_n + kv_n) * hd], heads_n, hd)", (PC,)),
+    Mutant("padding", "biases left out of a head's cost", "gac_check/formats/layout.py",
+           "return rows + [_axis(shapes, b, 0, AxisKind.BIAS, unit) for b in self.biases]",
+           "return rows", (PC,)),
+    Mutant("padding", "a folded row's +params from its last layer only", TEXT,
+           "row.pad += result.padding_params(f)", "row.pad = result.padding_params(f)", (PC,)),
+    # ------------------------------------------------------ the terminal table's layers
+    Mutant("layers", "a layer named twice listed twice", TEXT,
+           "xs = sorted(set(layers))", "xs = sorted(layers)", (LR,)),
+    Mutant("layers", "layers listed in the order found", TEXT,
+           "xs = sorted(set(layers))", "xs = list(dict.fromkeys(layers))", (LR,)),
+    Mutant("layers", "gaps not shown (one run from first to last)", TEXT,
+           "if b != a + 1:", "if b is None:", (LR,)),
+    Mutant("layers", "a single layer written as a range (3-3)", TEXT,
+           'parts.append(f"{start}-{a}" if a != start else str(a))',
+           'parts.append(f"{start}-{a}")', (LR,)),
+    Mutant("layers", "sites with different values folded together", TEXT,
+           "key = (pattern, f.site.value, f.repair_to, tuple(r.id for r in f.rules))",
+           "key = (pattern, f.repair_to, tuple(r.id for r in f.rules))", (LR,)),
+    Mutant("layers", "a wide range shifts the columns after it", TEXT,
+           "wide = max([10, *(len(_ranges(row.layers)) for row in rows)])", "wide = 10",
+           (LR,)),
+    # ------------------------------------------------- strict types in run documents
+    Mutant("rundoc", "bools accepted where numbers go", RUN,
+           "if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):",
+           "if not isinstance(value, kinds):", (RD,)),
+    Mutant("rundoc", "required ints accept bools", RUN,
+           "if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):",
+           "if not isinstance(value, kind):", (RD,)),
+    Mutant("rundoc", "test counts not type-checked", RUN,
+           '    for key in counts:\n        _optional(counts, key, INT, path, "tests.counts.")\n',
+           "", (RD,)),
+    Mutant("rundoc", "site fields not type-checked", RUN,
+           "        for key, kinds in SITE_FIELDS.items():\n"
+           "            _optional(site, key, kinds, path, here)\n", "", (RD,)),
+    Mutant("rundoc", "summary fields not type-checked", RUN,
+           "    for key, kinds in SUMMARY_FIELDS.items():\n"
+           '        _optional(check["summary"], key, kinds, path, f"{where}summary.")\n', "",
+           (RD,)),
+    Mutant("rundoc", "perf records not type-checked", RUN,
+           "        for key, kinds in PERF_FIELDS.items():\n"
+           '            _optional(rec, key, kinds, path, f"perf[{i}].")\n', "", (RD,)),
+    Mutant("rundoc", "rule ids not type-checked", RUN,
+           "            if not isinstance(rule, str):", "            if False:", (RD,)),
 ]
 
 

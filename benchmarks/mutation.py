@@ -7,7 +7,7 @@ benchmarks/hand_mutants.py is the complement: a few plausible bugs chosen by han
 whole package, each tied to the tests that must catch it.
 
     .venv/bin/pip install mutmut                        # or: pip install -e ".[dev]"
-    python benchmarks/mutation.py                       # every target (~5 min on 2 cores)
+    python benchmarks/mutation.py                       # every target (~10 min on 2 cores)
     python benchmarks/mutation.py --only stats --survivors
 
 Everything happens in a scratch copy of the working tree (tracked and untracked, not ignored,
@@ -36,6 +36,9 @@ TARGETS = {
     "baselines": (["gac_check/bench/baselines.py"],
                   ["tests/test_baselines.py", "tests/test_baseline_files.py",
                    "tests/test_verdicts.py", "tests/test_perf_gate.py"]),
+    "dtype_choice": (["gac_check/contract/dtype_choice.py"], ["tests/test_dtype_edges.py"]),
+    "safetensors_header": (["gac_check/checkpoint/safetensors_header.py"],
+                           ["tests/test_safetensors_edges.py"]),
 }
 
 

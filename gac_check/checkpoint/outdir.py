@@ -231,7 +231,9 @@ def copy_side_files(src: Path, dst: Path, skip: set[str]) -> None:
 
     Links are followed (a hub snapshot is all links into its blobs), but only to where
     :func:`~gac_check.checkpoint.index.link_target` allows: ``notes.txt -> ~/.ssh/id_rsa`` must not
-    land in OUT, at the top level or in a sub-folder.
+    land in OUT, at the top level or in a sub-folder. Copies are new files (contents only), so
+    they get the umask's mode like everything else in OUT, not the model directory's: a
+    world-readable tokenizer must not stay world-readable under umask 077.
     """
     def escaping(folder: str, names: list[str]) -> set[str]:
         return {n for n in names if link_target(src, Path(folder) / n) is None
@@ -241,9 +243,20 @@ def copy_side_files(src: Path, dst: Path, skip: set[str]) -> None:
         if item.name in skip or item.name.startswith(".") or link_target(src, item) is None:
             continue
         if item.is_dir():
-            shutil.copytree(item, dst / item.name, ignore=escaping, ignore_dangling_symlinks=True)
+            shutil.copytree(item, dst / item.name, ignore=escaping, ignore_dangling_symlinks=True,
+                            copy_function=shutil.copyfile)
+            _new_folder_modes(dst / item.name)
         elif item.is_file():
-            shutil.copy2(item, dst / item.name)
+            shutil.copyfile(item, dst / item.name)
+
+
+def _new_folder_modes(root: Path) -> None:
+    """copytree copies each folder's mode from the source; give them a new folder's."""
+    mode = 0o777 & ~umask()
+    root.chmod(mode)
+    for folder, subdirs, _ in os.walk(root):
+        for name in subdirs:
+            (Path(folder) / name).chmod(mode)
 
 
 def _special(path: Path) -> bool:

@@ -136,9 +136,20 @@ def _validate_run(run: dict, path: Path) -> None:
         if not isinstance(check, dict) or check.get("schema") != CHECK_SCHEMA:
             raise BadInput(f"checks[{i}] is not a {CHECK_SCHEMA} object", path)
         _validate_check(check, path, f"checks[{i}].")
+    counts = run["tests"].get("counts", {})
+    if not isinstance(counts, dict):
+        raise BadInput("tests.counts is not an object", path)
+    for key in counts:
+        _optional(counts, key, INT, path, "tests.counts.")
+    _optional(run["tests"], "failures", (list,), path, "tests.")
+    for i, rec in enumerate(run["tests"].get("failures") or []):
+        if not isinstance(rec, dict):
+            raise BadInput(f"tests.failures[{i}] is not an object", path)
     for i, rec in enumerate(run["perf"]):
         if not isinstance(rec, dict) or not isinstance(rec.get("case"), str):
             raise BadInput(f"perf[{i}] has no case key", path)
+        for key, kinds in PERF_FIELDS.items():
+            _optional(rec, key, kinds, path, f"perf[{i}].")
     for i, rec in enumerate(run["equivalence"]):
         if not isinstance(rec, dict) or not isinstance(rec.get("nodeid"), str):
             raise BadInput(f"equivalence[{i}] has no nodeid", path)
@@ -157,12 +168,46 @@ def _validate_check(check: dict, path: Path, where: str) -> None:
         _expect(site, "name", str, path, here)
         _expect(site, "value", int, path, here)
         _expect(site, "aligned", bool, path, here)
+        for key, kinds in SITE_FIELDS.items():
+            _optional(site, key, kinds, path, here)
+        for j, rule in enumerate(site.get("rules") or []):
+            if not isinstance(rule, str):
+                raise BadInput(f"{here}rules[{j}] is not str", path)
+    for key, kinds in SUMMARY_FIELDS.items():
+        _optional(check["summary"], key, kinds, path, f"{where}summary.")
 
 
 def _expect(obj: dict, key: str, kind: type, path: Path, where: str) -> None:
     value = obj.get(key)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise BadInput(f"{where}{key} is missing or not {kind.__name__}", path)
+
+
+#: The types the report reads a field as, where the field may be absent or null. A bool is
+#: not a number here (``True`` would count as 1 error), nor is a numeric string ("0" is truthy:
+#: a run with "0" failed tests would be drawn as failing).
+INT = (int,)
+NUMBER = (int, float)
+SITE_FIELDS = {"layer": INT, "severity": (str,), "repair_to": INT, "optimal_to": INT,
+               "padding_params": INT, "refusal": (str,), "role": (str,), "rules": (list,),
+               "expected_slowdown": NUMBER, "slowdown": (dict,), "exact_repair": (bool,)}
+SUMMARY_FIELDS = {"sites": INT, "misaligned": INT, "errors": INT, "warnings": INT,
+                  "params": INT, "misaligned_fraction": NUMBER,
+                  "repair_overhead_fraction": NUMBER}
+PERF_FIELDS = {"measured_ms": NUMBER, "measured_iqr_ms": NUMBER, "baseline_ms": NUMBER,
+               "baseline_iqr_ms": NUMBER, "ratio": NUMBER, "delta": NUMBER,
+               "p_value": NUMBER, "tflops": NUMBER, "samples": INT, "verdict": (str,),
+               "reason": (str,), "device": (str,), "dim": (str,), "baseline_source": (str,)}
+
+
+def _optional(obj: dict, key: str, kinds: tuple[type, ...], path: Path, where: str) -> None:
+    """``obj[key]`` absent, null, or one of ``kinds`` (never a bool where a number goes)."""
+    value = obj.get(key)
+    if value is None:
+        return
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise BadInput(f"{where}{key} is {type(value).__name__}, not {names}", path)
 
 
 def check_writable(path: Path) -> Path:

@@ -95,14 +95,17 @@ def _target_widths(result: CheckResult) -> list[int]:
 
 
 def _findings_table(result: CheckResult) -> list[str]:
+    rows = _fold(result)
+    # "0-2,4,7-11" is wider than the heading: the column grows, the columns after it stay put
+    wide = max([10, *(len(_ranges(row.layers)) for row in rows)])
     widths = _target_widths(result)
     targets = "".join(f"{t.spec:<{w}}  " for t, w in zip(result.targets, widths, strict=True))
-    header = (f"  {'site':<44} {'layers':<10} {'value':>6} {'fix':>6} {'severity':<8} "
+    header = (f"  {'site':<44} {'layers':<{wide}} {'value':>6} {'fix':>6} {'severity':<8} "
               f"{'slower':>11} {'+params':>10}  {targets}rules")
     out = [header, "  " + "-" * (len(header) - 2)]
     refusals = result.refusals
     legend: dict[str, int] = {}
-    for row in _fold(result):
+    for row in rows:
         f = row.first
         refused = f.site.name in refusals
         name = row.pattern if len(row.pattern) <= 44 else "…" + row.pattern[-43:]
@@ -114,7 +117,7 @@ def _findings_table(result: CheckResult) -> list[str]:
             slower = f"{f.figure.short} [{mark}]"
         pad = "-" if refused else f"{row.pad:,}"
         cells = "".join(f"{c:<{w}}  " for c, w in zip(_cells(result, f), widths, strict=True))
-        out.append(f"  {name:<44} {_ranges(row.layers):<10} {f.site.value:>6} {fix:>6} "
+        out.append(f"  {name:<44} {_ranges(row.layers):<{wide}} {f.site.value:>6} {fix:>6} "
                    f"{f.severity:<8} {slower:>11} {pad:>10}  {cells}"
                    f"{', '.join(r.id for r in f.rules)}")
     out += ["", "  fix: what --repair pads to; (N): only --strategy optimal pads, to N"]
