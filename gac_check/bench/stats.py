@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import cache
 
 REGRESSED, IMPROVED, UNCHANGED, NO_BASELINE = "regressed", "improved", "unchanged", "no baseline"
+#: ``--gac-update-baselines``: the case was measured and stored, not judged.
+RECORDED = "recorded"
 #: Exact U distribution up to this many samples per side (the DP table is n1*n2*(n1*n2/2)).
 EXACT_MAX_N = 12
 
@@ -169,3 +171,28 @@ def compare(baseline: Sequence[float], current: Sequence[float], factor: float =
     else:
         status = UNCHANGED
     return Verdict(status, ratio, p, factor, note)
+
+
+def confirm(first: Verdict, second: Verdict, pooled: Verdict) -> Verdict:
+    """The verdict after a second look at a case whose first look said "regressed".
+
+    The second look is a fresh measurement (re-prepared, minutes of other processes later in
+    the worst case, seconds usually). A neighbour's burst that inflated the first look rarely
+    inflates an independent second one, while a real slowdown shows in both. So the case is
+    regressed only when the second look is regressed on its own too; the verdict then carries
+    the ``pooled`` comparison (both looks against the baseline: the median of the union lies
+    between the two looks' medians, so it is above the factor as well). Otherwise the second
+    look's verdict stands, saying the first was not confirmed.
+    """
+    if not first.regressed:
+        raise ValueError("a second look only follows a regressed first look")
+    looks = f"first look {first.ratio:.3f}x, second look {second.ratio:.3f}x"
+    if second.regressed:
+        return Verdict(REGRESSED, pooled.ratio, pooled.p_value, pooled.factor,
+                       "; ".join(filter(None, [pooled.reason,
+                                               f"confirmed by a second look ({looks}; "
+                                               "ratio and p of both looks pooled)"])))
+    return Verdict(second.status, second.ratio, second.p_value, second.factor,
+                   "; ".join(filter(None, [second.reason,
+                                           f"not confirmed by a second look ({looks}); "
+                                           "the second look's verdict stands"])))

@@ -38,8 +38,12 @@ from gac_check.profiles import CPU_PERF_FACTOR, GPU_PERF_FACTOR, cpu_profile_key
 
 #: The statistic compared on a CPU: the minimum (interference only adds time); GPUs: median.
 CPU_Q, GPU_Q = 0.0, 0.5
-#: Regression cases: many short trials, each giving one case/reference ratio.
-RELATIVE_CONFIG = dict(samples=5, trials=12)
+#: Regression cases: many short trials, each giving one case/reference ratio. 36 trials: on
+#: the 2-core CI machine under load 5-6 the median of 12 trial ratios moved up to 1.9x (a
+#: burst covering the whole look), of 36 at most 3.5% (benchmarks/RESULTS.md, perf gate).
+RELATIVE_CONFIG = dict(samples=5, trials=36)
+#: Fail a case only when a second, freshly prepared look is regressed as well.
+SECOND_LOOK = True
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ class Session:
         from gac_check.errors import BadInput
 
         if self._baseline is None and self._refused is None:
-            path = baselines.path_for(self.target.key)
+            path = self.path()
             present = baselines.present_fingerprint(self.target.device)
             if not path.exists():
                 self._refused = (f"no baseline for this device: {path} does not exist "
@@ -147,6 +151,21 @@ class Session:
     def refused(self) -> str | None:
         self.baseline()
         return self._refused
+
+    def path(self):
+        from gac_check.bench import baselines
+
+        return baselines.path_for(self.target.key)
+
+    def record_note(self, m) -> str:
+        """What ``--gac-update-baselines`` stores for ``m``, in words."""
+        from gac_check.bench import stats
+
+        what = (f"{stats.median(m.relative):.4g}x the time of {m.reference} (median of "
+                f"{len(m.relative)} trials)" if m.relative else "")
+        return "; ".join(filter(None, [
+            f"recorded into {self.path()} at the end of the session", what,
+            f"absolute {m.median_s * 1e3:.4g} ms ({len(m.samples)} samples)"]))
 
 
 def make_session(config: pytest.Config) -> Session:
@@ -202,13 +221,22 @@ class Bench:
         return dataclasses.replace(m, reference=ref.key, relative=ratios)
 
     def regression(self, work, config=None):
-        """Measure relative to the reference kernel, record, and compare with the baseline;
-        skip on "no baseline", fail on a regression. Returns the Verdict otherwise."""
+        """Measure relative to the reference kernel and compare with the baseline: skip on "no
+        baseline", fail on a regression that a second, freshly prepared look confirms. With
+        ``--gac-update-baselines``: measure two looks, record them, pass ("recorded").
+        Returns the Verdict."""
         from gac_check.bench import stats
         from gac_check.plugin.collect import perf_record, record_perf
 
         m = self.relative(work, config)
-        self.session.recorded.append(m)
+        if self.session.update:
+            m = pooled(m, self.relative(work, config))
+            self.session.recorded.append(m)
+            verdict = stats.Verdict(stats.RECORDED, factor=self.session.factor,
+                                    reason=self.session.record_note(m))
+            record_perf(self.node, perf_record(m, verdict, None, device=self.device,
+                                               baseline_path=str(self.session.path())))
+            return verdict
         base = self.session.baseline()
         if base is None:
             verdict = stats.Verdict(stats.NO_BASELINE, factor=self.session.factor,
@@ -217,6 +245,15 @@ class Bench:
         else:
             verdict = base.compare(m, self.session.factor, q=self.session.q)
             stored = base.get(m.case)
+            if verdict.regressed and m.relative and SECOND_LOOK:
+                again = self.relative(work, config)
+                both = pooled(m, again)
+                verdict = stats.confirm(verdict,
+                                        base.compare(again, self.session.factor,
+                                                     q=self.session.q),
+                                        base.compare(both, self.session.factor,
+                                                     q=self.session.q))
+                m = both if verdict.regressed else again
         record_perf(self.node, perf_record(m, verdict, stored, device=self.device))
         if verdict.status == stats.NO_BASELINE:
             pytest.skip(f"{m.case}: no baseline: {verdict.reason}")
@@ -226,8 +263,38 @@ class Bench:
         return verdict
 
 
+def pooled(a, b):
+    """Two looks at one case as one Measurement: samples and per-trial ratios joined."""
+    from gac_check.bench import stats
+
+    samples = [*a.samples, *b.samples]
+    return dataclasses.replace(a, samples=samples, median_s=stats.median(samples),
+                               iqr_s=stats.iqr(samples),
+                               relative=[*(a.relative or []), *(b.relative or [])] or None)
+
+
 def _command() -> str:
     return "pytest " + shlex.join(sys.argv[1:]) if sys.argv else "pytest"
+
+
+def terminal_summary(reporter) -> None:
+    """Under ``--gac-update-baselines``: one line per case recorded (on the xdist controller
+    too: the records travel in the tests' user_properties)."""
+    from gac_check.bench import stats
+    from gac_check.plugin.collect import PERF_PROPERTY
+
+    recs = [v for outcome in ("passed",) for rep in reporter.stats.get(outcome, [])
+            for k, v in getattr(rep, "user_properties", ()) if k == PERF_PROPERTY
+            and v.get("verdict") == stats.RECORDED]
+    if not recs:
+        return
+    paths = sorted({r.get("baseline_path") or "" for r in recs})
+    reporter.write_sep("-", f"gac-check: {len(recs)} baseline case(s) recorded into "
+                            f"{', '.join(paths)}")
+    for r in recs:
+        rel = (f"{r['measured_rel']:.4g}x {r['reference']}" if r.get("measured_rel")
+               else "absolute only")
+        reporter.write_line(f"recorded {r['case']}: {rel}; {r['measured_ms']:.4g} ms")
 
 
 def session_finish(session: Session | None) -> None:
