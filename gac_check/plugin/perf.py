@@ -10,17 +10,22 @@ Decisions (docs/measuring.md explains them to users):
 * A baseline is used only when its fingerprint matches this device. No file for the device, a
   file from another device, or a case missing from the file all give "no baseline": the test is
   SKIPPED with that reason (never passed). A corrupted or wrong-schema file is an error naming it.
-* A regression case is timed trial by trial against a fixed reference kernel (an aligned GEMM)
-  in the same process, and what is stored and compared is the case's time *relative to the
-  reference* in each trial: a busy runner slows both, so the ratio holds where absolute times
-  moved 1.3-3x (benchmarks/bench_trust.py measures it). The verdict is asv's: the relative time
-  is more than ``factor`` above the baseline's AND significantly so (Mann-Whitney on the
-  per-trial ratios). Within a trial a CPU contributes its minimum (interference only adds
-  time), a GPU its median. Baselines without ratios (published figures, old files) are compared
-  on absolute times. The factor defaults to ``gac_check.profiles``' GPU_PERF_FACTOR or
-  CPU_PERF_FACTOR; ``--gac-perf-factor`` overrides it.
-* ``--gac-update-baselines`` records every regression case measured; each worker merges its
-  cases into the device's file under a lock at the end of its session.
+* A regression case is timed trial by trial against a reference kernel of its own family at an
+  aligned size (SDPA at head_dim 128, a low-rank pair at rank 128, a GEMM against one aligned
+  GEMM; ``workloads.reference_for``) in the same process, and what is stored and compared is
+  the case's time *relative to the reference* in each trial: a busy runner slows both, so the
+  ratio holds where absolute times moved 1.3-3x (benchmarks/bench_trust.py measures it). The
+  verdict is asv's: the relative time is more than ``factor`` above the baseline's AND
+  significantly so (Mann-Whitney on the per-trial ratios), in 36 trials, and a case that looks
+  regressed is measured again (freshly prepared) and fails only if that second look is
+  regressed too (``stats.confirm``). Within a trial a CPU contributes its minimum (interference
+  only adds time), a GPU its median. Baselines without ratios (published figures, old files)
+  are compared on absolute times. The factor defaults to ``gac_check.profiles``'
+  GPU_PERF_FACTOR or CPU_PERF_FACTOR; ``--gac-perf-factor`` overrides it.
+* ``--gac-update-baselines`` records every regression case measured (two looks pooled), passes
+  it as "recorded" and lists what it stored in the terminal summary; each worker merges its
+  cases into the device's file under a lock (an ``flock`` on the directory: nothing but the
+  baseline is left in the repository) at the end of its session.
 """
 from __future__ import annotations
 
@@ -211,10 +216,9 @@ class Bench:
     def relative(self, work, config=None):
         """Time ``work`` trial by trial against the reference kernel; the Measurement carries
         both its seconds and, per trial, its time relative to the reference."""
-        from gac_check.bench import timing
-        from gac_check.bench.workloads import reference_workload
+        from gac_check.bench import timing, workloads
 
-        ref = reference_workload(self.device)
+        ref = workloads.reference_for(work, self.device)
         config = config or timing.TimingConfig(**RELATIVE_CONFIG)
         m, r = self.interleaved([work, ref], config)
         ratios = relative_times(m.samples, r.samples, config.samples, self.session.q)
