@@ -134,7 +134,8 @@ class Verdict:
             return f"{self.status}: {self.reason}"
         p = "n/a" if self.p_value is None else f"{self.p_value:.2g}"
         note = f"; {self.reason}" if self.reason else ""
-        return (f"{self.status}: {self.ratio:.3f}x the baseline time "
+        what = "relative time" if "relative to" in self.reason else "time"
+        return (f"{self.status}: {self.ratio:.3f}x the baseline's {what} "
                 f"(threshold {self.factor:.2f}x, p={p}){note}")
 
 
