@@ -4,6 +4,7 @@ kernel does; and the plugin's options never clash with a project's own."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +188,31 @@ def test_recording_leaves_nothing_but_the_baseline(tmp_path):
     baselines.update(path, "cpu-amd-avx2", CPU, [relative(STORED)])
     baselines.update(path, "cpu-amd-avx2", CPU, [relative(STORED)])
     assert [p.name for p in path.parent.iterdir()] == ["cpu-amd-avx2.json"]
+
+
+RECORDING_PROJECT = '''
+from gac_check.bench import workloads
+
+
+def test_tiny_gemm(gac_bench):
+    gac_bench.regression(workloads.gemm(8, 64, 8, "float32"))
+'''
+
+
+def test_update_baselines_end_to_end_says_recorded_and_leaves_only_the_baseline(tmp_path):
+    """Issue 22: the run reported SKIPPED "does not exist (record it with
+    --gac-update-baselines)" while recording, and left a .lock beside the baseline."""
+    (tmp_path / "baselines").mkdir()
+    (tmp_path / "test_rec.py").write_text(RECORDING_PROJECT)
+    env = {k: v for k, v in os.environ.items() if k != "GAC_BASELINES_DIR"}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs",
+                          "--gpu", "cpu", "--gac-update-baselines", "test_rec.py"],
+                         cwd=tmp_path, capture_output=True, text=True, check=False, env=env)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "1 passed" in out and "SKIPPED" not in out, out
+    assert "baseline case(s) recorded into" in out
+    assert "recorded gemm/M=8,K=64,N=8,dtype=float32: " in out
+    files = [p.name for p in (tmp_path / "baselines").iterdir()]
+    assert len(files) == 1 and files[0].startswith("cpu-") and files[0].endswith(".json")
+    assert "gemm/M=8,K=64,N=8,dtype=float32" in json.loads(
+        (tmp_path / "baselines" / files[0]).read_text())["cases"]
