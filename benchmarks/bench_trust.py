@@ -59,6 +59,9 @@ def one_run(gpu: str, inject: float | None, xml: Path, factor: float | None) -> 
         rec = next((ast.literal_eval(p.get("value")) for p in case.iter("property")
                     if p.get("name") == "gac_perf"), None)
         out.append({"test": case.get("name"), "failed": failed, "record": rec})
+        if inject and not failed and rec:
+            print(f"  missed: {case.get('name')}: {rec.get('ratio') or 0:.3f}x, "
+                  f"p={rec.get('p_value')}: {rec.get('reason', '')[:200]}", flush=True)
     return out
 
 
@@ -128,11 +131,18 @@ def report(args: argparse.Namespace, clean: list[dict], slow: list[dict]) -> Non
     for f in FACTORS:
         print(f"{f:.2f}   | {fr[f]}/{len(clean)} | {dr[f]}/{len(slow)} "
               f"({dr[f] / max(len(slow), 1):.0%})")
-    ratios = sorted(r["record"]["ratio"] for r in clean if r["record"]
-                    and r["record"].get("ratio"))
-    if ratios:
-        print(f"unchanged-stack ratios: min {ratios[0]:.3f} median "
-              f"{ratios[len(ratios) // 2]:.3f} max {ratios[-1]:.3f}")
+    for name, results in (("unchanged-stack", clean), ("slowed", slow)):
+        by_case: dict[str, list[float]] = {}
+        for r in results:
+            if r["record"] and r["record"].get("ratio"):
+                by_case.setdefault(r["test"], []).append(r["record"]["ratio"])
+        ratios = sorted(x for xs in by_case.values() for x in xs)
+        if ratios:
+            print(f"{name} ratios: min {ratios[0]:.3f} median {ratios[len(ratios) // 2]:.3f} "
+                  f"max {ratios[-1]:.3f}")
+        for test, xs in sorted(by_case.items()):
+            xs.sort()
+            print(f"  {test}: min {xs[0]:.3f} median {xs[len(xs) // 2]:.3f} max {xs[-1]:.3f}")
 
 
 if __name__ == "__main__":

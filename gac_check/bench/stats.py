@@ -115,6 +115,34 @@ def _tie_term(values: Sequence[float]) -> float:
     return float(sum(t ** 3 - t for t in counts.values()))
 
 
+#: A CPU trial counts only when both kernels' minima are within this factor of their minima
+#: over the whole look (see :func:`trial_ratios`).
+CLEAN_TRIAL = 1.25
+
+
+def trial_ratios(case: Sequence[Sequence[float]], reference: Sequence[Sequence[float]],
+                 q: float, clean: float | None = None) -> list[float]:
+    """Per trial, the case's ``q`` quantile over the reference's.
+
+    With ``clean`` (a factor; CPU minima): keep only the trials in which *both* kernels got a
+    clean sample, i.e. their trial minimum is within ``clean`` x their minimum over all trials.
+    On a CPU shared with more runnable processes than cores, a sample is either clean or
+    preempted (a scheduler slice, several ms, lands inside it); a trial in which one kernel
+    never ran clean gives a ratio 0.3x or 3x off. When both kernels slow alike (a lower clock),
+    every trial stays; when fewer than a quarter of the trials (at least 3) are clean, all are
+    kept (nothing to choose from; the verdict's test sees their spread).
+    """
+    if len(case) != len(reference):
+        raise ValueError("case and reference need the same trials")
+    pairs = [(quantile(c, q), quantile(r, q)) for c, r in zip(case, reference, strict=True)]
+    if clean is not None and pairs:
+        lo_c, lo_r = min(c for c, _ in pairs), min(r for _, r in pairs)
+        kept = [(c, r) for c, r in pairs if c <= clean * lo_c and r <= clean * lo_r]
+        if len(kept) >= max(3, len(pairs) // 4):
+            pairs = kept
+    return [c / r for c, r in pairs]
+
+
 @dataclass(frozen=True)
 class Verdict:
     """How a measurement compares with its baseline (times: ratio > 1 means slower now)."""

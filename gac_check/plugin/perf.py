@@ -85,12 +85,14 @@ def _device_name(req: str) -> str:
 def relative_times(case: list[float], reference: list[float], per_trial: int,
                    q: float) -> list[float]:
     """Per trial, the case's ``q`` quantile over the reference's (samples are stored trial by
-    trial, ``per_trial`` each)."""
+    trial, ``per_trial`` each); on a CPU (q=0, minima) only the trials in which both kernels
+    ran clean (``stats.trial_ratios``)."""
     from gac_check.bench import stats
 
     chunks = range(0, len(case), per_trial)
-    return [stats.quantile(case[i:i + per_trial], q) / stats.quantile(reference[i:i + per_trial], q)
-            for i in chunks]
+    return stats.trial_ratios([case[i:i + per_trial] for i in chunks],
+                              [reference[i:i + per_trial] for i in chunks], q,
+                              stats.CLEAN_TRIAL if q == CPU_Q else None)
 
 
 def _gpu_key() -> str:
