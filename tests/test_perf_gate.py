@@ -228,3 +228,19 @@ def test_update_baselines_end_to_end_says_recorded_and_leaves_only_the_baseline(
     assert len(files) == 1 and files[0].startswith("cpu-") and files[0].endswith(".json")
     assert "gemm/M=8,K=64,N=8,dtype=float32" in json.loads(
         (tmp_path / "baselines" / files[0]).read_text())["cases"]
+
+
+def test_each_case_is_timed_against_its_own_kernel_family():
+    """Against one GEMM the SDPA and low-rank ratios moved 6-10% with the machine's load
+    (benchmarks/RESULTS.md, issue 22); a sibling of the same kernel at an aligned size does
+    not, and a case is never its own reference."""
+    from gac_check.bench import workloads as w
+
+    assert w.reference_for(w.sdpa(1, 256, 2, 107, "float32"), "cpu").key == \
+        "sdpa/B=1,S=256,H=2,D=128,dtype=float32,backend=default"
+    assert w.reference_for(w.sdpa(4, 2048, 32, 128, "float16", "flash"), "cuda").key == \
+        "sdpa/B=4,S=2048,H=32,D=96,dtype=float16,backend=flash"
+    assert w.reference_for(w.lowrank(64, 1024, 107, 1024, "float32"), "cpu").key == \
+        "lowrank/M=64,K=1024,R=128,N=1024,dtype=float32"
+    gemm = w.gemm(64, 1001, 1024, "float32")
+    assert w.reference_for(gemm, "cpu").key == w.reference_workload("cpu").key == REF
