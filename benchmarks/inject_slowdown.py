@@ -1,17 +1,20 @@
 """pytest plugin for benchmarks/bench_trust.py: makes every timed call really slower.
 
 ``-p benchmarks.inject_slowdown`` with ``GAC_INJECT_SLOWDOWN=0.10`` wraps each prepared
-workload except the perf gate's reference kernel so that a call spins after the real work for
+workload except the perf gate's reference kernels (whatever ``workloads.reference_for`` hands
+the gate) so that a call spins after the real work for
 10% of the work's own duration: the slowdown is spent inside the timed region, exactly like
 slower code in one kernel, and never touches the package's code paths outside this benchmark.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
 from gac_check.bench import run as bench_run
-from gac_check.bench.workloads import Prepared, reference_workload
+from gac_check.bench import workloads
+from gac_check.bench.workloads import Prepared
 
 FRACTION = float(os.environ.get("GAC_INJECT_SLOWDOWN", "0.10"))
 _original = bench_run.run_interleaved
@@ -32,22 +35,33 @@ def _slowed(fn):
 
 
 def _slowed_work(work):
+    """A slowed copy of ``work``: the caller's object is left alone, so a workload measured
+    twice (the gate's second look) is slowed once each time, not 10% more per look."""
     prepare = work.prepare
 
     def slowed_prepare(device):
         p = prepare(device)
         return Prepared(_slowed(p.fn), p.backend, p.notes)
 
-    work.prepare = slowed_prepare
-    return work
+    return dataclasses.replace(work, prepare=slowed_prepare)
 
 
-REFERENCES = {reference_workload(d).key for d in ("cpu", "cuda")}
+#: The reference kernels the gate asked for, by identity (an SDPA reference is an SDPA too);
+#: kept alive so that no later workload can reuse one's id.
+REFERENCES: dict[int, object] = {}
+_reference_for = workloads.reference_for
+
+
+def reference_for(work, device):
+    ref = _reference_for(work, device)
+    REFERENCES[id(ref)] = ref
+    return ref
 
 
 def run_interleaved(works, *args, **kwargs):
-    return _original([w if w.key in REFERENCES else _slowed_work(w) for w in works],
+    return _original([w if id(w) in REFERENCES else _slowed_work(w) for w in works],
                      *args, **kwargs)
 
 
 bench_run.run_interleaved = run_interleaved
+workloads.reference_for = reference_for

@@ -272,3 +272,45 @@ def test_hypothesis_examples_are_extracted():
     assert old["examples"] == ["Falsifying example: test_pad(d=3, k=50)"]
     assert old["seed"] == "123"
     assert hypothesis_failure("E   AssertionError: plain failure") is None
+
+
+REF_KERNEL = "sdpa/B=1,S=256,H=8,D=128,dtype=float32,backend=default"
+
+
+def relative_sweep():
+    """Issue 22's case: absolute 6.98 ms against a 2.79 ms baseline (a busy runner), judged on
+    the time relative to the reference: +5.4%, unchanged."""
+    return [{"case": f"sdpa/B=1,S=256,H=8,D={d},dtype=float32,backend=default",
+             "basis": "relative", "reference": REF_KERNEL, "trials": 36,
+             "measured_ms": 6.98 * d / 112, "baseline_ms": 2.79 * d / 112,
+             "measured_rel": 1.054 * d / 128, "measured_rel_iqr": 0.01,
+             "baseline_rel": d / 128, "baseline_rel_iqr": 0.01,
+             "ratio": 1.054, "delta": 0.054, "p_value": 0.2, "verdict": "unchanged"}
+            for d in (64, 107, 112)]
+
+
+def test_staircase_of_relative_cases_plots_what_the_verdict_compares():
+    (chart,) = charts.staircases([("cpu", relative_sweep())])
+    assert chart.relative and chart.reference == REF_KERNEL
+    assert chart.y_label == "time ÷ reference kernel (×)"
+    # y axis in ratios (about 0.5-0.93), not milliseconds (up to 6.98)
+    assert max(float(label) for _, label in chart.y_ticks) < 2
+    d112 = max(chart.points, key=lambda p: p.x)
+    assert d112.title.startswith("cpu: D=112: 0.9223x the time of " + REF_KERNEL)
+    assert "(+5.4%); unchanged; absolute (not judged): 6.98 ms now, 2.79 ms in the baseline" \
+        in d112.title
+
+
+def test_perf_table_shows_the_relative_basis_first_and_absolute_times_labelled():
+    run = hostile_run("m")
+    run["perf"] = relative_sweep()
+    html = render_html([run])
+    assert "time ÷ reference kernel (×)" in html and "latency (ms)" not in html
+    assert f"time ÷ reference <code>{REF_KERNEL}</code>" in html
+    assert "<th>absolute now (ms)</th><th>absolute baseline (ms)</th>" in html
+    row = html[html.index("D=112,dtype=float32,backend=default</code>"):]
+    row = row[:row.index("</tr>")]
+    cells = [c.split(">", 1)[1].strip() for c in row.split("<td")[1:]]
+    assert cells[1].startswith("0.9223×") and cells[2].startswith("0.875×")
+    assert cells[3] == "+5.4%</td>" and "unchanged" in cells[5]
+    assert cells[6].startswith("6.98") and cells[7].startswith("2.79")

@@ -73,3 +73,17 @@ def test_compare_without_baseline_samples_uses_the_published_median():
     assert v.status == stats.REGRESSED and v.p_value is None
     assert "factor alone" in v.reason
     assert stats.compare([], [1.0], baseline_median=None).status == stats.NO_BASELINE
+
+
+def test_confirm_needs_both_looks_regressed():
+    first = stats.Verdict(stats.REGRESSED, 1.07, 1e-3, 1.06)
+    pooled = stats.Verdict(stats.REGRESSED, 1.075, 1e-6, 1.06)
+    confirmed = stats.confirm(first, stats.Verdict(stats.REGRESSED, 1.08, 1e-3, 1.06), pooled)
+    assert confirmed.regressed and confirmed.ratio == 1.075 and confirmed.p_value == 1e-6
+    assert "confirmed by a second look (first look 1.070x, second look 1.080x" in confirmed.reason
+    second = stats.Verdict(stats.UNCHANGED, 1.01, 0.4, 1.06)
+    refuted = stats.confirm(first, second, pooled)
+    assert refuted.status == stats.UNCHANGED and refuted.ratio == 1.01
+    assert "not confirmed" in refuted.reason
+    with pytest.raises(ValueError):
+        stats.confirm(second, first, pooled)

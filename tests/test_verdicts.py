@@ -72,7 +72,7 @@ def test_relative_ratios_keep_the_same_direction():
 def test_the_verdict_describes_the_direction():
     base = Baseline("h100", H100, {CASE: measured()})
     text = base.compare(measured(scale=1.5)).describe()
-    assert text.startswith("regressed: 1.5") and "x the baseline time" in text
+    assert text.startswith("regressed: 1.5") and "x the baseline's time" in text
 
 
 # ----------------------------------------------------------------------- what is evidence

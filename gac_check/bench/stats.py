@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import cache
 
 REGRESSED, IMPROVED, UNCHANGED, NO_BASELINE = "regressed", "improved", "unchanged", "no baseline"
+#: ``--gac-update-baselines``: the case was measured and stored, not judged.
+RECORDED = "recorded"
 #: Exact U distribution up to this many samples per side (the DP table is n1*n2*(n1*n2/2)).
 EXACT_MAX_N = 12
 
@@ -113,6 +115,34 @@ def _tie_term(values: Sequence[float]) -> float:
     return float(sum(t ** 3 - t for t in counts.values()))
 
 
+#: A CPU trial counts only when both kernels' minima are within this factor of their minima
+#: over the whole look (see :func:`trial_ratios`).
+CLEAN_TRIAL = 1.25
+
+
+def trial_ratios(case: Sequence[Sequence[float]], reference: Sequence[Sequence[float]],
+                 q: float, clean: float | None = None) -> list[float]:
+    """Per trial, the case's ``q`` quantile over the reference's.
+
+    With ``clean`` (a factor; CPU minima): keep only the trials in which *both* kernels got a
+    clean sample, i.e. their trial minimum is within ``clean`` x their minimum over all trials.
+    On a CPU shared with more runnable processes than cores, a sample is either clean or
+    preempted (a scheduler slice, several ms, lands inside it); a trial in which one kernel
+    never ran clean gives a ratio 0.3x or 3x off. When both kernels slow alike (a lower clock),
+    every trial stays; when fewer than a quarter of the trials (at least 3) are clean, all are
+    kept (nothing to choose from; the verdict's test sees their spread).
+    """
+    if len(case) != len(reference):
+        raise ValueError("case and reference need the same trials")
+    pairs = [(quantile(c, q), quantile(r, q)) for c, r in zip(case, reference, strict=True)]
+    if clean is not None and pairs:
+        lo_c, lo_r = min(c for c, _ in pairs), min(r for _, r in pairs)
+        kept = [(c, r) for c, r in pairs if c <= clean * lo_c and r <= clean * lo_r]
+        if len(kept) >= max(3, len(pairs) // 4):
+            pairs = kept
+    return [c / r for c, r in pairs]
+
+
 @dataclass(frozen=True)
 class Verdict:
     """How a measurement compares with its baseline (times: ratio > 1 means slower now)."""
@@ -132,7 +162,8 @@ class Verdict:
             return f"{self.status}: {self.reason}"
         p = "n/a" if self.p_value is None else f"{self.p_value:.2g}"
         note = f"; {self.reason}" if self.reason else ""
-        return (f"{self.status}: {self.ratio:.3f}x the baseline time "
+        what = "relative time" if "relative to" in self.reason else "time"
+        return (f"{self.status}: {self.ratio:.3f}x the baseline's {what} "
                 f"(threshold {self.factor:.2f}x, p={p}){note}")
 
 
@@ -169,3 +200,28 @@ def compare(baseline: Sequence[float], current: Sequence[float], factor: float =
     else:
         status = UNCHANGED
     return Verdict(status, ratio, p, factor, note)
+
+
+def confirm(first: Verdict, second: Verdict, pooled: Verdict) -> Verdict:
+    """The verdict after a second look at a case whose first look said "regressed".
+
+    The second look is a fresh measurement (re-prepared, minutes of other processes later in
+    the worst case, seconds usually). A neighbour's burst that inflated the first look rarely
+    inflates an independent second one, while a real slowdown shows in both. So the case is
+    regressed only when the second look is regressed on its own too; the verdict then carries
+    the ``pooled`` comparison (both looks against the baseline: the median of the union lies
+    between the two looks' medians, so it is above the factor as well). Otherwise the second
+    look's verdict stands, saying the first was not confirmed.
+    """
+    if not first.regressed:
+        raise ValueError("a second look only follows a regressed first look")
+    looks = f"first look {first.ratio:.3f}x, second look {second.ratio:.3f}x"
+    if second.regressed:
+        return Verdict(REGRESSED, pooled.ratio, pooled.p_value, pooled.factor,
+                       "; ".join(filter(None, [pooled.reason,
+                                               f"confirmed by a second look ({looks}; "
+                                               "ratio and p of both looks pooled)"])))
+    return Verdict(second.status, second.ratio, second.p_value, second.factor,
+                   "; ".join(filter(None, [second.reason,
+                                           f"not confirmed by a second look ({looks}); "
+                                           "the second look's verdict stands"])))

@@ -3,7 +3,8 @@
 Reports, run documents and baselines are read by CI viewers and by concurrent pytest workers:
 a reader must see the old file or the new one, never half of one, and a new file must get the
 permissions any new file would get (``mkstemp`` alone leaves 0600, hiding a report from the CI
-user that serves it). Baseline merges are read-modify-write, so they also need a lock.
+user that serves it). Baseline merges are read-modify-write, so they also need a lock: on the
+file's directory, so nothing but the file is left beside it.
 
 A writer killed mid-write leaves its ``.<name>.<token>.partial`` temporary behind; it holds an
 ``flock`` on it while alive, so the next write of the same file removes any temporary nobody
@@ -116,8 +117,19 @@ def file_lock(lock: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``<file>.lock`` beside ``path`` (held across read-merge-write)."""
-    lock = Path(path).with_name(Path(path).name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(lock):
+    """An exclusive lock for a read-merge-write of ``path``, across processes.
+
+    The lock is an ``flock`` on the directory holding ``path`` (created if absent), not on a
+    ``<file>.lock`` beside it: a baseline lives in the user's repository, and a lock file left
+    there would show up in ``git status`` (a lock file cannot be deleted safely while another
+    process may be waiting on it). It serialises every locked write in that directory, which
+    for a few baseline files is no cost. Works on local file systems (Linux, macOS).
+    """
+    parent = Path(path).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)  # closing the only descriptor releases the flock

@@ -20,10 +20,15 @@ a plain JSON-able dict (so it survives xdist's serialisation and a saved run fil
     measured_ms     median latency now;  measured_iqr_ms: its IQR;  samples: how many
     baseline_ms     the stored median (None: no baseline);  baseline_iqr_ms: its IQR
     baseline_source "measured" or "published"
-    ratio, delta    measured / baseline, and ratio - 1 (None without a baseline)
+    basis           what the verdict compares: "relative" (the case's time over the reference
+                    kernel's, trial by trial) or "absolute" (seconds; published baselines)
+    reference       the reference kernel's case key (relative basis)
+    measured_rel    median per-trial ratio now;  measured_rel_iqr: its IQR;  trials: how many
+    baseline_rel    the stored median ratio;  baseline_rel_iqr: its IQR
+    ratio, delta    on the basis: measured / baseline, and ratio - 1 (None without a baseline)
     p_value         the comparison test's p-value (None when it could not run)
     verdict         a gac_check.bench.stats status: "regressed", "improved", "unchanged",
-                    "no baseline"
+                    "no baseline", "recorded" (--gac-update-baselines; baseline_path says where)
     reason          the verdict's explanation
     nodeid          filled in by the collector
 """
@@ -51,9 +56,15 @@ def record_perf(node: pytest.Item, record: dict) -> None:
 
 
 def perf_record(measurement, verdict, stored=None, device: str = "",
-                dim: str | None = None) -> dict:
+                dim: str | None = None, baseline_path: str | None = None) -> dict:
     """A record from :class:`gac_check.bench.baselines.Measurement` objects and a stats Verdict."""
+    from gac_check.bench import stats
+
+    rel = getattr(measurement, "relative", None)
+    stored_rel = getattr(stored, "relative", None) if stored is not None else None
+    relative = bool(rel) and (stored is None or bool(stored_rel))
     rec = {
+        "basis": "relative" if relative else "absolute",
         "case": measurement.case,
         "device": device,
         "backend": getattr(measurement, "backend", None),
@@ -71,6 +82,16 @@ def perf_record(measurement, verdict, stored=None, device: str = "",
         "verdict": verdict.status,
         "reason": verdict.reason,
     }
+    if relative:
+        rec.update({
+            "reference": measurement.reference,
+            "measured_rel": stats.median(rel), "measured_rel_iqr": stats.iqr(rel),
+            "trials": len(rel),
+            "baseline_rel": stats.median(stored_rel) if stored_rel else None,
+            "baseline_rel_iqr": stats.iqr(stored_rel) if stored_rel else None,
+        })
+    if baseline_path is not None:
+        rec["baseline_path"] = baseline_path
     if dim is not None:
         rec["dim"] = dim
     return rec

@@ -118,6 +118,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     pytest_perf.session_finish(session.config.stash.get(_PERF, None))
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    from gac_check.plugin import perf as pytest_perf
+
+    pytest_perf.terminal_summary(terminalreporter)
+
+
 @pytest.fixture(scope="session")
 def _gac_perf_session(request: pytest.FixtureRequest):
     from gac_check.plugin import perf as pytest_perf

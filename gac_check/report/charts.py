@@ -1,5 +1,10 @@
 """Geometry for the report's inline SVG: the alignment map and the latency staircase.
 
+The staircase plots what the perf verdict was computed on: for records judged relative to a
+reference kernel (``basis`` "relative"), the case's time over the reference's (x); for
+records judged on absolute time (published baselines), milliseconds. Absolute times of
+relative records are secondary: they are in each point's hover text, labelled.
+
 Computed here in plain Python (numbers and strings only) so the template stays declarative
 and the report needs no JavaScript and no network; the template escapes every string.
 """
@@ -156,6 +161,7 @@ class Chart:
 
     title: str
     x_label: str
+    y_label: str
     width: int
     height: int
     x_ticks: list[tuple[float, str]]
@@ -165,6 +171,28 @@ class Chart:
     lines: list[tuple[str, str]] = field(default_factory=list)  # (colour, points)
     points: list[Point] = field(default_factory=list)
     legend: list[tuple[str, str]] = field(default_factory=list)
+    relative: bool = False  # y is time relative to ``reference``, not milliseconds
+    reference: str | None = None
+
+
+@dataclass(frozen=True)
+class Axis:
+    """Which numbers of a perf record a chart plots: the verdict's basis."""
+
+    relative: bool
+
+    def now(self, rec: dict) -> float:
+        return rec["measured_rel"] if self.relative else rec["measured_ms"]
+
+    def base(self, rec: dict) -> float | None:
+        return rec.get("baseline_rel") if self.relative else rec.get("baseline_ms")
+
+    def base_iqr(self, rec: dict) -> float:
+        return (rec.get("baseline_rel_iqr") if self.relative else rec.get("baseline_iqr_ms")) or 0.0
+
+
+def is_relative(rec: dict) -> bool:
+    return rec.get("basis") == "relative" and rec.get("measured_rel") is not None
 
 
 def parse_case(case: str) -> tuple[str, dict[str, str]]:
@@ -231,8 +259,11 @@ W, H, LEFT, TOP, RIGHT, BOTTOM = 600, 260, 62, 14, 16, 40
 
 
 def _chart(name: str, dim: str, pts: list[tuple[int, int, dict]], labels: list[str]) -> Chart:
+    refs = {r.get("reference") for _, _, r in pts}
+    axis = Axis(all(is_relative(r) for _, _, r in pts) and len(refs) == 1)
+    reference = next(iter(refs)) if axis.relative else None
     xs = [x for _, x, _ in pts]
-    ys = [v for _, _, r in pts for v in _extent(r)]
+    ys = [v for _, _, r in pts for v in _extent(r, axis)]
     x_ticks = nice_ticks(min(xs), max(xs), 6)
     x_lo, x_hi = min(min(xs), x_ticks[0]), max(max(xs), x_ticks[-1])
     y_ticks = nice_ticks(0, max(ys) * 1.08, 5)
@@ -244,27 +275,30 @@ def _chart(name: str, dim: str, pts: list[tuple[int, int, dict]], labels: list[s
     def sy(y: float) -> float:
         return H - BOTTOM - y / (y_hi or 1) * (H - TOP - BOTTOM)
 
-    chart = Chart(title=name, x_label=dim, width=W, height=H,
+    chart = Chart(title=name, x_label=dim,
+                  y_label="time ÷ reference kernel (×)" if axis.relative else "latency (ms)",
+                  width=W, height=H,
                   x_ticks=[(sx(t), _fmt(t)) for t in x_ticks if x_lo <= t <= x_hi],
                   y_ticks=[(sy(t), _fmt(t)) for t in y_ticks], plot=(LEFT, TOP, W - RIGHT,
-                                                                     H - BOTTOM))
+                                                                     H - BOTTOM),
+                  relative=axis.relative, reference=reference)
     for run_index in sorted({i for i, _, _ in pts}):
         colour = RUN_PALETTE[run_index % len(RUN_PALETTE)]
         mine = sorted((x, r) for i, x, r in pts if i == run_index)
-        base = [(x, r) for x, r in mine if r.get("baseline_ms") is not None]
+        base = [(x, r) for x, r in mine if axis.base(r) is not None]
         if len(base) >= 1:
-            half = [(r.get("baseline_iqr_ms") or 0.0) / 2 for _, r in base]
-            upper = [f"{sx(x):.1f},{sy(r['baseline_ms'] + h):.1f}"
+            half = [axis.base_iqr(r) / 2 for _, r in base]
+            upper = [f"{sx(x):.1f},{sy(axis.base(r) + h):.1f}"
                      for (x, r), h in zip(base, half, strict=True)]
-            lower = [f"{sx(x):.1f},{sy(max(r['baseline_ms'] - h, 0)):.1f}"
+            lower = [f"{sx(x):.1f},{sy(max(axis.base(r) - h, 0)):.1f}"
                      for (x, r), h in zip(base, half, strict=True)]
             chart.bands.append(Band(colour, " ".join(upper + lower[::-1]),
-                                    " ".join(f"{sx(x):.1f},{sy(r['baseline_ms']):.1f}"
+                                    " ".join(f"{sx(x):.1f},{sy(axis.base(r)):.1f}"
                                              for x, r in base)))
-        chart.lines.append((colour, " ".join(f"{sx(x):.1f},{sy(r['measured_ms']):.1f}"
+        chart.lines.append((colour, " ".join(f"{sx(x):.1f},{sy(axis.now(r)):.1f}"
                                              for x, r in mine)))
         for x, r in mine:
-            chart.points.append(Point(sx(x), sy(r["measured_ms"]), colour,
+            chart.points.append(Point(sx(x), sy(axis.now(r)), colour,
                                       COLOURS["error"] if r.get("verdict") == "regressed"
                                       else None, perf_title(dim, x, r, labels[run_index])))
         if len(labels) > 1:
@@ -272,20 +306,32 @@ def _chart(name: str, dim: str, pts: list[tuple[int, int, dict]], labels: list[s
     return chart
 
 
-def _extent(rec: dict) -> list[float]:
-    vals = [rec["measured_ms"]]
-    if rec.get("baseline_ms") is not None:
-        vals.append(rec["baseline_ms"] + (rec.get("baseline_iqr_ms") or 0) / 2)
+def _extent(rec: dict, axis: Axis) -> list[float]:
+    vals = [axis.now(rec)]
+    if axis.base(rec) is not None:
+        vals.append(axis.base(rec) + axis.base_iqr(rec) / 2)
     return vals
 
 
 def perf_title(dim: str, x: int, rec: dict, label: str) -> str:
-    text = f"{label}: {dim}={x}: measured {rec['measured_ms']:.4g} ms"
-    if rec.get("baseline_ms") is not None:
-        text += f" vs baseline {rec['baseline_ms']:.4g} ms"
+    """A point's hover text: the verdict's numbers first, absolute times after, labelled."""
+    if is_relative(rec):
+        text = (f"{label}: {dim}={x}: {rec['measured_rel']:.4g}x the time of "
+                f"{rec.get('reference')} now")
+        if rec.get("baseline_rel") is not None:
+            text += f" vs {rec['baseline_rel']:.4g}x in the baseline"
+    else:
+        text = f"{label}: {dim}={x}: measured {rec['measured_ms']:.4g} ms"
+        if rec.get("baseline_ms") is not None:
+            text += f" vs baseline {rec['baseline_ms']:.4g} ms"
     if rec.get("delta") is not None:
         text += f" ({rec['delta']:+.1%})"
-    return f"{text}; {rec.get('verdict', 'no verdict')}"
+    text += f"; {rec.get('verdict', 'no verdict')}"
+    if is_relative(rec):
+        text += f"; absolute (not judged): {rec['measured_ms']:.4g} ms now"
+        if rec.get("baseline_ms") is not None:
+            text += f", {rec['baseline_ms']:.4g} ms in the baseline"
+    return text
 
 
 def _fmt(v: float) -> str:
