@@ -60,8 +60,8 @@ def test_weight_map_value_that_is_a_list_is_refused(copy) -> None:
 def test_run_document_the_report_cannot_draw_is_refused(tiny_checkpoints: dict[str, Path],
                                                         tmp_path: Path) -> None:
     """Mutant 'sets sites[0].rules to true' of a run document: it passed load_run and broke
-    the renderer (TypeError: can only join an iterable, exit 3); now each document is drawn
-    alone before anything is written, and one that cannot be is refused by name."""
+    the renderer (TypeError: can only join an iterable, exit 3); now the run document's types
+    are checked when it is read, and one that fails is refused by name and field."""
     proc = gac(tiny_checkpoints["single"], "--format", "json")
     assert proc.returncode in (0, 1), proc.stderr
     good, bad, out = tmp_path / "a100.json", tmp_path / "h100.json", tmp_path / "m.html"
@@ -70,5 +70,6 @@ def test_run_document_the_report_cannot_draw_is_refused(tiny_checkpoints: dict[s
     misaligned = next(s for s in doc["sites"] if not s["aligned"])
     misaligned["rules"] = True
     bad.write_text(json.dumps(doc))
-    refused(gac("report", "merge", good, bad, "-o", out), "h100.json", "gac-check can draw")
+    refused(gac("report", "merge", good, bad, "-o", out), "h100.json",
+            "rules is bool, not list")
     assert not out.exists()
