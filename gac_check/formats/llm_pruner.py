@@ -16,7 +16,7 @@ from math import gcd
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.pickletree import pickled_model
-from gac_check.formats.architectures import family_sites, find_family, head_dim_of
+from gac_check.formats.architectures import Family, family_sites, find_family, head_dim_of
 from gac_check.formats.base import Format
 from gac_check.formats.layout import dense_linear
 from gac_check.sites import DimSite, Role
@@ -60,13 +60,13 @@ class LLMPruner(Format):
         if not found:
             return []
         fam, prefix, layers = found
-        gcd = _head_dim_from_widths(ckpt)
+        gcd = _head_dim_from_widths(ckpt, fam, prefix, layers)
         sites = family_sites(ckpt, fam, prefix, layers, lambda m: self.linear(ckpt, m),
                              gcd if gcd[0] else None)
         head = next((s.value for s in sites if s.role is Role.HEAD_DIM), None)
         for site in sites:
             if site.role is Role.HEADS:
-                _note_partial_heads(ckpt, site, head)
+                _note_partial_heads(ckpt, fam, prefix, site, head)
                 _note_head_attributes(ckpt, site, head)
         hidden = next(s for s in sites if s.role is Role.HIDDEN)
         if hidden.inexact:
@@ -108,7 +108,8 @@ def _layer_sizes(ckpt: Checkpoint) -> dict[int, dict[str, int]]:
     return out
 
 
-def _head_dim_from_widths(ckpt: Checkpoint) -> tuple[int | None, str]:
+def _head_dim_from_widths(ckpt: Checkpoint, fam: Family, prefix: str,
+                          layers: list[int]) -> tuple[int | None, str]:
     """head_dim from shapes alone, when nothing records it: the GCD of q/k/v widths.
 
     Whole-head pruning leaves every q/k/v width a multiple of head_dim, and unpruned layers
@@ -117,10 +118,6 @@ def _head_dim_from_widths(ckpt: Checkpoint) -> tuple[int | None, str]:
     first, :func:`~gac_check.formats.architectures.infer_head_dim`); a GCD above 256 is no
     head_dim and is not used.
     """
-    found = find_family(ckpt, strict=False)
-    if not found:
-        return None, ""
-    fam, prefix, layers = found
     widths = []
     for i in layers:
         for key in ("q", "k", "v"):
@@ -145,13 +142,11 @@ def _note_head_attributes(ckpt: Checkpoint, site: DimSite, hd: int | None) -> No
             site.notes.append(f"the pickled module says {attr}={recorded}, tensors have {value}")
 
 
-def _note_partial_heads(ckpt: Checkpoint, site: DimSite, hd: int | None) -> None:
+def _note_partial_heads(ckpt: Checkpoint, fam: Family, prefix: str, site: DimSite,
+                        hd: int | None) -> None:
     """Flag layers whose q/k widths are not whole heads: head counts there are meaningless."""
     if not hd:
         return
-    found = find_family(ckpt, strict=False)
-    assert found
-    fam, prefix, _ = found
     for key in ("q", "k", "v"):
         lin = dense_linear(ckpt.shapes, f"{prefix}.{site.layer}.{getattr(fam, key)}")
         if lin and lin.out_features % hd:
