@@ -40,7 +40,9 @@ def test_a_fraction_is_rounded_down_to_whole_parameters():
     assert budget_from_fraction(mats, 0.35) == 44  # 44.8: never 45
     assert budget_from_fraction(mats, 0.3) == 38  # 38.4
     assert budget_from_spec("0.35", mats) == 44
-    assert budget_from_spec("1.5", mats) == 192  # more than dense is allowed: all stay dense
+    assert budget_from_fraction(mats, 1.5) == 192  # the API allows more than dense
+    with pytest.raises(BadInput, match="not a fraction in"):  # --budget 1.5: a likely typo
+        budget_from_spec("1.5", mats)
 
 
 @settings(CI, max_examples=200)

@@ -12,6 +12,7 @@ from gac_check.cli.exits import exit_code
 from gac_check.cli.fixing import plan_fix_outputs, write_fix_outputs
 from gac_check.errors import BadInput
 from gac_check.realign.factors import RealignReport, rank_alignment, realign
+from gac_check.realign.knapsack import budget_fraction
 from gac_check.report.realign import render_realign
 from gac_check.sites import Role
 
@@ -82,22 +83,17 @@ def realign_checked(model_dir: Path, out: Path, base_dir: Path | None = None,
                  and s.value % align]
         raise BadInput(not_realignable(result.format.name, align, len(ranks)),
                        result.checkpoint.path)
-    require_feasible(result, budget, align, calib, base_dir)
+    require_feasible(result, budget, align)
     report = realign(result.checkpoint, result.sites, result.contract, Path(out), base_dir,
                      budget, strategy, force, calib, progress,
                      recheck=lambda tmp: check(tmp, gpu, result.contract.dtype).findings)
     return result, report
 
 
-def require_feasible(result: CheckResult, budget: str, align: int, calib: Path | None,
-                     base_dir: Path | None) -> None:
+def require_feasible(result: CheckResult, budget: str, align: int) -> None:
     """Refuse, from the headers alone, what would otherwise fail after minutes of SVDs: a
-    missing calibration file, a budget that is no fraction, one no aligned choice fits."""
-    if calib is not None:
-        if base_dir is None:
-            raise BadInput("--calib needs --base: activations come from the dense model")
-        if not Path(calib).is_file():
-            raise BadInput("--calib: no such file", calib)
+    budget that is no fraction in (0, 1], or one no aligned choice fits."""
+    fraction = budget_fraction(budget)
     shapes = result.checkpoint.shapes
     sizes = []  # (rows, columns, rank) of each factorised matrix
     for site in result.sites:
@@ -105,19 +101,8 @@ def require_feasible(result: CheckResult, budget: str, align: int, calib: Path |
             b, a = (ax.tensor for ax in site.axes)  # B [r, in] then A [out, r]
             sizes.append((shapes[a][0], shapes[b][1], site.value))
     dense = sum(m * n for m, n, _ in sizes)
-    if budget == "same":
-        spend = sum(r * (m + n) for m, n, r in sizes)
-    else:
-        try:
-            fraction = float(budget)
-        except ValueError:
-            raise BadInput(f"--budget must be 'same' or a fraction of the dense model's "
-                           f"low-rank matrices, got {budget!r}") from None
-        if not 0 < fraction <= 1:
-            raise BadInput(f"--budget {budget} is not a fraction in (0, 1] of the dense "
-                           "model's low-rank matrices (0.2 is a fifth; above 1 would store "
-                           "more than the dense model)")
-        spend = math.floor(fraction * dense)
+    spend = (sum(r * (m + n) for m, n, r in sizes) if fraction is None
+             else math.floor(fraction * dense))
     least = sum(min(align * (m + n), m * n) for m, n, _ in sizes)
     if dense and spend < least:
         raise BadInput(f"--budget {budget} allows {spend:,} parameters, fewer than the "

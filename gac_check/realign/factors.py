@@ -151,12 +151,15 @@ def realign(ckpt: Checkpoint, sites: list[DimSite], contract: Contract, out: Pat
     ``recheck`` checks the finished output before it appears, so its ``gac-realign.json``
     records what remains, like a repair's ``gac-repair.json``.
     """
+    if calib is not None:  # refused before any work: the SVDs take minutes on a real model
+        if base_dir is None:
+            raise BadInput("--calib needs --base: activations come from the dense model")
+        if not Path(calib).is_file():
+            raise BadInput("--calib: no such file", calib)
     base = open_checkpoint(base_dir) if base_dir else None
     modules = rank_modules(sites, ckpt.path)
     scales = None
     if calib is not None:
-        if base_dir is None:
-            raise BadInput("--calib needs --base: activations come from the dense model")
         scales = input_scales(Path(base_dir), modules, Path(calib))
     state = read_state(ckpt)
     srcs = sources(state, modules, base, scales, progress)

@@ -231,24 +231,39 @@ def budget_from_ranks(matrices: Sequence[Matrix], ranks: Mapping[str, Rank]) -> 
 
 
 def budget_from_fraction(matrices: Sequence[Matrix], fraction: float) -> int:
-    """A fraction of the dense parameter count (``--budget 0.5``)."""
+    """A fraction of the dense parameter count (``--budget 0.5``); above 1 is allowed here
+    (every matrix may stay dense), the command line's spec is not (:func:`budget_fraction`)."""
     if not math.isfinite(fraction) or fraction <= 0:
         raise BadInput(f"budget fraction must be a positive number, got {fraction!r}")
     return math.floor(fraction * sum(mat.dense_params for mat in matrices))
 
 
-def budget_from_spec(spec: str, matrices: Sequence[Matrix],
-                     ranks: Mapping[str, Rank] | None = None) -> int:
-    """Parse ``--budget same|FLOAT``: ``same`` needs the compressor's ranks."""
+def budget_fraction(spec: str) -> float | None:
+    """``--budget same|FLOAT`` as the fraction it names (None: ``same``), refused unless it is
+    in (0, 1]: ``--budget 2`` is likelier a typo for 0.2 than a wish for twice the dense
+    model."""
     if spec == "same":
-        if ranks is None:
-            raise BadInput("--budget same needs the input model's ranks")
-        return budget_from_ranks(matrices, ranks)
+        return None
     try:
         fraction = float(spec)
     except ValueError:
         raise BadInput(f"--budget must be 'same' or a fraction of the dense model, got "
                        f"{spec!r}") from None
+    if not (math.isfinite(fraction) and 0 < fraction <= 1):
+        raise BadInput(f"--budget {spec} is not a fraction in (0, 1] of the dense model's "
+                       "low-rank matrices (0.2 is a fifth; above 1 would store more than the "
+                       "dense model)")
+    return fraction
+
+
+def budget_from_spec(spec: str, matrices: Sequence[Matrix],
+                     ranks: Mapping[str, Rank] | None = None) -> int:
+    """Parse ``--budget same|FLOAT``: ``same`` needs the compressor's ranks."""
+    fraction = budget_fraction(spec)
+    if fraction is None:
+        if ranks is None:
+            raise BadInput("--budget same needs the input model's ranks")
+        return budget_from_ranks(matrices, ranks)
     return budget_from_fraction(matrices, fraction)
 
 
