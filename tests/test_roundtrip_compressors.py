@@ -210,46 +210,44 @@ def test_slicegpt_family_round_trip(tmp_path, family):
     assert err <= C.tolerance(torch.float32), f"max relative logit error {err:.3g}"
 
 
+def edited_slicegpt(tmp_path: Path, family: str, edit) -> Path:
+    """A SliceGPT save of ``family`` whose state dict ``edit`` (state -> state) changed."""
+    root, stem, _ = slicegpt.build(tmp_path / "sliced", family, [179, 179, 179, 179])
+    pt = root / f"{stem}.pt"
+    torch.save(edit(torch.load(pt)), pt)
+    return root
+
+
+def refused_repair(model: Path, tmp_path: Path, names: str) -> None:
+    """``--repair`` exits 2 with one line naming ``names``, and writes nothing."""
+    run = helpers.gac(model, "--repair", tmp_path / "out", "--gpu", "gpu")
+    assert run.returncode == 2, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and names in run.stderr, run.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_slicegpt_unknown_architecture_is_refused(tmp_path):
     """Layers whose modules no family names (here Llama's o_proj renamed) are refused with one
     line and exit 2, never read as Llama; nothing is written."""
-    root, stem, _ = slicegpt.build(tmp_path / "sliced", "llama", [179, 179, 179, 179])
-    pt = root / f"{stem}.pt"
-    state = torch.load(pt)
-    state = {k.replace("self_attn.o_proj", "self_attn.wo"): v for k, v in state.items()}
-    torch.save(state, pt)
-    run = helpers.gac(root, "--repair", tmp_path / "out", "--gpu", "gpu")
-    assert run.returncode == 2, run.stderr
-    assert "does not know" in run.stderr and len(run.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "out").exists()
+    root = edited_slicegpt(tmp_path, "llama", lambda state: {
+        k.replace("self_attn.o_proj", "self_attn.wo"): v for k, v in state.items()})
+    refused_repair(root, tmp_path, "does not know")
 
 
 def test_slicegpt_missing_shortcut_is_refused(tmp_path):
     """A layer without the mlp_shortcut_Q SliceGPT's sequential adapters write is refused,
     naming it, rather than left out of the stream."""
-    root, stem, _ = slicegpt.build(tmp_path / "sliced", "opt", [179, 179, 179, 179])
-    pt = root / f"{stem}.pt"
-    state = torch.load(pt)
-    del state["model.decoder.layers.1.mlp_shortcut_Q"]
-    torch.save(state, pt)
-    run = helpers.gac(root, "--repair", tmp_path / "out", "--gpu", "gpu")
-    assert run.returncode == 2, run.stderr
-    assert "model.decoder.layers.1.mlp_shortcut_Q" in run.stderr
-    assert not (tmp_path / "out").exists()
+    root = edited_slicegpt(tmp_path, "opt", lambda state: {
+        k: v for k, v in state.items() if k != "model.decoder.layers.1.mlp_shortcut_Q"})
+    refused_repair(root, tmp_path, "model.decoder.layers.1.mlp_shortcut_Q")
 
 
 def test_repair_refuses_an_axis_no_site_pads(tmp_path):
     """The plan is checked against the tensors, not the adapter: a tensor the adapter does not
     know that carries a padded stream's width refuses the repair, naming the tensor."""
-    root, stem, _ = slicegpt.build(tmp_path / "sliced", "opt", [179, 179, 179, 179])
-    pt = root / f"{stem}.pt"
-    state = torch.load(pt)
-    state["model.decoder.layers.0.extra_scale"] = torch.ones(179, dtype=torch.float16)
-    torch.save(state, pt)
-    run = helpers.gac(root, "--repair", tmp_path / "out", "--gpu", "gpu")
-    assert run.returncode == 2, run.stderr
-    assert "model.decoder.layers.0.extra_scale axis 0" in run.stderr
-    assert not (tmp_path / "out").exists()
+    root = edited_slicegpt(tmp_path, "opt", lambda state: {
+        **state, "model.decoder.layers.0.extra_scale": torch.ones(179, dtype=torch.float16)})
+    refused_repair(root, tmp_path, "model.decoder.layers.0.extra_scale axis 0")
 
 
 def test_repair_refuses_a_family_not_tested_with_its_loader(tmp_path):
