@@ -32,13 +32,14 @@ def _layer(name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _scope(rep: SiteRepair, names: list[str]) -> list[str]:
+def _scope(rep: SiteRepair, layers: Mapping[str, str | None]) -> list[str]:
+    """The tensors a site's dimension can live in; ``layers`` maps each tensor to its layer."""
     site = rep.site
     if site.role is Role.HIDDEN:
-        layers = {_layer(ax.tensor) for ax in site.axes}
-        return [n for n in names if _layer(n) in layers]  # None: outside the layer list
+        mine = {layers[ax.tensor] for ax in site.axes}
+        return [n for n, layer in layers.items() if layer in mine]  # None: outside the layers
     prefix = site.module + "."
-    return [n for n in names if n.startswith(prefix)] if site.module else []
+    return [n for n in layers if n.startswith(prefix)] if site.module else []
 
 
 def unpadded_axes(repair_plan: RepairPlan,
@@ -47,12 +48,12 @@ def unpadded_axes(repair_plan: RepairPlan,
     old size, that no repair in the plan pads and that no site names (an axis a site names
     carries that site's dimension, which may have the same size by coincidence: a PaLU
     group's latent of 8 beside its 8 output rows)."""
-    names = sorted(shapes)
+    layers = {name: _layer(name) for name in sorted(shapes)}  # once, not once per site
     padded = {(t, a) for t, edit in repair_plan.edits.items() for a in edit.axes}
     known = padded | repair_plan.claimed  # an axis a site names carries its own dimension
     missing = []
     for rep in repair_plan.repairs:
-        for name in _scope(rep, names):
+        for name in _scope(rep, layers):
             for axis, n in enumerate(shapes[name]):
                 if n == rep.site.value and (name, axis) not in known:
                     missing.append((name, axis, rep.site.name))
