@@ -50,6 +50,7 @@ class TargetVerdict:
     #: in reach is fast; then what would help instead
     cannot_pad: str | None = None
     fast_at: int | None = None
+    kernels: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"target": self.target.spec, "verdict": self.verdict, "kernel": self.kernel,
@@ -189,7 +190,7 @@ def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> Tar
                     next(o for o in outcomes if o.verdict == verdict))
     kernel = decisive.kernel if verdict != FAST else "+".join(dict.fromkeys(kernels)) or None
     tv = TargetVerdict(target, verdict, kernel, decisive.why if verdict != FAST else "",
-                       decisive.source)
+                       decisive.source, kernels=kernels)
     if verdict == FAST:
         tv.fix_to = site.value
         return tv
