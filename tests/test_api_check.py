@@ -104,3 +104,11 @@ def test_the_package_loads_the_api_on_first_use_and_a_directory_check_imports_no
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=False)
     assert run.returncode == 0, run.stderr
+
+
+def test_a_fix_needs_a_directory(tmp_path):
+    with pytest.raises(BadInput, match="--repair rewrites a model directory, not a LlamaFor"):
+        gac_check.repair(tiny_llama(0), tmp_path / "out")
+    with pytest.raises(BadInput, match="--realign needs the weights, which a remote check"):
+        gac_check.realign("hf://org/model", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -69,8 +69,8 @@ def checkpoint_of(model: object, config: object = None) -> Checkpoint:
 def local_dir(model: object, job: str) -> Path:
     """The one local directory ``--repair`` / ``--realign`` rewrite: they need the weights."""
     if not isinstance(model, str | os.PathLike):
-        raise BadInput(f"{job} writes a model directory from one; save the model "
-                       "(save_pretrained) and pass its directory")
+        raise BadInput(f"{job} rewrites a model directory, not a {type(model).__name__}: "
+                       "save the model (save_pretrained) and pass its directory")
     if is_remote(str(model)):
         raise BadInput(f"{model}: {job} needs the weights, which a remote check never "
                        "downloads; download the model (hf download ORG/NAME --local-dir DIR) "
