@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gac_check.realign.knapsack import build_options, realign_plan
+from gac_check.ranks.knapsack import build_options, realign_plan
 from gac_check.testing.knapsack import LLAMA70B_SHAPES, llama_instance, round_down, solve_milp
 
 FAMILY_SETS = ("flat", "near_equal", "coprime", "align2", "flat+coprime", "flat+align2",

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from gac_check.models.compress import asvd_rank, layer_linears
-from gac_check.realign.calibration import input_scales
-from gac_check.realign.knapsack import DENSE, Matrix, budget_from_ranks, realign_plan
+from gac_check.ranks.calibration import input_scales
+from gac_check.ranks.knapsack import DENSE, Matrix, budget_from_ranks, realign_plan
 from gac_check.testing.knapsack import nearest, round_down, round_up
 
 #: Held-out modules whose docstrings calibrate the activation-aware objective.

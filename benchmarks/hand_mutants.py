@@ -46,12 +46,12 @@ class Mutant:
 V = "tests/test_verdicts.py"
 STATS, BASELINES = "gac_check/bench/stats.py", "gac_check/bench/baselines.py"
 TZ, TZA = "gac_check/checkpoint/torchzip.py", "tests/test_torchzip_allowlist.py"
-PLAN, WRITE, SITES = "gac_check/repair/plan.py", "gac_check/repair/write.py", "gac_check/sites.py"
+PLAN, WRITE, SITES = "gac_check/padding/plan.py", "gac_check/padding/write.py", "gac_check/sites.py"
 RS = "tests/test_repair_shards.py"
-PICKLED, TZW = "gac_check/repair/pickled.py", "gac_check/checkpoint/torchzip_write.py"
+PICKLED, TZW = "gac_check/padding/pickled.py", "gac_check/checkpoint/torchzip_write.py"
 RT, TW = "tests/test_roundtrip_compressors.py", "tests/test_torchzip_write.py"
-KS, KB = "gac_check/realign/knapsack.py", "tests/test_knapsack_budget.py"
-FACTORS, CAL = "gac_check/realign/factors.py", "gac_check/realign/calibration.py"
+KS, KB = "gac_check/ranks/knapsack.py", "tests/test_knapsack_budget.py"
+FACTORS, CAL = "gac_check/ranks/factors.py", "gac_check/ranks/calibration.py"
 RP = "tests/test_realign_properties.py"
 RULES, SELECT = "gac_check/contract/rules.py", "gac_check/contract/select.py"
 EVIDENCE, CE = "gac_check/contract/evidence.py", "tests/test_contract_edges.py"
@@ -191,7 +191,7 @@ MUTANTS = [
            'severities = (ERROR,) if strategy == "minimal" else (ERROR, WARNING)',
            "severities = (ERROR,)", (RP,)),
     Mutant("realign", "CLI drops --strategy", "gac_check/cli/realign.py",
-           "args.budget, args.strategy, args.force", 'args.budget, "minimal", args.force',
+           "args.strategy, args.force, args.calib", '"minimal", args.force, args.calib',
            (RP,)),
     Mutant("realign", "--budget FLOAT ignored (always same)", FACTORS,
            "spent = budget_from_spec(budget, matrices, old)",

@@ -16,7 +16,7 @@ from gac_check.contract.rules import Contract, Finding
 from gac_check.contract.select import assemble
 from gac_check.formats import Format, detect
 from gac_check.formats.architectures import find_family
-from gac_check.repair.plan import RepairPlan, plan
+from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
 from gac_check.targets.spec import Target
 

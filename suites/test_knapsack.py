@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gac_check.errors import BadInput
-from gac_check.realign.knapsack import (
+from gac_check.ranks.knapsack import (
     DENSE,
     WORK_LIMIT,
     budget_from_ranks,

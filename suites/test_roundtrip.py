@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gac_check.cli.repair import repair_dir
+from gac_check.api import repair
 from tests import compressors as C
 
 ROUND_TRIP = settings(max_examples=4, deadline=None,
@@ -21,7 +21,7 @@ def round_trip(build, dtype: str | None = "float16") -> None:
     """Build in a fresh directory, repair, load OUT the compressor's way, compare."""
     with tempfile.TemporaryDirectory() as tmp:
         built = build(Path(tmp) / "model")
-        report = repair_dir(built.path, Path(tmp) / "out", "gpu", dtype=dtype)
+        report = repair(built.path, Path(tmp) / "out", "gpu", dtype=dtype).report
         assert report.plan.repairs, "nothing was misaligned: the example proves nothing"
         C.assert_loads_same(built, Path(tmp) / "out")
 

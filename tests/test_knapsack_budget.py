@@ -5,7 +5,7 @@ The suite's random budgets (suites/test_knapsack.py) rarely land on a sum of can
 so an off-by-one that excludes a plan spending exactly the budget survives it; and a budget
 rounded up from ``fraction x dense`` lets a plan overspend what the user allowed. Here the
 budget is drawn as the exact cost of a feasible selection, and fractions are chosen so that the
-product is not an integer. Each test was run against a mutant of realign/knapsack.py and went
+product is not an integer. Each test was run against a mutant of ranks/knapsack.py and went
 red (benchmarks/hand_mutants.py, group "knapsack").
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gac_check.errors import BadInput
-from gac_check.realign.knapsack import (
+from gac_check.ranks.knapsack import (
     DENSE,
     Matrix,
     budget_from_fraction,

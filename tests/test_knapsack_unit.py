@@ -1,4 +1,4 @@
-"""Worked examples and edge cases of gac_check.realign.knapsack (the properties live in
+"""Worked examples and edge cases of gac_check.ranks.knapsack (the properties live in
 suites/test_knapsack.py)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gac_check.errors import BadInput
-from gac_check.realign.knapsack import (
+from gac_check.ranks.knapsack import (
     DENSE,
     Matrix,
     budget_from_fraction,
@@ -183,7 +183,7 @@ def test_hard_families_at_full_size_stay_within_the_limit() -> None:
 def test_the_realign_summary_prints_the_certified_gap(tmp_path) -> None:
     """What a user reads when the solver stopped at its work limit: the proven distance to the
     optimum, absolute and relative, not just "heuristic"."""
-    from gac_check.realign.factors import RealignReport
+    from gac_check.ranks.factors import RealignReport
     from gac_check.report.realign import render_realign
     from gac_check.testing.knapsack import llama_instance
 

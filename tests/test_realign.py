@@ -8,10 +8,10 @@ import torch
 from transformers import LlamaForCausalLM
 
 from gac_check.analysis import check
-from gac_check.cli.realign import realign_dir
+from gac_check.api import realign
 from gac_check.models.compress import compress_dir, layer_linears
 from gac_check.models.loaders import load_model
-from gac_check.realign.knapsack import DENSE
+from gac_check.ranks.knapsack import DENSE
 from tests.helpers import gac, tiny_bert, tiny_llama
 
 #: tests.helpers.LLAMA (hidden 64, MLP 176, 2 layers, 4 heads, vocabulary 96) with 2 kv heads
@@ -38,7 +38,7 @@ def low_rank_params(model_dir) -> int:
 
 def test_realigned_model_is_aligned_within_budget_and_is_the_truncated_svd(pair, tmp_path):
     dense, dense_dir, compressed, ranks = pair
-    report = realign_dir(compressed, tmp_path / "out", dense_dir, gpu="a100", dtype="float16")
+    report = realign(compressed, tmp_path / "out", dense_dir, gpu="a100", dtype="float16").report
     plan = report.plan
     assert plan.within_budget and plan.optimal and plan.aligned(8)
     assert plan.budget == sum(r * (lin.in_features + lin.out_features)
@@ -64,7 +64,7 @@ def test_realigned_model_is_aligned_within_budget_and_is_the_truncated_svd(pair,
 
 def test_without_base_ranks_only_go_down(pair, tmp_path):
     _, _, compressed, ranks = pair
-    report = realign_dir(compressed, tmp_path / "out", None, gpu="a100", dtype="float16")
+    report = realign(compressed, tmp_path / "out", None, gpu="a100", dtype="float16").report
     assert report.notes and "no --base" in report.notes[0]
     for name, r in report.plan.ranks.items():
         assert r == DENSE or (r <= ranks[name] and r % 8 == 0)
@@ -126,16 +126,16 @@ def test_activation_aware_objective_weights_errors_by_calibration_activations(tm
     calib = tmp_path / "calib.txt"
     calib.write_text("Return a new list containing all items from the iterable.\n"
                      "Open the file and return a stream; raise OSError on failure.\n")
-    plain = realign_dir(tmp_path / "c", tmp_path / "plain", dense_dir, "a100", "float16")
-    aware = realign_dir(tmp_path / "c", tmp_path / "aware", dense_dir, "a100", "float16",
-                        calib=calib)
+    plain = realign(tmp_path / "c", tmp_path / "plain", dense_dir, "a100", "float16").report
+    aware = realign(tmp_path / "c", tmp_path / "aware", dense_dir, "a100", "float16",
+                    calib=calib).report
     assert any("activation-aware" in n for n in aware.notes)
     assert aware.plan.within_budget and aware.plan.aligned(8)
     # A different objective: the errors are activation-weighted, not the plain ones.
     assert aware.old_error != pytest.approx(plain.old_error)
     load_model(tmp_path / "aware")
     with pytest.raises(Exception, match="needs --base"):
-        realign_dir(tmp_path / "c", tmp_path / "x", None, "a100", "float16", calib=calib)
+        realign(tmp_path / "c", tmp_path / "x", None, "a100", "float16", calib=calib)
 
 
 def test_sharded_input_realigns_to_a_loadable_single_file(tmp_path):
@@ -159,7 +159,7 @@ def test_sharded_input_realigns_to_a_loadable_single_file(tmp_path):
         save_file({n: state[n] for n in part}, str(tmp_path / "c" / shard))
         index["weight_map"].update({n: shard for n in part})
     (tmp_path / "c" / "model.safetensors.index.json").write_text(json.dumps(index))
-    realign_dir(tmp_path / "c", tmp_path / "out", tmp_path / "dense", "a100", "float16")
+    realign(tmp_path / "c", tmp_path / "out", tmp_path / "dense", "a100", "float16")
     assert weight_file_names(tmp_path / "out") == {"model.safetensors"}
     load_model(tmp_path / "out")
 
@@ -170,8 +170,8 @@ def test_without_base_a_rank_below_the_alignment_is_written_as_it_is_recorded(tm
     dense.save_pretrained(tmp_path / "dense")
     ranks = compress_dir(tmp_path / "dense", tmp_path / "c", 0.15)
     assert min(ranks.values()) < 8
-    report = realign_dir(tmp_path / "c", tmp_path / "out", None, "a100", "float16",
-                         budget="0.9")
+    report = realign(tmp_path / "c", tmp_path / "out", None, "a100", "float16",
+                     budget="0.9").report
     written = check(tmp_path / "out", "a100", "float16")
     recorded = json.loads((tmp_path / "out" / "config.json").read_text())["truncation_ranks"]
     on_disk = {s.module: s.value for s in written.sites if s.role.value == "rank"}
@@ -193,7 +193,7 @@ def test_realign_refuses_bad_arguments_before_any_svd(pair, tmp_path, monkeypatc
     """What the headers can refuse is refused before factorizing (minutes on a real model):
     factors.sources, where the SVDs start, is never reached."""
     from gac_check.cli.main import main
-    from gac_check.realign import factors
+    from gac_check.ranks import factors
 
     _, dense_dir, compressed, _ = pair
 

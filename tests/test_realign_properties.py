@@ -26,10 +26,10 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoTokenizer
 
 from gac_check.analysis import check
-from gac_check.cli.realign import realign_dir
+from gac_check.api import realign
 from gac_check.models.compress import compress_dir, layer_linears
-from gac_check.realign.calibration import input_scales
-from gac_check.realign.knapsack import DENSE
+from gac_check.ranks.calibration import input_scales
+from gac_check.ranks.knapsack import DENSE
 from tests import helpers
 
 #: tests.helpers.LLAMA (hidden 64, MLP 176, 2 layers, 4 heads, vocabulary 96) with 2 kv heads
@@ -74,8 +74,8 @@ def test_strategy_optimal_aligns_ranks_to_the_warnings_too(pair, tmp_path):
 
 def test_a_fractional_budget_is_that_share_of_the_dense_matrices(pair, tmp_path):
     dense, dense_dir, compressed, _ = pair
-    report = realign_dir(compressed, tmp_path / "out", dense_dir, "a100", "float16",
-                         budget="0.37")
+    report = realign(compressed, tmp_path / "out", dense_dir, "a100", "float16",
+                     budget="0.37").report
     full = sum(lin.weight.numel() for lin in layer_linears(dense).values())
     assert report.plan.budget == math.floor(0.37 * full)
     assert report.plan.total_params <= 0.37 * full and report.plan.optimal
@@ -116,8 +116,8 @@ def bert(tmp_path_factory):
 
 
 def test_calibrated_factors_approximate_w_and_discard_what_the_plan_says(bert, tmp_path):
-    report = realign_dir(bert / "c", tmp_path / "out", bert / "dense", "a100", "float16",
-                         calib=bert / "calib.txt")
+    report = realign(bert / "c", tmp_path / "out", bert / "dense", "a100", "float16",
+                     calib=bert / "calib.txt").report
     dense = load_file(bert / "dense" / "model.safetensors")
     out = load_file(tmp_path / "out" / "model.safetensors")
     modules = list(report.plan.ranks)

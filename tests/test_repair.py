@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 from gac_check.checkpoint.index import open_checkpoint
 from gac_check.contract.select import for_hardware
 from gac_check.errors import BadInput
-from gac_check.repair import plan as planner
-from gac_check.repair import write as writer
+from gac_check.padding import plan as planner
+from gac_check.padding import write as writer
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 from gac_check.testing.equivalence import (
     check_asvd,

@@ -1,11 +1,11 @@
-"""The plan against the tensors (gac_check/repair/completeness.py): an axis that holds a padded
+"""The plan against the tensors (gac_check/padding/completeness.py): an axis that holds a padded
 site's old size in its scope is either padded, named by another site, or the repair is
 refused."""
 from __future__ import annotations
 
 from gac_check.contract.select import for_hardware
-from gac_check.repair.completeness import unpadded_axes
-from gac_check.repair.plan import plan
+from gac_check.padding.completeness import unpadded_axes
+from gac_check.padding.plan import plan
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
 CONTRACT = for_hardware("gpu", "float16")

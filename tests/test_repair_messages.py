@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from gac_check.cli.main import main
-from gac_check.repair import write
+from gac_check.padding import write
 from tests import compressors as C
 from tests import helpers
 

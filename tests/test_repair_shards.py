@@ -1,5 +1,5 @@
 """Repair of sharded checkpoints, sites composing on one axis in any order, and what padding
-costs, pinned on public behaviour: the files ``repair_dir``/``apply`` write (read back with
+costs, pinned on public behaviour: the files ``gac_check.repair``/``apply`` write (read back with
 safetensors and loaded by transformers) and the numbers the check and repair report.
 
 * The shard index of a repaired checkpoint: ``metadata.total_size`` is the padded size, every
@@ -29,11 +29,11 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from gac_check.analysis import check
+from gac_check.api import repair
 from gac_check.checkpoint.index import open_checkpoint
-from gac_check.cli.repair import repair_dir
 from gac_check.contract.select import for_hardware
-from gac_check.repair.plan import plan
-from gac_check.repair.write import apply
+from gac_check.padding.plan import plan
+from gac_check.padding.write import apply
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 from gac_check.testing.strategies import TinyModel
 from tests import helpers
@@ -113,7 +113,7 @@ def test_sharded_safetensors_repair_rewrites_total_size_and_keeps_shard_names(tm
     model.save_pretrained(tmp_path / "src", max_shard_size="40KB")
     src_index = json.loads((tmp_path / "src" / "model.safetensors.index.json").read_text())
     assert len(set(src_index["weight_map"].values())) > 2
-    report = repair_dir(tmp_path / "src", tmp_path / "out", "gpu", dtype="float32")
+    report = repair(tmp_path / "src", tmp_path / "out", "gpu", dtype="float32").report
     index = assert_index_matches_files(tmp_path / "out")
     assert index["weight_map"] == src_index["weight_map"]
     assert index["metadata"]["total_size"] > src_index["metadata"]["total_size"]
@@ -233,7 +233,7 @@ def test_check_quotes_the_padding_the_repair_writes(tmp_path):
     model.save_pretrained(tmp_path / "m")
     result = check(tmp_path / "m", "gpu", "float32")
     quoted = sum(result.padding_params(f) for f in result.findings)
-    report = repair_dir(tmp_path / "m", tmp_path / "out", "gpu", dtype="float32")
+    report = repair(tmp_path / "m", tmp_path / "out", "gpu", dtype="float32").report
     before = sum(math.prod(s) for s in result.checkpoint.shapes.values())
     written = params(tmp_path / "out") - before
     assert quoted == report.plan.padding_params == written > 0

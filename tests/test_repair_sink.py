@@ -1,4 +1,4 @@
-"""The repair's output stream (gac_check.repair.sink): bytes land exactly where they belong,
+"""The repair's output stream (gac_check.padding.sink): bytes land exactly where they belong,
 with O_DIRECT and without, across buffer boundaries and unaligned tails, and errors of either
 side reach the caller instead of a short file or a hang."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from gac_check.errors import BadInput
-from gac_check.repair import sink as sink_mod
-from gac_check.repair.sink import BUFFER, IOV_MAX, Sink
+from gac_check.padding import sink as sink_mod
+from gac_check.padding.sink import BUFFER, IOV_MAX, Sink
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_rows_with_padding_land_between_their_zeros(tmp_path, source, row, pad):
 
 
 def test_a_run_of_rows_is_only_equal_contiguous_rows_each_with_equal_zeros():
-    from gac_check.repair.write import _row_run
+    from gac_check.padding.write import _row_run
 
     rows = [(0, 4), (None, 2), (4, 4), (None, 2), (8, 4), (None, 2)]
     assert _row_run(rows, 0) == 3 and _row_run(rows, 2) == 2 and _row_run(rows, 1) == 0

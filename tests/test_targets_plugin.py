@@ -1,5 +1,6 @@
-"""``pytest --gac-target SPEC``: the plugin's option and ``gac_targets`` fixture, in a project
-outside the checkout, and a bad spec is a usage error."""
+"""``pytest --gac-target SPEC``: the plugin's option and its ``gac_targets`` and
+``gac_check_model`` fixtures, in a project outside the checkout, and a bad spec is a usage
+error."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,20 @@ def test_deploys(gac_targets, gac_models, gac_profile):
     result = check(gac_models[0], gac_profile, None, gac_targets)
     summary = {spec: v["verdict"] for spec, v in result.contract.targets.summary().items()}
     assert summary == {"vllm,tp=3": "refused", "llama.cpp,quant=Q8_0": "fast"}
+
+
+def test_checks_a_model_in_memory_as_saved(gac_check_model, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=170, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    result = gac_check_model(model)
+    assert [t.spec for t in result.targets] == ["vllm,tp=3", "llama.cpp,quant=Q8_0"]
+    assert result.contract.profile == "h100" and result.checkpoint.container == "in-memory"
+    assert "model.layers.0.mlp:intermediate" in {f.site.name for f in result.findings}
+    model.save_pretrained(tmp_path)
+    assert gac_check_model(tmp_path).findings == result.findings
 '''
 
 
@@ -34,5 +49,6 @@ def test_gac_target_option_and_fixture(tmp_path):
     res = run(tmp_path, "--gpu", "h100", "--model", "model", "--gac-target", "vllm,tp=3",
               "--gac-target", "llama.cpp,quant=Q8_0", "test_deploy.py")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "2 passed" in res.stdout
     bad = run(tmp_path, "--gac-target", "vllm,tp=0", "test_deploy.py")
     assert bad.returncode == 4 and "positive integer" in bad.stderr  # a usage error

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from gac_check.cli.repair import repair_dir
+from gac_check.api import repair
 from tests.compressors import tiny_llama
 
 
@@ -47,7 +47,7 @@ def test_protocol_4_views_and_shared_storage(tmp_path):
     state = write(tmp_path / "src", protocol=4, view=True, tie=True)
     assert any(op.name == "FRAME" for op, _, _ in pickletools.genops(
         data_pkl(tmp_path / "src" / "pytorch_model.bin")))
-    repair_dir(tmp_path / "src", tmp_path / "out", "gpu", dtype="float16")
+    repair(tmp_path / "src", tmp_path / "out", "gpu", dtype="float16")
     # torch's weights-only unpickler lacks protocol 4's MEMOIZE; this test wrote the input
     got = torch.load(tmp_path / "out" / "pytorch_model.bin", weights_only=False)
     assert list(got) == list(state)
@@ -66,7 +66,7 @@ def test_protocol_4_views_and_shared_storage(tmp_path):
 def test_untouched_tensors_keep_their_bytes(tmp_path):
     """Every record but data.pkl and the padded tensors' storages is copied byte for byte."""
     write(tmp_path / "src", protocol=2, view=False, tie=False)
-    repair_dir(tmp_path / "src", tmp_path / "out", "gpu", dtype="float16")
+    repair(tmp_path / "src", tmp_path / "out", "gpu", dtype="float16")
     with zipfile.ZipFile(tmp_path / "src" / "pytorch_model.bin") as a, \
             zipfile.ZipFile(tmp_path / "out" / "pytorch_model.bin") as b:
         assert a.namelist() == b.namelist()

@@ -12,14 +12,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from gac_check.analysis import CheckResult, check
+from gac_check.analysis import CheckResult
+from gac_check.api import sources
+from gac_check.api.flows import check
+from gac_check.api.sources import is_remote, is_remote_checkpoint, local_dir
 from gac_check.checkpoint.files import open_regular
-from gac_check.checkpoint.index import Checkpoint, open_checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.cli.exits import exit_code
 from gac_check.errors import BadInput
 from gac_check.progress import steps
@@ -32,9 +34,6 @@ from gac_check.report.zoo import render_zoo, write_zoo, zoo_run
 
 #: A --models-from file larger than this is not a list of model names.
 MAX_LIST_BYTES = 1024 * 1024
-#: How a Hub model is named (huggingface_hub's URI scheme). huggingface_hub itself is imported
-#: only for a Hub model: it would double the start-up time of every local check.
-HF_SCHEME = "hf://"
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -84,17 +83,6 @@ def _names_in(path: Path) -> list[str]:
     return names
 
 
-def is_remote(name: str) -> bool:
-    """``hf://...``, or ``ORG/NAME`` when nothing by that name exists here."""
-    if name.startswith(HF_SCHEME):
-        return True
-    if name.count("/") != 1 or name.startswith((".", "/")) or os.path.lexists(name):
-        return False
-    from gac_check.checkpoint.remote import looks_like_repo_id
-
-    return looks_like_repo_id(name)
-
-
 def _hub_cache() -> Path:
     """Where the Hub cache is: reports about a Hub model must not land inside it."""
     from huggingface_hub import constants
@@ -107,37 +95,26 @@ def local_model(args: argparse.Namespace, job: str) -> Path:
     names = model_names(args)
     if len(names) != 1:
         raise BadInput(f"{job} writes one model; name one model directory, not {len(names)}")
-    if is_remote(names[0]):
-        raise BadInput(f"{names[0]}: {job} needs the weights, which a remote check never "
-                       "downloads; download the model (hf download ORG/NAME --local-dir DIR) "
-                       f"and run {job} on DIR")
-    return Path(names[0])
+    return local_dir(names[0], job)
 
 
-def open_model(name: str, args: argparse.Namespace | None = None) -> Checkpoint:
+def open_model(name: str, args: argparse.Namespace) -> Checkpoint:
     """A directory's index, or a Hub model's from its headers (bounded by the --hub-* limits)."""
+    limits = None
     if is_remote(name):
         from gac_check.checkpoint.hub_io import Limits
-        from gac_check.checkpoint.remote import open_remote
 
         given = {k: getattr(args, f"hub_{k}", None) for k in ("timeout", "max_bytes",
                                                                "max_requests")}
-        return open_remote(name, Limits(**{k: v for k, v in given.items() if v is not None}))
-    return open_checkpoint(name)
+        limits = Limits(**{k: v for k, v in given.items() if v is not None})
+    return sources.open_model(name, limits)
 
 
 def check_model(name: str, args: argparse.Namespace) -> CheckResult:
     start = time.perf_counter()
     ckpt = open_model(name, args)
     seconds = time.perf_counter() - start
-    try:
-        result = check(ckpt, args.gpu, args.dtype, getattr(args, "targets", ()))
-    except BadInput as exc:
-        if not _is_remote(ckpt):
-            raise
-        from gac_check.checkpoint.remote import renamed
-
-        raise renamed(exc, ckpt) from None
+    result = check(ckpt, args.gpu, args.dtype, getattr(args, "targets", ()))
     for note in getattr(getattr(ckpt, "fetch", None), "notes", []):
         sys.stderr.write(f"gac-check: note: {_printable(note)}\n")
     if getattr(args, "verbose", False):
@@ -154,17 +131,12 @@ def _printable(text: str) -> str:
 def _read_line(ckpt: Checkpoint, seconds: float) -> str:
     """What reading a model cost: bytes fetched and requests for a Hub model, time for both."""
     files = len(ckpt.files)
-    if not _is_remote(ckpt):
+    if not is_remote_checkpoint(ckpt):
         return f"{ckpt.source}: read {files} weight file header(s) in {seconds:.2f} s"
     f = ckpt.fetch  # type: ignore[attr-defined]
     via = "offline, from the cache" if f.offline else f"{f.requests} HTTP response(s)"
     return (f"{ckpt.source}: fetched {f.bytes:,} bytes ({via}) in {f.seconds:.2f} s; "
             f"{files} weight file header(s), {f.headers_cached} from the cache")
-
-
-def _is_remote(ckpt: Checkpoint) -> bool:
-    """A Hub model's checkpoint, told without importing huggingface_hub for a local one."""
-    return ckpt.source.startswith(HF_SCHEME)
 
 
 def _bench(results: list[CheckResult]) -> list:

@@ -1,16 +1,16 @@
 """``--report``/``--junit`` for ``--repair`` and ``--realign``: the re-check of OUT.
 
-A CI gate judges what it will ship (OUT), so both files describe OUT's re-check; each site
-also says what it was in the input (:mod:`gac_check.report.fixing`). Paths are validated
-before any work, like a plain check's, and may not lie inside OUT, which the fix replaces.
+A CI gate judges what it will ship (OUT), so both files describe OUT's re-check, the one the
+flow made before OUT appeared; each site also says what it was in the input
+(:mod:`gac_check.report.fixing`). Paths are validated before any work, like a plain check's,
+and may not lie inside OUT, which the fix replaces.
 """
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from pathlib import Path
 
-from gac_check.analysis import CheckResult, check
+from gac_check.api.flows import FixResult
 from gac_check.errors import BadInput
 from gac_check.report.fixing import annotate, fix_record
 from gac_check.report.json_report import to_json
@@ -28,11 +28,7 @@ def plan_fix_outputs(args: argparse.Namespace, out: Path) -> Outputs:
     return outputs
 
 
-def write_fix_outputs(outputs: Outputs, kind: str, before: CheckResult, out: Path, gpu: str,
-                      dtype: str, fail_on: str, targets: Sequence = ()) -> list[Path]:
-    """Re-check ``out`` and write the requested files from that re-check."""
-    if outputs.report is None and not outputs.default_report and outputs.junit is None:
-        return []
-    was = to_json(before)
-    after = to_json(check(out, gpu, dtype, targets))
+def write_fix_outputs(outputs: Outputs, kind: str, fix: FixResult, fail_on: str) -> list[Path]:
+    """Write the requested files from the fix's re-check of OUT."""
+    was, after = to_json(fix.before), to_json(fix.after)
     return write_outputs(outputs, annotate(was, after), fail_on, fix_record(kind, was, after))

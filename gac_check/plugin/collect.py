@@ -197,7 +197,7 @@ class ReportCollector:
 
     def _checks(self) -> list[dict]:
         """The alignment map of every ``--model``: header-only, so cheap at session end."""
-        from gac_check.analysis import check
+        from gac_check.api import check
         from gac_check.errors import BadInput
         from gac_check.report.json_report import to_json
 

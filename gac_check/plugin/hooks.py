@@ -86,11 +86,24 @@ def gac_models(request: pytest.FixtureRequest) -> list[Path]:
 
 @pytest.fixture(scope="session")
 def gac_targets(request: pytest.FixtureRequest) -> list:
-    """The deployment targets given with ``--gac-target`` (parsed; possibly none): pass them
-    to ``gac_check.analysis.check(model, gpu, dtype, targets)``."""
+    """The deployment targets given with ``--gac-target`` (parsed; possibly none):
+    :func:`gac_check_model` judges a model on them."""
     from gac_check.targets.spec import parse_target
 
     return [parse_target(t) for t in request.config.getoption(OPTION_TARGET) or []]
+
+
+@pytest.fixture(scope="session")
+def gac_check_model(gac_profile: str, gac_targets: list):
+    """A function: ``gac_check_model(model, dtype=None, config=None)`` is ``gac_check.check``
+    of a directory, a Hub model or a model in memory (a module, or a state dict with its
+    config) against this session's ``--gpu`` and ``--gac-target`` (docs/api.md)."""
+    from gac_check.api import check
+
+    def check_model(model, dtype: str | None = None, config=None):
+        return check(model, gac_profile, dtype, gac_targets, config=config)
+
+    return check_model
 
 
 @pytest.fixture(scope="session")

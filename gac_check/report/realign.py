@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from gac_check.contract.rules import ERROR
-from gac_check.realign.factors import PROVENANCE, RealignReport
-from gac_check.realign.knapsack import DENSE, RankPlan
+from gac_check.ranks.factors import PROVENANCE, RealignReport
+from gac_check.ranks.knapsack import DENSE, RankPlan
 
 
 def render_realign(report: RealignReport) -> str:

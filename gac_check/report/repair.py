@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gac_check.contract.rules import ERROR
-from gac_check.repair.write import RepairReport
+from gac_check.padding.write import RepairReport
 
 
 def render_repair(report: RepairReport) -> str:

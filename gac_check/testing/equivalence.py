@@ -2,8 +2,8 @@
 
 Each ``check_*`` function builds something real (stock transformers modules with random
 weights), writes it as a checkpoint of one compressor's layout, repairs it with
-:func:`gac_check.cli.repair.repair_dir` (or pads module weights with the same
-:mod:`gac_check.repair.plan` edits), loads the result back and compares outputs against the
+:func:`gac_check.repair` (or pads module weights with the same
+:mod:`gac_check.padding.plan` edits), loads the result back and compares outputs against the
 unrepaired model, returning the measured (max abs, relative) error. suites/ runs them under
 hypothesis; tests/ runs them against deliberately broken repairs ("mutants") to show they go
 red; benchmarks/repair_errors.py records their errors.
@@ -22,14 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gac_check.analysis import check
-from gac_check.cli.repair import repair_dir
+from gac_check.api import check, repair
 from gac_check.contract.select import for_hardware
 from gac_check.models.compress import compress_dir
 from gac_check.models.loaders import load_model, palu_state, prune_intermediate, svdllm_state
 from gac_check.models.lowrank import factorize
-from gac_check.repair import plan as planner
-from gac_check.repair import write as writer
+from gac_check.padding import plan as planner
+from gac_check.padding import write as writer
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 from gac_check.testing.strategies import TinyModel
 
@@ -99,7 +98,7 @@ def repaired(src: Path, out: Path, strategy: str, targets: Sequence[str] = ()
     """Repair and assert what every repair must: input untouched, repaired sites clean (on the
     deployment ``targets`` too, when given)."""
     before = {p.name: p.stat().st_mtime_ns for p in src.iterdir()}
-    report = repair_dir(src, out, PROFILE, strategy, DTYPE, targets=targets)
+    report = repair(src, out, PROFILE, strategy, DTYPE, target=targets).report
     assert {p.name: p.stat().st_mtime_ns for p in src.iterdir()} == before, "input modified"
     still = {f.site.name for f in check(out, PROFILE, DTYPE, targets).findings
              if f.severity in planner.STRATEGIES[strategy]}

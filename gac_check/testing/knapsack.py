@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from gac_check.realign.knapsack import (
+from gac_check.ranks.knapsack import (
     DEFAULT_ALIGN,
     DENSE,
     DENSE_CODE,

@@ -1,8 +1,8 @@
 """Exact zero-padding repair, the writer: stream a padded, loadable checkpoint to OUT.
 
 The writer streams: a safetensors tensor, padded or not, is a list of source byte ranges and
-zero runs (:meth:`~gac_check.repair.plan.TensorEdit.byte_pieces`) that go into the output file's
-buffers (:class:`~gac_check.repair.sink.Sink`: aligned, written with O_DIRECT beside the
+zero runs (:meth:`~gac_check.padding.plan.TensorEdit.byte_pieces`) that go into the output file's
+buffers (:class:`~gac_check.padding.sink.Sink`: aligned, written with O_DIRECT beside the
 reading), so peak memory is those few buffers whatever the model's size; only a tensor that must
 be rescaled, or one read from a torch zip archive, is materialised (about twice its size). OUT
 appears all at once (:func:`gac_check.checkpoint.outdir.atomic_output_dir`) or not at all.
@@ -27,10 +27,10 @@ from gac_check.checkpoint.outdir import (
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
-from gac_check.repair.completeness import require_complete
-from gac_check.repair.pickled import prepare_pickled
-from gac_check.repair.plan import ConfigEdit, RepairPlan, TensorEdit
-from gac_check.repair.sink import Sink
+from gac_check.padding.completeness import require_complete
+from gac_check.padding.pickled import prepare_pickled
+from gac_check.padding.plan import ConfigEdit, RepairPlan, TensorEdit
+from gac_check.padding.sink import Sink
 
 #: The provenance file every repaired directory carries (what was padded, what was refused).
 PROVENANCE = "gac-repair.json"

@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 
 from gac_check.errors import BadInput
-from gac_check.repair.plan import RepairPlan, SiteRepair
+from gac_check.padding.plan import RepairPlan, SiteRepair
 from gac_check.sites import Role
 
 _LAYER = re.compile(r"^(.*?\.(?:layers|layer|h|blocks)\.\d+)\.")

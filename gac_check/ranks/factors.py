@@ -26,8 +26,8 @@ from gac_check.checkpoint.tensors import read_state, tensor
 from gac_check.contract.rules import ERROR, WARNING, Contract, Finding
 from gac_check.errors import BadInput
 from gac_check.progress import steps
-from gac_check.realign.calibration import input_scales
-from gac_check.realign.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
+from gac_check.ranks.calibration import input_scales
+from gac_check.ranks.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
 from gac_check.sites import DimSite, Role
 
 #: the provenance record written into OUT, as a repair writes gac-repair.json

@@ -9,7 +9,7 @@ docs/design.md ("Exactness"); a site whose adapter says padding is not exact
 (``DimSite.inexact``) is refused with that reason, and the rest are repaired.
 
 Planning is pure (sites, contract and shapes in; a :class:`RepairPlan` out), so the check can
-report exactly the repair ``--repair`` would carry out; :mod:`gac_check.repair.write` writes it.
+report exactly the repair ``--repair`` would carry out; :mod:`gac_check.padding.write` writes it.
 """
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ class RepairPlan:
     edits: dict[str, TensorEdit] = field(default_factory=dict)
     config_edits: list[ConfigEdit] = field(default_factory=list)
     #: every (tensor, axis) some site says carries a dimension, padded or not: an axis no site
-    #: names is what :mod:`gac_check.repair.completeness` looks for
+    #: names is what :mod:`gac_check.padding.completeness` looks for
     claimed: frozenset[tuple[str, int]] = frozenset()
 
     @property

@@ -19,7 +19,7 @@ from pathlib import Path
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.torchzip import DTYPE_ITEMSIZE
 from gac_check.checkpoint.torchzip_write import ArchiveRewrite, IntEdit, plan_rewrite, write_archive
-from gac_check.repair.plan import RepairPlan
+from gac_check.padding.plan import RepairPlan
 from gac_check.sites import Role
 
 #: Attributes a module keeps per axis of its weight (nn.Linear's [out, in], nn.Embedding's).

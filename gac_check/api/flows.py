@@ -1,0 +1,163 @@
+"""The three flows every front end runs: check; repair (check, plan, write, re-check OUT);
+realign (check, re-select ranks, write, re-check OUT).
+
+The CLI, the pytest plugin's fixtures and :mod:`gac_check.testing` call these functions and
+only render what they return, so a flow does its work, every check included, exactly once:
+OUT is re-checked in its temporary directory before it appears, and that one re-check is the
+``remaining`` of the ``gac-*.json`` record, the printed summary, ``--report`` and ``--junit``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from gac_check import analysis
+from gac_check.analysis import CheckResult
+from gac_check.api.sources import checkpoint_of, is_remote_checkpoint, local_dir
+from gac_check.checkpoint.index import Checkpoint
+from gac_check.checkpoint.outdir import check_output_dir
+from gac_check.contract.rules import Finding
+from gac_check.errors import BadInput
+from gac_check.padding.plan import STRATEGIES, plan
+from gac_check.targets.spec import Target
+
+if TYPE_CHECKING:  # a check imports neither writer
+    from gac_check.padding.write import RepairReport
+    from gac_check.ranks.factors import RealignReport
+
+Report = TypeVar("Report")
+Targets = str | Target | Sequence[str | Target]
+
+
+def check(model: object, gpu: str = "auto", dtype: str | None = None, target: Targets = (),
+          *, config: object = None) -> CheckResult:
+    """Check ``model`` against ``gpu``'s contract for ``dtype`` (default: the model's own)
+    and, per deployment target (``"vllm,tp=4,quant=awq"``, one or a list), the engine's kernels.
+
+    ``model`` is a model directory, a Hub model (``hf://ORG/NAME[@REVISION]``, headers only),
+    a ``torch.nn.Module`` (its ``.config``, or ``config=``), a state dict with ``config=`` (a
+    dict or a transformers config), or an already indexed checkpoint.
+    """
+    ckpt = checkpoint_of(model, config)
+    targets = (target,) if isinstance(target, str | Target) else tuple(target)
+    try:
+        return analysis.check(ckpt, gpu, dtype, targets)
+    except BadInput as exc:
+        if not is_remote_checkpoint(ckpt):
+            raise
+        from gac_check.checkpoint.remote import renamed
+
+        raise renamed(exc, ckpt) from None
+
+
+@dataclass
+class FixResult(Generic[Report]):
+    """What a fix did: the input's check it was planned from, what it wrote (``report``:
+    a :class:`RepairReport` or :class:`RealignReport`, what the CLI prints), and the re-check
+    of OUT, made once before OUT appeared."""
+
+    before: CheckResult
+    report: Report
+    after: CheckResult
+
+    @property
+    def remaining(self) -> list[Finding]:
+        """What OUT still violates (refused sites stay misaligned): what a gate judges."""
+        return self.after.findings
+
+
+def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
+           strategy: str = "minimal", dtype: str | None = None, force: bool = False,
+           target: Targets = (), *, progress: bool = True) -> FixResult[RepairReport]:
+    """Check ``model_dir`` against ``gpu``'s contract and write its exact zero-padded repair
+    to ``out``, then re-check ``out``.
+
+    Refuses exactly what the checker refuses (BadInput before anything is written), and an
+    existing ``out`` unless ``force``. With ``target``, each site is padded to the smallest
+    size that is also fast on every target, where zero padding is exact.
+    """
+    from gac_check.padding.support import unsupported
+    from gac_check.padding.write import apply
+
+    if strategy not in STRATEGIES:
+        raise BadInput(f"--strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    before = check(local_dir(model_dir, "--repair"), gpu, dtype, target)
+    ckpt = before.checkpoint
+    why = unsupported(before.format.name, before.family)
+    if why:
+        raise BadInput(why, ckpt.path)
+    check_output_dir(Path(out), force, ckpt.path)
+    repair_plan = plan(before.sites, before.contract, strategy, shapes=ckpt.shapes,
+                       config=ckpt.config)
+    choice = before.dtype_choice
+    recheck = Recheck(gpu, before)
+    report = apply(repair_plan, ckpt, out, force=force, recheck=recheck,
+                   extra_notes=[choice.note] if choice and choice.note else [],
+                   show_progress=progress)
+    return FixResult(before, report, recheck.moved_to(report.out))
+
+
+def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = None,
+            gpu: str = "auto", dtype: str | None = None, budget: str = "same",
+            strategy: str = "minimal", force: bool = False, calib: Path | str | None = None,
+            *, progress: bool = True) -> FixResult[RealignReport]:
+    """Re-select aligned ranks of an ASVD-layout model under the same parameter budget (or
+    ``budget``, a fraction of the dense matrices), write it to ``out`` and re-check ``out``.
+
+    ``base`` is the dense original, so any aligned rank can be chosen; without it ranks only
+    go down within the existing factors. Other formats are refused with what to run instead,
+    and everything the headers can refuse is refused before any SVD.
+    """
+    from gac_check.api.refusals import require_feasible, require_realignable
+    from gac_check.ranks.factors import rank_alignment  # torch: only for a realign
+    from gac_check.ranks.factors import realign as write_realigned
+
+    model_dir = local_dir(model_dir, "--realign")
+    base_dir = Path(base) if base is not None else None
+    check_output_dir(Path(out), force, model_dir, *([base_dir] if base_dir else []))
+    before = check(model_dir, gpu, dtype)
+    align = rank_alignment(before.contract, strategy)
+    require_realignable(before, align)
+    require_feasible(before, budget, align)
+    recheck = Recheck(gpu, before)
+    report = write_realigned(before.checkpoint, before.sites, before.contract, Path(out),
+                             base_dir, budget, strategy, force,
+                             Path(calib) if calib is not None else None, progress,
+                             recheck=recheck)
+    if before.dtype_choice and before.dtype_choice.note:
+        report.notes.insert(0, before.dtype_choice.note)
+    return FixResult(before, report, recheck.moved_to(report.out))
+
+
+class Recheck:
+    """The re-check of a fix's output, run by the writer in OUT's temporary directory (so
+    OUT's provenance record holds what remains) against the input's profile, dtype and
+    targets; kept, so nothing has to check OUT again."""
+
+    def __init__(self, gpu: str, before: CheckResult) -> None:
+        self.gpu, self.dtype, self.targets = gpu, before.contract.dtype, before.targets
+        self.result: CheckResult | None = None
+
+    def __call__(self, tmp: Path) -> list[Finding]:
+        self.result = analysis.check(tmp, self.gpu, self.dtype, self.targets)
+        return self.result.findings
+
+    def moved_to(self, out: Path) -> CheckResult:
+        """The re-check, its checkpoint renamed to where the temporary directory went."""
+        result = self.result
+        assert result is not None, "the writer calls its recheck before OUT appears"
+        return dataclasses.replace(result, checkpoint=_moved(result.checkpoint,
+                                                             Path(out).resolve()))
+
+
+def _moved(ckpt: Checkpoint, to: Path) -> Checkpoint:
+    """``ckpt`` with its directory and every file in it renamed to ``to``."""
+    def move(path: Path) -> Path:
+        return to / path.relative_to(ckpt.path)
+
+    tensors = {n: dataclasses.replace(t, file=move(t.file)) for n, t in ckpt.tensors.items()}
+    return dataclasses.replace(ckpt, path=to, tensors=tensors,
+                               files=[move(f) for f in ckpt.files])

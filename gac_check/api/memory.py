@@ -1,0 +1,67 @@
+"""A model in memory as a checkpoint: a compressor's own tests check what they just built.
+
+The index is what a save would write, without writing it: each tensor's name, shape and dtype
+(tied aliases dropped, as safetensors and ``save_pretrained`` drop them) and the config as
+``config.json`` would hold it (a transformers config's ``to_diff_dict``, exactly what
+``save_pretrained`` writes). So the check of a module finds what the check of its saved
+directory finds (tests/test_api_check.py holds the two equal). A format that keeps part of its
+description in a file beside the weights (SliceGPT's slicing config) cannot be judged from the
+module and is refused: save it first.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from gac_check.checkpoint.index import Checkpoint
+from gac_check.checkpoint.tensorinfo import TensorInfo
+from gac_check.errors import BadInput
+from gac_check.formats.slicegpt import SliceGPT
+
+#: The container a model in memory is reported in (beside ``safetensors`` and ``torch-zip``).
+IN_MEMORY = "in-memory"
+
+
+def from_module(module, config: object = None) -> Checkpoint:
+    """A ``torch.nn.Module``'s checkpoint: its state dict and ``config`` (default: its own
+    ``.config``, as every transformers model has)."""
+    config = getattr(module, "config", None) if config is None else config
+    return from_state(module.state_dict(), config, type(module).__name__)
+
+
+def from_state(state: Mapping, config: object, what: str = "state dict") -> Checkpoint:
+    """A state dict's checkpoint, with the config the model was built from."""
+    where = Path(f"<in-memory {what}>")
+    if config is None:
+        raise BadInput("a model in memory needs its config: pass config= (a dict or a "
+                       "transformers PretrainedConfig), or save the model and check the "
+                       "directory", where)
+    from gac_check.models.lowrank import tied_names  # imports torch, which the model has
+
+    tied = tied_names(state)
+    tensors = {name: TensorInfo(name, tuple(t.shape), _dtype(t), where)
+               for name, t in state.items() if tied.get(name, name) == name}
+    ckpt = Checkpoint(where, _config_dict(config, where), tensors, IN_MEMORY)
+    if SliceGPT().matches(ckpt):
+        raise BadInput("is a SliceGPT model, whose slicing config lives in a file beside the "
+                       "weights, not in the module; save it with its slicing config "
+                       "and check the directory", where)
+    return ckpt
+
+
+def _dtype(tensor) -> str:
+    """``torch.float16`` -> ``float16``, the names the header readers give."""
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _config_dict(config: object, where: Path) -> dict:
+    """The config as config.json would hold it (JSON types only)."""
+    if isinstance(config, Mapping):
+        data = dict(config)
+    elif callable(getattr(config, "to_diff_dict", None)):
+        data = config.to_diff_dict()
+    else:
+        raise BadInput(f"config= must be a dict or a transformers PretrainedConfig, not a "
+                       f"{type(config).__name__}", where)
+    return json.loads(json.dumps(data, default=str))

@@ -1,0 +1,78 @@
+"""What a model to check can be, turned into the one :class:`Checkpoint` every check starts from.
+
+A directory is indexed from its headers; a Hugging Face Hub model (``hf://ORG/NAME[@REVISION]``,
+or ``ORG/NAME`` where no such directory exists, as transformers resolves names) from its JSON
+files and safetensors headers; a model in memory (a ``torch.nn.Module`` or a state dict, with its
+config) from its tensors' shapes and dtypes (:mod:`gac_check.api.memory`). huggingface_hub and
+torch are imported only when the model needs them: either would double a local check's cost.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from gac_check.checkpoint.index import Checkpoint, open_checkpoint
+from gac_check.errors import BadInput
+
+#: How a Hub model is named (huggingface_hub's URI scheme).
+HF_SCHEME = "hf://"
+
+
+def is_remote(name: str) -> bool:
+    """``hf://...``, or ``ORG/NAME`` when nothing by that name exists here."""
+    if name.startswith(HF_SCHEME):
+        return True
+    if name.count("/") != 1 or name.startswith((".", "/")) or os.path.lexists(name):
+        return False
+    from gac_check.checkpoint.remote import looks_like_repo_id
+
+    return looks_like_repo_id(name)
+
+
+def is_remote_checkpoint(ckpt: Checkpoint) -> bool:
+    """A Hub model's checkpoint, told without importing huggingface_hub for a local one."""
+    return ckpt.source.startswith(HF_SCHEME)
+
+
+def open_model(name: str | os.PathLike, limits=None) -> Checkpoint:
+    """A directory's index, or a Hub model's from its headers, each request bounded by
+    ``limits`` (:class:`gac_check.checkpoint.hub_io.Limits`; default: its defaults)."""
+    if is_remote(str(name)):
+        from gac_check.checkpoint.remote import open_remote
+
+        return open_remote(str(name), limits)
+    return open_checkpoint(name)
+
+
+def checkpoint_of(model: object, config: object = None) -> Checkpoint:
+    """The checkpoint of anything :func:`gac_check.check` takes: an indexed checkpoint as it
+    is, a directory or Hub name, a module (its ``.config``, or ``config``) or a state dict
+    (with ``config``)."""
+    if isinstance(model, Checkpoint):
+        return model
+    if isinstance(model, str | os.PathLike):
+        if config is not None:
+            raise BadInput("config= is for a model in memory; a directory has its config.json",
+                           Path(model))
+        return open_model(model)
+    from gac_check.api.memory import from_module, from_state
+
+    if isinstance(model, Mapping):
+        return from_state(model, config)
+    if callable(getattr(model, "state_dict", None)):
+        return from_module(model, config)
+    raise BadInput(f"cannot check a {type(model).__name__}: give a model directory, "
+                   "hf://ORG/NAME, a torch.nn.Module or a state dict (with its config)")
+
+
+def local_dir(model: object, job: str) -> Path:
+    """The one local directory ``--repair`` / ``--realign`` rewrite: they need the weights."""
+    if not isinstance(model, str | os.PathLike):
+        raise BadInput(f"{job} rewrites a model directory, not a {type(model).__name__}: "
+                       "save the model (save_pretrained) and pass its directory")
+    if is_remote(str(model)):
+        raise BadInput(f"{model}: {job} needs the weights, which a remote check never "
+                       "downloads; download the model (hf download ORG/NAME --local-dir DIR) "
+                       f"and run {job} on DIR")
+    return Path(model)
