@@ -134,7 +134,7 @@ def test_dry_run_shows_the_gpu_plan_without_a_gpu(tmp_path):
 def test_absent_gpu_is_one_line_and_exit_2(tmp_path):
     proc = run_sweep("--profile", "h100", env_dir=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and "not present" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "asks for an H100" in proc.stderr
 
 
 def test_time_budget_stops_before_a_group_and_says_so(tmp_path):

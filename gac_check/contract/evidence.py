@@ -28,6 +28,7 @@ from pathlib import Path
 
 from gac_check.bench import baselines, published, stats
 from gac_check.bench.cases import parse_case_key
+from gac_check.bench.device import contract_key
 from gac_check.bench.model_bench import BenchReport
 from gac_check.contract import measured
 from gac_check.contract.rules import GEMM_ROLES, Contract, Finding, Rule
@@ -276,7 +277,7 @@ def _sweep_dtype(base: baselines.Baseline, dtype: str) -> str:
 
 def evidence_for(profile: str) -> Evidence:
     """The sweeps for a profile: its measured baseline (if recorded), then published data."""
-    path = baselines.path_for(measured.profile_key(profile))
+    path = baselines.path_for(contract_key(profile))
     stamp = path.stat().st_mtime_ns if path.exists() else None
     return _evidence(profile, path, stamp)
 
