@@ -56,7 +56,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
                          description="Derive the measured contract (which moduli matter, and "
                          "by how much) from a baseline's sweeps and report its drift against "
                          "the published rules or another baseline.")
-    con.add_argument("baseline", type=Path, metavar="BASELINE.json")
+    con.add_argument("baseline", type=Path, metavar="BASELINE.json",
+                     help="a recorded baseline (baselines/<key>.json)")
     con.add_argument("--dtype", default="float32", help="the sweeps' dtype (default float32)")
     con.add_argument("--against", default="published", metavar="published|OTHER.json",
                      help="what drift is judged against (default: the published rules)")
