@@ -20,9 +20,9 @@ import torch.nn.functional as F
 
 from gac_check.bench import timing, workloads
 from gac_check.bench.cases import case_key, parse_case_key
+from gac_check.bench.device import measuring
 from gac_check.bench.kernels import run
 from gac_check.bench.peak import peak
-from gac_check.bench.device import measuring
 from gac_check.errors import BadInput, HardwareMissing
 from tests.helpers import gac, tiny_llama
 

@@ -1,4 +1,5 @@
-"""The baseline recording command (``python -m gac_check.bench.sweep``), on the CPU.
+"""The baseline recording command (``gac-check baseline record``, here by its older spelling
+``python -m gac_check.bench.sweep --profile``), on the CPU.
 
 The GPU plan cannot be run here; what can be checked without a GPU is checked: that it records
 every case the issue lists (SDPA staircase per backend, GEMM K/N sweeps holding the

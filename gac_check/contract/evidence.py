@@ -4,7 +4,7 @@ The data are sweeps: times of one kernel over a contiguous range of one size (SD
 head_dim, a GEMM over K or N) at fixed other sizes, on one machine, in one dtype. Two kinds:
 
 * measured: ``baselines/<profile>.json`` recorded on that hardware
-  (``python -m gac_check.bench.sweep``), which wins where it covers the shape;
+  (``gac-check baseline record``), which wins where it covers the shape;
 * published: the paper's A100 and H100 tables, packaged with gac-check
   (:mod:`gac_check.bench.published`). The generic ``gpu`` profile quotes the A100's; the H200
   inherits the H100's (:data:`INHERITED`).
