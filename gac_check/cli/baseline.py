@@ -69,7 +69,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
 def _record_parser(sub) -> None:
     rec = sub.add_parser("record", help="measure this device's baseline",
                          description="Measure this device's baseline in one command: the "
-                         "sweeps a measured contract is derived from, and the reference "
+                         "sweeps a measured contract\nis derived from, and the reference "
                          "kernel the perf gate normalises by.", epilog=RECORD_EXAMPLES,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     rec.add_argument("--gpu", default="auto", type=str.lower, choices=CHOICES,
@@ -85,7 +85,7 @@ def _record_parser(sub) -> None:
                      help="three sizes per group, few samples: checks the whole path quickly")
     rec.add_argument("--dry-run", action="store_true",
                      help="print the plan and its estimated time; measure nothing")
-    rec.add_argument("--max-seconds", type=float, default=sweep.MAX_SECONDS,
+    rec.add_argument("--max-seconds", type=float, default=sweep.MAX_SECONDS, metavar="SECONDS",
                      help="start no group after this many seconds (default %(default)s)")
 
 
