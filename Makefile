@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m gac_check.demo $(DEMO_DIR)
+	$(VENV)/bin/gac-check demo $(DEMO_DIR)
 
 # Three tiers. `make test`: import layers, then everything but the slow and timing tests on
 # both cores, then the timing tests alone (a perf test beside another worker's model test on a

@@ -241,9 +241,9 @@ MUTANTS = [
            "return pow2 == m or (m == MODULI[-1] and pow2 >= m)", "return pow2 >= m",
            ("tests/test_measured_edges.py",)),
     Mutant("elsewhere", "perf gate on a CPU uses the GPU's quantile", "gac_check/plugin/perf.py",
-           'q = GPU_Q if target.device == "cuda" else CPU_Q', "q = GPU_Q", (V,)),
+           'q = GPU_Q if target.kind == "cuda" else CPU_Q', "q = GPU_Q", (V,)),
     Mutant("elsewhere", "perf gate on a CPU uses the GPU's factor", "gac_check/plugin/perf.py",
-           "GPU_PERF_FACTOR if target.device == \"cuda\" else CPU_PERF_FACTOR)",
+           "GPU_PERF_FACTOR if target.kind == \"cuda\" else CPU_PERF_FACTOR)",
            "GPU_PERF_FACTOR)", (V,)),
     # ------------------------------------------- issue 22, "tests that bite": the thin areas
     # ------------------------------------------------------------------ dtype choice

@@ -12,12 +12,11 @@ import dataclasses
 import os
 import time
 
-from gac_check.bench import run as bench_run
-from gac_check.bench import workloads
+from gac_check.bench import kernels, workloads
 from gac_check.bench.workloads import Prepared
 
 FRACTION = float(os.environ.get("GAC_INJECT_SLOWDOWN", "0.10"))
-_original = bench_run.run_interleaved
+_original = kernels.run_interleaved
 
 
 def _slowed(fn):
@@ -63,5 +62,5 @@ def run_interleaved(works, *args, **kwargs):
                      *args, **kwargs)
 
 
-bench_run.run_interleaved = run_interleaved
+kernels.run_interleaved = run_interleaved
 workloads.reference_for = reference_for

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 
 from gac_check.bench import timing, workloads
 from gac_check.bench.cases import case_key, parse_case_key
+from gac_check.bench.device import measuring
+from gac_check.bench.kernels import run
 from gac_check.bench.peak import peak
-from gac_check.bench.run import run
-from gac_check.bench.sweep import _device_for
-from gac_check.errors import BadInput
+from gac_check.errors import BadInput, HardwareMissing
 from tests.helpers import gac, tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,11 +104,11 @@ def test_run_records_tflops_and_peak_fraction():
     assert peak("cpu").copy_gbs > 0
 
 
-def test_sweep_refuses_absent_hardware():
+def test_measuring_refuses_absent_hardware():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    with pytest.raises(BadInput, match="not present"):
-        _device_for("h100")
+    with pytest.raises(HardwareMissing, match="asks for an H100; this machine has no CUDA"):
+        measuring("h100")
 
 
 def _pytest(*args: str) -> subprocess.CompletedProcess:

@@ -1,4 +1,5 @@
-"""`make demo` end to end: the real bundled model compressed, checked, repaired, realigned."""
+"""`make demo` (`gac-check demo`) end to end: the real bundled model compressed, checked,
+repaired, realigned."""
 from __future__ import annotations
 
 import re
@@ -11,10 +12,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_runs_the_main_job_on_the_bundled_model(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "gac_check.demo", str(tmp_path / "demo")],
+    r = subprocess.run([sys.executable, "-m", "gac_check.cli", "demo", str(tmp_path / "demo")],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
+    assert "\n$ gac-check compress " in out  # each step echoed as a user types it
     assert "36 of 55 sites misaligned (36 errors" in out  # ranks 153 and 245 at ratio 0.8
     assert re.search(r"compressed vs repaired: max abs difference \S+ \(unchanged\)", out)
     cos = dict(re.findall(r"embeddings, (\w+): mean ([0-9.]+)", out))

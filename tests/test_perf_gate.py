@@ -13,6 +13,7 @@ import pytest
 
 from gac_check.bench import baselines, stats
 from gac_check.bench.baselines import Baseline, Fingerprint, Measurement, Provenance
+from gac_check.bench.device import Device
 from gac_check.plugin.perf import relative_times
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +131,7 @@ def _bench(looks: list[list[float]], update: bool = False, stored=STORED, direct
     holding ``stored``; what it measured is counted in ``bench.calls``."""
     from gac_check.plugin import perf
 
-    session = perf.Session(perf.PerfTarget("cpu", "cpu-amd-avx2"), 1.06, update, 0.0)
+    session = perf.Session(Device("cpu", "cpu", "cpu-amd-avx2"), 1.06, update, 0.0)
     session._baseline = baseline(relative(stored))
     bench = perf.Bench(session, _Node())
     bench.calls = 0

@@ -1,4 +1,5 @@
-"""The baseline recording command (``python -m gac_check.bench.sweep``), on the CPU.
+"""The baseline recording command (``gac-check baseline record``, here by its older spelling
+``python -m gac_check.bench.sweep --profile``), on the CPU.
 
 The GPU plan cannot be run here; what can be checked without a GPU is checked: that it records
 every case the issue lists (SDPA staircase per backend, GEMM K/N sweeps holding the
@@ -134,7 +135,7 @@ def test_dry_run_shows_the_gpu_plan_without_a_gpu(tmp_path):
 def test_absent_gpu_is_one_line_and_exit_2(tmp_path):
     proc = run_sweep("--profile", "h100", env_dir=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and "not present" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "asks for an H100" in proc.stderr
 
 
 def test_time_budget_stops_before_a_group_and_says_so(tmp_path):

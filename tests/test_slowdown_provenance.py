@@ -44,7 +44,7 @@ def no_measured_baselines(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ the published baselines
 @pytest.mark.parametrize("gpu", ["a100", "h100"])
 def test_packaged_tables_are_the_committed_baselines(gpu):
-    """baselines/<gpu>.json is what `python -m gac_check.bench.published` makes of the
+    """baselines/<gpu>.json is what `gac-check baseline published` makes of the
     packaged tables: same cases, same medians, same provenance form."""
     stored = baselines.load(ROOT / "baselines" / f"{gpu}.json")
     fresh = published.published_baseline(gpu)

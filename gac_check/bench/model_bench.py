@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gac_check.bench import device as devices
 from gac_check.bench import timing, workloads
-from gac_check.bench.run import present_device, run_interleaved
-from gac_check.profiles import cpu_name, cuda_profile
+from gac_check.bench.kernels import run_interleaved
 from gac_check.sites import AxisKind, Role
 
 GEMM_SITE_ROLES = (Role.RANK, Role.INTERMEDIATE, Role.KV_LATENT)
@@ -97,10 +97,11 @@ def site_workloads(finding, shapes: dict[str, tuple[int, ...]], config: dict, to
     return out
 
 
-def bench_findings(result, device: str | None = None) -> BenchReport:
-    """Time every finding's site at its value and at its repaired size."""
-    device = device or present_device()
-    kind = "cuda" if device.startswith("cuda") else "cpu"
+def bench_findings(result, here: devices.Device | None = None) -> BenchReport:
+    """Time every finding's site at its value and at its repaired size, on ``here`` (default:
+    the device present)."""
+    here = here or devices.present()
+    kind = here.kind
     dtype = bench_dtype(kind, result.contract.dtype)
     tokens = TOKENS[kind]
     shapes, config = result.checkpoint.shapes, result.checkpoint.config
@@ -125,23 +126,14 @@ def bench_findings(result, device: str | None = None) -> BenchReport:
             row.note = "no 2-D tensors carry this site"
             continue
         todo = [w for w in orig + rep if w.key not in cache]
-        for m in run_interleaved(todo, device, CONFIG[kind], "gac-check --bench",
+        for m in run_interleaved(todo, kind, CONFIG[kind], "gac-check --bench",
                                  with_peak=False) if todo else []:
             cache[m.case] = m.median_s
         row.original_s = sum(cache[w.key] for w in orig)
         row.repaired_s = sum(cache[w.key] for w in rep)
         row.kernels = "; ".join(w.key for w in orig[:2]) + (
             f"; and {len(orig) - 2} more" if len(orig) > 2 else "")
-    return BenchReport(device, dtype, tokens, sites, *_hardware(kind))
-
-
-def _hardware(kind: str) -> tuple[str, str]:
-    """The present device's name and profile (what --bench figures speak for)."""
-    if kind == "cpu":
-        return cpu_name(), "cpu"
-    import torch
-
-    return torch.cuda.get_device_name(0), cuda_profile() or "gpu"
+    return BenchReport(kind, dtype, tokens, sites, here.name, here.profile)
 
 
 def render(report: BenchReport) -> str:

@@ -1,7 +1,7 @@
 """The published A100 and H100 sweeps as baselines (provenance "published").
 
-    python -m gac_check.bench.published h100 baselines/h100.json
-    python -m gac_check.bench.published a100 baselines/a100.json --reference DIR
+    gac-check baseline published h100 baselines/h100.json
+    gac-check baseline published a100 baselines/a100.json --reference DIR
 
 The paper's tables (``published-<gpu>-sdpa-latency.tsv``, ``published-<gpu>-gemm-alignment-
 sweep.tsv``, values read from its figures' vector data) ship inside the package
@@ -14,7 +14,6 @@ has the same unit.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -101,24 +100,7 @@ def packaged(gpu: str) -> baselines.Baseline:
     return published_baseline(gpu)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gac_check.bench.published",
-                                description="Write a GPU's published sweeps as a baseline.")
-    p.add_argument("gpu", choices=sorted(GPUS))
-    p.add_argument("out", type=Path)
-    p.add_argument("--reference", type=Path, default=None,
-                   help="directory with the published-<gpu>-*.tsv tables (default: the "
-                   "copies packaged in gac_check/data)")
-    args = p.parse_args(argv)
-    try:
-        base = published_baseline(args.gpu, args.reference)
-    except (BadInput, ValueError) as exc:
-        print(f"published: {exc}", file=sys.stderr)
-        return 2
-    baselines.save(base, args.out)
-    print(f"wrote {len(base.cases)} published cases to {args.out}")
-    return 0
+if __name__ == "__main__":  # the old spelling of `gac-check baseline published`, kept working
+    from gac_check.cli.main import main
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(["baseline", "published", *sys.argv[1:]]))

@@ -1,9 +1,11 @@
 """Record a machine's baseline in one command: the sweeps a measured contract is derived from,
 the expected slowdowns are read from, and the reference kernels the perf gate normalises by.
 
-    python -m gac_check.bench.sweep --profile h100          # on an H100: baselines/h100.json
-    python -m gac_check.bench.sweep --profile auto --dry-run   # what it would record, how long
-    python -m gac_check.bench.sweep --profile cpu --smoke   # the whole path in seconds
+    gac-check baseline record --gpu h100        # on an H100: baselines/h100.json
+    gac-check baseline record --dry-run         # what it would record here, how long
+    gac-check baseline record --gpu cpu --smoke # the whole path in seconds
+
+(``python -m gac_check.bench.sweep`` is the same command; its old ``--profile`` still works.)
 
 What is recorded is :func:`record_plan`, the one list of cases (add a group there, not here):
 
@@ -24,19 +26,14 @@ that is cut short keeps what it measured and says what it left out (exit 1).
 """
 from __future__ import annotations
 
-import argparse
-import re
-import shlex
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gac_check.bench import baselines, timing, workloads
+from gac_check.bench.kernels import run_interleaved
 from gac_check.bench.peak import peak
-from gac_check.bench.run import present_device, run_interleaved
-from gac_check.errors import BadInput
-from gac_check.profiles import cpu_profile_key, cuda_profile
 from gac_check.progress import steps
 
 #: Published shapes (gac_check.bench.published), so measured cases replace published ones.
@@ -176,72 +173,7 @@ def record(plan: RecordPlan, device: str, key: str, out: Path, command: str, dty
     return skipped
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gac_check.bench.sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", required=True, choices=("a100", "h100", "h200", "cpu", "auto"),
-                   help="the device present (auto: whichever it is)")
-    p.add_argument("--out", type=Path, help="baseline file (default baselines/<key>.json)")
-    p.add_argument("--dtype", default="float32", help="CPU: the one dtype of this process")
-    p.add_argument("--smoke", action="store_true",
-                   help="three sizes per group, few samples: checks the whole path quickly")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan and its estimated time; measure nothing")
-    p.add_argument("--max-seconds", type=float, default=MAX_SECONDS,
-                   help="start no group after this many seconds (default %(default)s)")
-    args = p.parse_args(argv)
-    kind = "cpu" if args.profile == "cpu" or (
-        args.profile == "auto" and cuda_profile() is None) else "cuda"
-    plan = record_plan(kind, args.dtype)
-    plan = plan.smoke() if args.smoke else plan
-    for g in plan.groups:
-        print(f"{g.name}: {len(g.works)} cases")
-    print(f"{plan.cases} cases on {kind}, about {plan.estimate_s() / 60:.1f} min (estimate "
-          "from assumed throughputs)")
-    if args.dry_run:
-        return 0
-    try:
-        device, key = _device_for(args.profile)
-    except BadInput as exc:
-        print(f"sweep: {exc}", file=sys.stderr)
-        return 2
-    out = args.out or baselines.path_for(key)
-    command = "python -m gac_check.bench.sweep " + shlex.join(sys.argv[1:] if argv is None
-                                                              else argv)
-    try:
-        skipped = record(plan, device, key, out, command, args.dtype, args.max_seconds)
-    except BadInput as exc:  # e.g. OUT holds another device's baseline
-        print(f"sweep: {exc}", file=sys.stderr)
-        return 2
-    if skipped:
-        print(f"time was up after --max-seconds {args.max_seconds:.0f}: not recorded: "
-              f"{', '.join(skipped)}", file=sys.stderr)
-        return 1
-    print(f"recorded {out}")
-    return 0
+if __name__ == "__main__":  # the old spelling of `gac-check baseline record`, kept working
+    from gac_check.cli.main import main
 
-
-def _device_for(profile: str) -> tuple[str, str]:
-    """The device to measure on and its baseline key; refuses a profile that is not here."""
-    if profile == "cpu":
-        return "cpu", cpu_profile_key()
-    present = cuda_profile()
-    if profile == "auto":
-        if present is None:
-            return "cpu", cpu_profile_key()
-        return present_device(), present if present != "gpu" else _unlisted_gpu_key()
-    if present != profile:
-        raise BadInput(f"--profile {profile} asks for a device that is not present "
-                       f"(present: {present or 'no CUDA device'})")
-    return present_device(), profile
-
-
-def _unlisted_gpu_key() -> str:
-    """A GPU without a profile of its own: ``gpu-<name>``, the perf gate's key for it."""
-    import torch
-
-    return "gpu-" + re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(0).lower()).strip("-")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(["baseline", "record", *sys.argv[1:]]))

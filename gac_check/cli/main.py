@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib import import_module
 from pathlib import Path
 
 from gac_check.cli.exits import EXIT_BAD_INPUT, EXIT_INTERNAL
@@ -18,6 +19,16 @@ from gac_check.profiles import resolve_profile
 from gac_check.report.outputs import DEFAULT_REPORT
 
 DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn", "int8")
+#: ``gac-check COMMAND ...``: each command is one module under gac_check/cli with
+#: ``main(argv, parser_class)``. The first argument names it; anything else is a MODEL, so a
+#: model directory that happens to be called like a command is written ``./report``.
+COMMANDS = {"report": "gac_check.cli.report", "baseline": "gac_check.cli.baseline",
+            "compress": "gac_check.cli.compress", "demo": "gac_check.cli.demo"}
+USAGE = """%(prog)s MODEL [MODEL ...] [options]         check (--repair OUT, --realign OUT)
+       %(prog)s report merge RUN.json ... -o FILE.html
+       %(prog)s baseline record|published|contract ...
+       %(prog)s compress SRC OUT [--ratio R]
+       %(prog)s demo [OUT]"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,12 +69,19 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="gac-check", description="Find, repair and gate GPU-hostile dimensions "
-                "in a compressed model checkpoint.",
-                epilog="Also: 'gac-check report merge RUN.json ... -o FILE.html' merges saved "
-                "runs (one per GPU) into one report. Exit codes: 0 nothing at or above "
-                "--fail-on, 1 findings, 2 bad input or usage, 3 internal error. Manual: "
-                "docs/ in the source tree.")
+    p = _Parser(prog="gac-check", usage=USAGE, description="Find, repair and gate GPU-hostile "
+                "dimensions in a compressed model checkpoint.",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="""commands (each with its own --help):
+  report merge   merge saved runs (one per GPU) into one HTML report
+  baseline       record this device's baseline (record), write a GPU's published one
+                 (published), or derive the measured contract and its drift (contract)
+  compress       the reference low-rank compressor (truncated SVD, ASVD's layout)
+  demo           compress, check, repair and realign the bundled real MiniLM
+
+A model directory named like a command is written ./NAME. Exit codes: 0 nothing at or above
+--fail-on, 1 findings, 2 bad input or usage, 3 internal error. Manual: docs/ in the source
+tree.""")
     p.add_argument("models", nargs="*", metavar="MODEL",
                    help="model directory (config.json + weights), or a Hub model checked from "
                    "its headers alone: hf://ORG/NAME[@REVISION], or ORG/NAME where no such "
@@ -129,13 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["report"]:  # `gac-check report merge ...`; MODEL_DIR is positional
-        return guarded(lambda: _report_command(argv[1:]))
+    command = COMMANDS.get(argv[0]) if argv else None
+    if command:
+        return guarded(lambda: import_module(command).main(argv[1:], _Parser))
     return guarded(lambda: run(build_parser().parse_args(argv)))
 
 
 def guarded(job: Callable[[], int]) -> int:
-    """The one error boundary every command goes through (check, repair, realign, report).
+    """The one error boundary every command goes through (check, repair, realign, and each of
+    :data:`COMMANDS`).
 
     Bad input and a failing environment (a full disk, a read-only target, no memory) are one
     line and exit 2; anything else is a bug: one line and exit 3, never 1, which a CI gate
@@ -197,12 +217,6 @@ def run(args: argparse.Namespace) -> int:
     from gac_check.cli.check import run_check
 
     return run_check(args)
-
-
-def _report_command(argv: list[str]) -> int:
-    from gac_check.cli.report import main as report_main
-
-    return report_main(argv, _Parser)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ The data are sweeps: times of one kernel over a contiguous range of one size (SD
 head_dim, a GEMM over K or N) at fixed other sizes, on one machine, in one dtype. Two kinds:
 
 * measured: ``baselines/<profile>.json`` recorded on that hardware
-  (``python -m gac_check.bench.sweep``), which wins where it covers the shape;
+  (``gac-check baseline record``), which wins where it covers the shape;
 * published: the paper's A100 and H100 tables, packaged with gac-check
   (:mod:`gac_check.bench.published`). The generic ``gpu`` profile quotes the A100's; the H200
   inherits the H100's (:data:`INHERITED`).
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from gac_check.bench import baselines, published, stats
 from gac_check.bench.cases import parse_case_key
+from gac_check.bench.device import contract_key
 from gac_check.bench.model_bench import BenchReport
 from gac_check.contract import measured
 from gac_check.contract.rules import GEMM_ROLES, Contract, Finding, Rule
@@ -276,7 +277,7 @@ def _sweep_dtype(base: baselines.Baseline, dtype: str) -> str:
 
 def evidence_for(profile: str) -> Evidence:
     """The sweeps for a profile: its measured baseline (if recorded), then published data."""
-    path = baselines.path_for(measured.profile_key(profile))
+    path = baselines.path_for(contract_key(profile))
     stamp = path.stat().st_mtime_ns if path.exists() else None
     return _evidence(profile, path, stamp)
 

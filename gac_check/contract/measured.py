@@ -9,11 +9,10 @@ the honest number). m *matters* when the median ratio is at least 1 + ``MIN_GAIN
 samples are stored, most pairs differ significantly (Mann-Whitney). A rule's ``slowdown_by_pow2``
 gives the rescue ratio for every lower power-of-two class, so an odd size quotes its own figure.
 
-    python -m gac_check.contract.measured baselines/cpu-amd-avx2.json --dtype float32
+    gac-check baseline contract baselines/cpu-amd-avx2.json --dtype float32
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -22,9 +21,8 @@ from pathlib import Path
 
 from gac_check.bench import baselines, stats
 from gac_check.bench.cases import parse_case_key
-from gac_check.contract.rules import ERROR, GEMM_ROLES, WARNING, Rule, cpu_rules, gpu_rules
-from gac_check.errors import BadInput
-from gac_check.profiles import cpu_profile_key
+from gac_check.bench.device import contract_key
+from gac_check.contract.rules import ERROR, GEMM_ROLES, WARNING, Rule
 from gac_check.sites import Role
 
 MODULI = (2, 4, 8, 16, 32, 64)
@@ -166,15 +164,10 @@ def roles_covered(rules_effects: list[ModulusEffect]) -> frozenset[Role]:
     return frozenset(r for e in rules_effects for r in ROLES[e.kind])
 
 
-def profile_key(profile: str) -> str:
-    """The baseline file key of a contract profile: ``cpu`` is this machine's CPU."""
-    return cpu_profile_key() if profile == "cpu" else profile
-
-
 def measured_rules(profile: str, dtype: str) -> tuple[list[Rule], frozenset[Role]] | None:
     """The measured rules for a profile and the roles its sweeps cover, or None without a
     measured sweep (the caller then uses the published rules)."""
-    path = baselines.path_for(profile_key(profile))
+    path = baselines.path_for(contract_key(profile))
     if not path.exists():
         return None
     return _cached_rules(path, path.stat().st_mtime_ns, dtype)
@@ -225,42 +218,7 @@ def drift(expected: list[Rule], current: list[Rule], covered: frozenset[Role]) -
     return Drift(gone, added)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gac_check.contract.measured",
-                                description="Derive the measured contract from a stored "
-                                "sweep and report drift against the published rules or "
-                                "another baseline.")
-    p.add_argument("baseline", type=Path)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--against", default="published",
-                   help="'published' or another baseline file to compare with")
-    p.add_argument("--include-published", action="store_true",
-                   help="also derive from published cases (e.g. baselines/a100.json)")
-    args = p.parse_args(argv)
-    try:
-        base = baselines.load(args.baseline)
-        rules, seen = derive_rules(base, args.dtype, not args.include_published)
-        if args.against == "published":
-            ref = cpu_rules(args.dtype) if base.profile.startswith("cpu") else gpu_rules(
-                args.dtype, base.profile)
-        else:
-            ref = derive_rules(baselines.load(Path(args.against)), args.dtype)[0]
-    except BadInput as exc:
-        print(f"measured_contract: {exc}", file=sys.stderr)
-        return 2
-    for fam in families(base, args.dtype, not args.include_published):
-        if fam.noise > MAX_NOISE:
-            print(f"{fam.label}: too noisy to judge (median relative IQR {fam.noise:.2f} > "
-                  f"{MAX_NOISE}); re-run the sweep on a quiet machine")
-    for e in seen:
-        flag = "MATTERS" if e.matters else "-"
-        print(f"{e.family}: mod {e.modulus:>2}: rescue {e.rescue:.3f}x over {e.pairs} pairs "
-              f"({e.significant} significant) {flag}")
-    for r in rules:
-        print(f"rule {r.id} [{r.severity}]: {r.why}")
-    print("\n".join(drift(ref, rules, roles_covered(seen)).lines()))
-    return 0
+if __name__ == "__main__":  # the old spelling of `gac-check baseline contract`, kept working
+    from gac_check.cli.main import main
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(["baseline", "contract", *sys.argv[1:]]))

@@ -4,11 +4,10 @@ It exists to produce the irregular ranks real tools produce (ASVD's rank formula
 ``int(numel * ratio) // (in + out)``) on any transformers model, written in ASVD's layout, so
 the checker, repair and realign stages have real compressed checkpoints to work on.
 
-    python -m gac_check.models.compress SRC OUT --ratio 0.8
+    gac-check compress SRC OUT --ratio 0.8
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -115,24 +114,7 @@ def compress_dir(src: Path, out: Path, ratio: float, force: bool = False) -> dic
     return ranks
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gac_check.models.compress",
-                                description="Truncated-SVD compressor writing ASVD's layout.")
-    p.add_argument("src", type=Path)
-    p.add_argument("out", type=Path)
-    p.add_argument("--ratio", type=float, default=0.8,
-                   help="fraction of parameters kept per matrix (ASVD's param_ratio)")
-    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
-    args = p.parse_args(argv)
-    try:
-        ranks = compress_dir(args.src, args.out, args.ratio, args.force)
-    except BadInput as exc:
-        sys.stderr.write(f"gac_check.models.compress: {exc}\n")
-        return 2
-    distinct = sorted(set(ranks.values()))
-    print(f"compressed {len(ranks)} linears at ratio {args.ratio}: ranks {distinct} -> {args.out}")
-    return 0
+if __name__ == "__main__":  # the old spelling of `gac-check compress`, kept working
+    from gac_check.cli.main import main
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(["compress", *sys.argv[1:]]))

@@ -30,16 +30,16 @@ Decisions (docs/measuring.md explains them to users):
 from __future__ import annotations
 
 import dataclasses
-import re
 import shlex
 import sys
 from dataclasses import dataclass, field
 
 import pytest
 
+from gac_check.bench.device import Device, measuring
 from gac_check.errors import HardwareMissing, Unsupported
 from gac_check.plugin.options import OPTION_GPU, OPTION_PERF_FACTOR, OPTION_UPDATE_BASELINES
-from gac_check.profiles import CPU_PERF_FACTOR, GPU_PERF_FACTOR, cpu_profile_key, cuda_profile
+from gac_check.profiles import CPU_PERF_FACTOR, GPU_PERF_FACTOR, cuda_profile
 
 #: The statistic compared on a CPU: the minimum (interference only adds time); GPUs: median.
 CPU_Q, GPU_Q = 0.0, 0.5
@@ -51,35 +51,13 @@ RELATIVE_CONFIG = dict(samples=5, trials=36)
 SECOND_LOOK = True
 
 
-@dataclass(frozen=True)
-class PerfTarget:
-    """The device perf tests measure on and the baseline file key for it."""
-
-    device: str  # "cpu" or "cuda"
-    key: str  # baseline profile key: a100, h100, cpu-amd-avx2, ...
-
-
-def perf_target(requested: str | None) -> PerfTarget:
-    req = (requested or "auto").lower()
-    if req == "cpu":
-        return PerfTarget("cpu", cpu_profile_key())
-    present = cuda_profile()
-    if req == "auto" and present is None:
-        return PerfTarget("cpu", cpu_profile_key())
-    if req in ("auto", "gpu") and present is not None:
-        return PerfTarget("cuda", present if present != "gpu" else _gpu_key())
-    if present != req:
-        have = f"a {present.upper()}" if present not in (None, "gpu") else (
-            "no CUDA device" if present is None else f"a {_gpu_key()}")
-        raise HardwareMissing(
-            f"perf tests measure on the device present and --gpu {req} asks for "
-            f"{_device_name(req)}; this machine has {have} (run them there, or with "
-            "--gpu cpu/auto here)")
-    return PerfTarget("cuda", req)
-
-
-def _device_name(req: str) -> str:
-    return "a CUDA GPU" if req == "gpu" else f"an {req.upper()}"
+def perf_target(requested: str | None) -> Device:
+    """The device perf tests measure on, and its baseline key (bench.device.measuring)."""
+    try:
+        return measuring(requested)
+    except HardwareMissing as exc:
+        raise HardwareMissing(f"perf tests: {exc} (run them there, or with --gpu cpu/auto "
+                              "here)") from None
 
 
 def relative_times(case: list[float], reference: list[float], per_trial: int,
@@ -93,12 +71,6 @@ def relative_times(case: list[float], reference: list[float], per_trial: int,
     return stats.trial_ratios([case[i:i + per_trial] for i in chunks],
                               [reference[i:i + per_trial] for i in chunks], q,
                               stats.CLEAN_TRIAL if q == CPU_Q else None)
-
-
-def _gpu_key() -> str:
-    import torch
-
-    return "gpu-" + re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(0).lower()).strip("-")
 
 
 # --------------------------------------------------------------------------------- hooks
@@ -125,7 +97,7 @@ def collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> N
 class Session:
     """Per-process perf state: the target, its baseline, and what to store at the end."""
 
-    target: PerfTarget
+    target: Device
     factor: float
     update: bool
     q: float
@@ -140,7 +112,7 @@ class Session:
 
         if self._baseline is None and self._refused is None:
             path = self.path()
-            present = baselines.present_fingerprint(self.target.device)
+            present = baselines.present_fingerprint(self.target.kind)
             if not path.exists():
                 self._refused = (f"no baseline for this device: {path} does not exist "
                                  "(record it with --gac-update-baselines)")
@@ -181,8 +153,8 @@ def make_session(config: pytest.Config) -> Session:
     except HardwareMissing as exc:  # a test using gac_bench without the perf marker
         pytest.skip(f"gac-check: {exc}")
     factor = config.getoption(OPTION_PERF_FACTOR) or (
-        GPU_PERF_FACTOR if target.device == "cuda" else CPU_PERF_FACTOR)
-    q = GPU_Q if target.device == "cuda" else CPU_Q
+        GPU_PERF_FACTOR if target.kind == "cuda" else CPU_PERF_FACTOR)
+    q = GPU_Q if target.kind == "cuda" else CPU_Q
     return Session(target, factor, bool(config.getoption(OPTION_UPDATE_BASELINES)), q)
 
 
@@ -194,7 +166,7 @@ class Bench:
 
     @property
     def device(self) -> str:
-        return self.session.target.device
+        return self.session.target.kind
 
     def _prepare_check(self, works):
         for w in works:
@@ -209,7 +181,7 @@ class Bench:
     def interleaved(self, works, config=None):
         """Measure several workloads trial by trial in turn (for within-test comparisons)."""
         from gac_check.bench import timing
-        from gac_check.bench.run import run_interleaved
+        from gac_check.bench.kernels import run_interleaved
 
         self._prepare_check(works)
         return run_interleaved(works, self.device, config or timing.DEFAULT_CONFIG,
@@ -311,5 +283,5 @@ def session_finish(session: Session | None) -> None:
     from gac_check.bench.peak import peak
 
     t = session.target
-    baselines.update(baselines.path_for(t.key), t.key, baselines.present_fingerprint(t.device),
-                     session.recorded, peak(t.device).as_dict())
+    baselines.update(baselines.path_for(t.key), t.key, baselines.present_fingerprint(t.kind),
+                     session.recorded, peak(t.kind).as_dict())

@@ -1,17 +1,15 @@
-"""Run a workload on a device and turn its timing into a :class:`Measurement`."""
+"""Time kernels: run workloads on a device and turn their timings into :class:`Measurement`s.
+
+(The run *document*, what a check or a test session leaves behind, is
+:mod:`gac_check.report.run`.)
+"""
 from __future__ import annotations
 
 from gac_check.bench import timing
 from gac_check.bench.baselines import Measurement, Provenance
+from gac_check.bench.device import present
 from gac_check.bench.peak import peak
 from gac_check.bench.workloads import Prepared, Workload
-
-
-def present_device() -> str:
-    """Measuring always happens on the device present: the first CUDA device, else the CPU."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def to_measurement(work: Workload, prepared: Prepared, t: timing.Timing, device: str,
@@ -26,7 +24,7 @@ def run(work: Workload, device: str | None = None,
         config: timing.TimingConfig = timing.DEFAULT_CONFIG, command: str = "",
         with_peak: bool = True) -> Measurement:
     """Time one workload. Raises workloads.Unsupported when the device refuses it."""
-    device = device or present_device()
+    device = device or present().kind
     prepared = work.prepare(device)
     t = timing.measure(prepared.fn, device, config)
     return to_measurement(work, prepared, t, device, command, with_peak)
@@ -36,7 +34,7 @@ def run_interleaved(works: list[Workload], device: str | None = None,
                     config: timing.TimingConfig = timing.DEFAULT_CONFIG, command: str = "",
                     with_peak: bool = True) -> list[Measurement]:
     """Time several workloads trial by trial in turn (for comparisons within one test)."""
-    device = device or present_device()
+    device = device or present().kind
     prepared = {w.key: (w, w.prepare(device)) for w in works}
     times = timing.measure_interleaved({k: p.fn for k, (_, p) in prepared.items()}, device,
                                        config)
