@@ -9,7 +9,7 @@ Python attribute, which torch pickles through ``_rebuild_from_type_v2`` as ``tor
 must still be read. Every archive is written by real ``torch.save``; the big-endian one only
 has its byte-order record rewritten, as a big-endian machine writes it.
 
-Each test was run against a mutant of torchzip.py and went red (benchmarks/hand_mutants.py,
+Each test was run against a mutant of pickle_allowlist.py and went red (benchmarks/hand_mutants.py,
 group "torchzip").
 """
 from __future__ import annotations
