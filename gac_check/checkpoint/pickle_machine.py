@@ -22,6 +22,7 @@ Every refusal of the reader is a :class:`~gac_check.errors.PickleRefused` (an
 from __future__ import annotations
 
 import _compat_pickle
+import gc
 import pickletools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,7 +49,6 @@ CONSTANT_OPS = ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4",
 PENDING = ("call", "obj", "persid")
 
 
-@dataclass(eq=False, slots=True)
 class Node:
     """One value the pickle builds, and where in the stream the opcode that built it starts.
 
@@ -64,18 +64,24 @@ class Node:
     ``state`` what BUILD gave an object; ``gets`` counts memo reads (a node read back is
     shared, and editing it would edit every place that reads it); ``adds`` the APPEND/ADDITEMS
     a call or obj received before the allow-list knew what it builds. Containers get their own
-    lists; every other node shares the empty tuple (a pickle has ~10^5 constants).
+    lists; every other node shares the empty tuple (a pickle has ~10^5 constants). A plain
+    class with slots, not a dataclass: its keyword-free ``__init__`` halves the cost of the
+    ~10^5 nodes a whole pickled model makes.
     """
 
-    kind: str
-    pos: int
-    end: int = 0
-    value: Any = None
-    items: list[Node] | tuple = ()
-    pairs: list[tuple[Node, Node]] | tuple = ()
-    state: Node | None = None
-    gets: int = 0
-    adds: tuple[str, ...] = ()
+    __slots__ = ("adds", "end", "gets", "items", "kind", "pairs", "pos", "state", "value")
+
+    def __init__(self, kind: str, pos: int, value: Any = None, items: list[Node] | tuple = (),
+                 pairs: list[tuple[Node, Node]] | tuple = ()) -> None:
+        self.kind = kind
+        self.pos = pos
+        self.value = value
+        self.items = items
+        self.pairs = pairs
+        self.end = 0
+        self.state: Node | None = None
+        self.gets = 0
+        self.adds: tuple[str, ...] = ()
 
     @property
     def global_name(self) -> tuple[str, str] | None:
@@ -124,10 +130,25 @@ def build_tree(data: bytes) -> PickleTree:
     """Run the opcode machine over ``data``; raises PickleRefused for anything malformed or
     out of bounds. The tree is not yet judged: use ``pickle_allowlist.read_pickle``."""
     try:
-        return _Machine(data).run()
+        with _collector_paused():
+            return _Machine(data).run()
     except MALFORMED as exc:
         raise PickleRefused(f"data.pkl is not a readable pickle ({type(exc).__name__}: "
                             f"{str(exc)[:200]})") from None
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The machine allocates about one node per opcode, all of them kept; CPython's cyclic
+    collector would scan the growing tree again and again (half the time of reading a whole
+    pickled model), and there is no garbage to find until the tree is done."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def global_node(module: object, name: object, pos: int) -> Node:
@@ -162,7 +183,7 @@ def _tuple(items: list[Node], pos: int) -> Node:
             depth = item.value + 1
     if depth > MAX_DEPTH:
         raise PickleRefused(f"the pickle nests tuples deeper than {MAX_DEPTH} levels")
-    return Node("tuple", pos, value=depth, items=items)
+    return Node("tuple", pos, depth, items)
 
 
 class _Machine:
@@ -175,8 +196,8 @@ class _Machine:
         self.memo: dict[int, Node] = {}
         self.frames: list[tuple[int, int]] = []
         self.pending: list[Node] = []
-        self.handlers: dict[str, Callable[[Any, int], Node | None]] = {
-            name: self.op_constant for name in CONSTANT_OPS}
+        self.handlers: dict[pickletools.OpcodeInfo, Callable[[Any, int], Node | None]] = {
+            op: self.op_constant for op in pickletools.opcodes if op.name in CONSTANT_OPS}
 
     def run(self) -> PickleTree:
         handlers = self.handlers
@@ -187,11 +208,11 @@ class _Machine:
                                     "writes far fewer (a pickle bomb?)")
             if last is not None:
                 last.end = pos
-            handler = handlers.get(op.name)
+            handler = handlers.get(op)
             if handler is None:
                 if op.name == "STOP":
                     return PickleTree(self.data, self.stack.pop(), self.frames, self.pending)
-                handler = handlers[op.name] = self.handler(op.name)
+                handler = handlers[op] = self.handler(op.name)
             last = handler(arg, pos)
         raise PickleRefused("data.pkl ends without STOP")
 
@@ -252,7 +273,7 @@ class _Machine:
 
     # -- constants
     def op_constant(self, arg: object, pos: int) -> Node:
-        node = Node("const", pos, value=arg)
+        node = Node("const", pos, arg)
         self.stack.append(node)
         return node
 
@@ -260,20 +281,20 @@ class _Machine:
         self.stack.append(Node("none", pos))
 
     def op_NEWTRUE(self, arg: None, pos: int) -> None:
-        self.stack.append(Node("bool", pos, value=True))
+        self.stack.append(Node("bool", pos, True))
 
     def op_NEWFALSE(self, arg: None, pos: int) -> None:
-        self.stack.append(Node("bool", pos, value=False))
+        self.stack.append(Node("bool", pos, False))
 
     # -- containers
     def op_EMPTY_LIST(self, arg: None, pos: int) -> None:
-        self.stack.append(Node("list", pos, items=[]))
+        self.stack.append(Node("list", pos, None, []))
 
     def op_EMPTY_TUPLE(self, arg: None, pos: int) -> None:
-        self.stack.append(_tuple([], pos))
+        self.stack.append(Node("tuple", pos, 1, []))
 
     def op_EMPTY_DICT(self, arg: None, pos: int) -> None:
-        self.stack.append(Node("dict", pos, pairs=[]))
+        self.stack.append(Node("dict", pos, None, (), []))
 
     def op_EMPTY_SET(self, arg: None, pos: int) -> None:
         self.stack.append(Node("set", pos, items=[]))
@@ -364,7 +385,7 @@ class _Machine:
     def op_REDUCE(self, arg: None, pos: int) -> None:
         args = self.stack.pop()
         func = self.stack.pop()
-        self.pending_push(Node("call", pos, items=[func, args], pairs=[]))
+        self.pending_push(Node("call", pos, None, [func, args], []))
 
     def op_INST(self, arg: str, pos: int) -> None:
         module, _, name = arg.partition(" ")
