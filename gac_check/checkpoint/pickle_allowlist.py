@@ -291,11 +291,12 @@ def _rebuild_from_type_v2(node: Node, func: Node, new_type: Node, args: Node,
 
 
 def _ordered_dict(node: Node, pairs: Node | None = None) -> None:
-    entries = [] if pairs is None else pairs.items
-    if (pairs is not None and pairs.kind not in ("list", "tuple")) or not all(
-            p.kind in ("list", "tuple") and len(p.items) == 2 for p in entries):
-        raise PickleRefused("OrderedDict is built from something that is not a list of pairs")
-    node.pairs = [(p.items[0], p.items[1]) for p in entries] + list(node.pairs)
+    if pairs is not None:  # torch.save writes OrderedDict() and fills it with SETITEMS
+        if pairs.kind not in ("list", "tuple") or not all(
+                p.kind in ("list", "tuple") and len(p.items) == 2 for p in pairs.items):
+            raise PickleRefused("OrderedDict is built from something that is not a list of "
+                                "pairs")
+        node.pairs = [(p.items[0], p.items[1]) for p in pairs.items] + list(node.pairs)
     _become(node, "dict")
 
 

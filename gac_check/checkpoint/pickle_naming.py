@@ -54,6 +54,8 @@ def entries(node: Node) -> dict[object, Node]:
 
 def _key(node: Node) -> object:
     value = node.value
+    if type(value) is str and node.kind == "const":  # nearly every key: a name
+        return value
     flat = isinstance(value, str | bytes | bool) or (
         isinstance(value, int) and -_SAFE_INT < value < _SAFE_INT)
     if node.kind in ("none", "bool") or (node.kind == "const" and flat):
