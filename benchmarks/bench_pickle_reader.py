@@ -13,6 +13,7 @@ writes the model once so both versions read the same file:
 
     .venv/bin/python benchmarks/bench_pickle_reader.py --build /tmp/pickled-llama
     .venv/bin/python benchmarks/bench_pickle_reader.py --read /tmp/pickled-llama --repeat 10
+    .venv/bin/python benchmarks/bench_pickle_reader.py --read /tmp/pickled-llama --listing
 
 It prints the median CPU and wall seconds per read over ``--repeat`` reads (each in the same
 process, after one warm-up read); on a shared machine the CPU figure is the steadier one.
@@ -55,22 +56,32 @@ def read_once(root: Path) -> int:
     return len(check(root, "gpu").checkpoint.tensors)
 
 
+def list_once(root: Path) -> int:
+    """Only the listing: index the tensors of the pickle, nothing else (``--listing``)."""
+    from gac_check.checkpoint.torchzip import read_torch_zip
+
+    return len(read_torch_zip(root / "pytorch_model.bin"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", type=Path, help="write the pickled model into this directory")
     ap.add_argument("--read", type=Path, help="time reading the model in this directory")
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--listing", action="store_true",
+                    help="time read_torch_zip alone instead of a whole check")
     args = ap.parse_args()
     if args.build:
         build(args.build)
         size = (args.build / "pytorch_model.bin").stat().st_size
         print(f"wrote {args.build / 'pytorch_model.bin'} ({size} bytes)")
     if args.read:
-        count = read_once(args.read)  # warm-up: imports, first-call caches
+        read = list_once if args.listing else read_once
+        count = read(args.read)  # warm-up: imports, first-call caches
         wall, cpu = [], []
         for _ in range(args.repeat):
             start, start_cpu = time.perf_counter(), time.process_time()
-            read_once(args.read)
+            read(args.read)
             wall.append(time.perf_counter() - start)
             cpu.append(time.process_time() - start_cpu)
         print(f"{count} tensors: median {statistics.median(cpu):.4f} s CPU, "

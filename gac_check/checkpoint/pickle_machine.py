@@ -130,7 +130,7 @@ def build_tree(data: bytes) -> PickleTree:
     """Run the opcode machine over ``data``; raises PickleRefused for anything malformed or
     out of bounds. The tree is not yet judged: use ``pickle_allowlist.read_pickle``."""
     try:
-        with _collector_paused():
+        with collector_paused():
             return _Machine(data).run()
     except MALFORMED as exc:
         raise PickleRefused(f"data.pkl is not a readable pickle ({type(exc).__name__}: "
@@ -138,10 +138,11 @@ def build_tree(data: bytes) -> PickleTree:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The machine allocates about one node per opcode, all of them kept; CPython's cyclic
-    collector would scan the growing tree again and again (half the time of reading a whole
-    pickled model), and there is no garbage to find until the tree is done."""
+def collector_paused() -> Iterator[None]:
+    """The machine allocates about one node per opcode, all of them kept, and the passes over
+    the tree a few objects per node; CPython's cyclic collector would scan the growing tree
+    again and again (half the time of reading a whole pickled model), and there is no garbage
+    to find until the reading is done."""
     was = gc.isenabled()
     gc.disable()
     try:

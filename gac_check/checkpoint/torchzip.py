@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 from gac_check.checkpoint.files import open_regular
 from gac_check.checkpoint.pickle_allowlist import DTYPE_ITEMSIZE, Storage, TensorRef, read_pickle
-from gac_check.checkpoint.pickle_machine import PickleTree, refusals_of
+from gac_check.checkpoint.pickle_machine import PickleTree, collector_paused, refusals_of
 from gac_check.checkpoint.pickle_model import PickledModel, describe_model
 from gac_check.checkpoint.pickle_naming import name_tensors
 from gac_check.checkpoint.tensorinfo import TensorInfo
@@ -80,10 +80,11 @@ def read_archive(path: Path) -> TorchArchive:
 def index_torch_zip(path: Path) -> TorchIndex:
     """Index a torch.save zip archive: name -> shape, dtype and storage location, plus what a
     pickled model says about itself (one read of the pickle serves both)."""
-    archive = read_archive(path)
-    with refusals_of(archive.path):
-        named = name_tensors(archive.tree.root)
-        model = describe_model(archive.tree.root, named)
+    with collector_paused():
+        archive = read_archive(path)
+        with refusals_of(archive.path):
+            named = name_tensors(archive.tree.root)
+            model = describe_model(archive.tree.root, named)
     if not named:
         raise BadInput(
             "holds no tensors in a layout gac-check recognises (a state dict, a model, or a "
