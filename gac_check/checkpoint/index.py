@@ -35,7 +35,7 @@ __all__ = ["MAX_HEADER_BYTES", "MAX_JSON_BYTES", "SAFETENSORS_DTYPES", "Checkpoi
 MAX_SIDECAR_BYTES = 1024 * 1024
 TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 #: Every tensor of a checkpoint by name, and what its pickled model says (torch zip only).
-Tensors = tuple[dict[str, TensorInfo], PickledModel | None]
+IndexedTensors = tuple[dict[str, TensorInfo], PickledModel | None]
 #: What the HF Trainer and accelerate save next to the weights in a checkpoint-N folder. They
 #: are torch files too, but optimizer moments are not weights, and training_args.bin pickles a
 #: class the walker rightly refuses; without a pytorch_model*.bin they are skipped by name.
@@ -167,7 +167,7 @@ def _sidecars(root: Path) -> dict[str, dict]:
     return out
 
 
-def _index_tensors(root: Path) -> tuple[str, list[Path], Tensors]:
+def _index_tensors(root: Path) -> tuple[str, list[Path], IndexedTensors]:
     for index_name, container in (
         ("model.safetensors.index.json", "safetensors"),
         ("pytorch_model.bin.index.json", "torch-zip"),
@@ -213,7 +213,7 @@ def _shards_from_index(root: Path, index: Path) -> list[Path]:
     return list(files)
 
 
-def _read_all(container: str, files: list[Path]) -> Tensors:
+def _read_all(container: str, files: list[Path]) -> IndexedTensors:
     """Merge the files' indexes; a name in two files would make one of them silently win."""
     tensors: dict[str, TensorInfo] = {}
     model: PickledModel | None = None
