@@ -46,6 +46,7 @@ class Mutant:
 V = "tests/test_verdicts.py"
 STATS, BASELINES = "gac_check/bench/stats.py", "gac_check/bench/baselines.py"
 TZ, TZA = "gac_check/checkpoint/torchzip.py", "tests/test_torchzip_allowlist.py"
+AL = "gac_check/checkpoint/pickle_allowlist.py"
 PLAN, WRITE, SITES = "gac_check/padding/plan.py", "gac_check/padding/write.py", "gac_check/sites.py"
 RS = "tests/test_repair_shards.py"
 PICKLED, TZW = "gac_check/padding/pickled.py", "gac_check/checkpoint/torchzip_write.py"
@@ -97,35 +98,36 @@ MUTANTS = [
     Mutant("verdicts", "driver drift not warned", BASELINES,
            '"cudnn", "driver", "flash_attn"', '"cudnn", "flash_attn"', (V,)),
     # ---------------------------------------------------------------- torch zip safety
-    Mutant("torchzip", "deny-list only: unknown modules' calls become opaque values", TZ,
-           '    why = ("it would run code when loaded" if func.module.split(".")[0] in '
+    Mutant("torchzip", "deny-list only: unknown modules' calls become opaque values", AL,
+           '    why = ("it would run code when loaded" if module.split(".")[0] in '
            "DANGEROUS_MODULES",
-           '    if func.module.split(".")[0] not in DANGEROUS_MODULES:\n        return Opaque()\n'
-           '    why = ("it would run code when loaded" if func.module.split(".")[0] in '
+           '    if module.split(".")[0] not in DANGEROUS_MODULES:\n'
+           '        _become(node, "opaque")\n        return\n'
+           '    why = ("it would run code when loaded" if module.split(".")[0] in '
            "DANGEROUS_MODULES", (TZA,)),
-    Mutant("torchzip", "anything in torch is callable", TZ,
-           "    handler = ALLOWED_CALLS.get((func.module, func.name))\n",
-           "    handler = ALLOWED_CALLS.get((func.module, func.name))\n"
-           '    if handler is None and func.module.split(".")[0] == "torch":\n'
-           "        return Opaque()\n", (TZA,)),
-    Mutant("torchzip", "tensor subclass module checked by prefix", TZ,
-           'new_type.module.split(".")[0] != "torch"', 'not new_type.module.startswith("torch")',
-           (TZA,)),
-    Mutant("torchzip", "tensor subclass type not checked", TZ,
-           'if not isinstance(new_type, Global) or new_type.module.split(".")[0] != "torch":',
-           "if not isinstance(new_type, Global):", (TZA,)),
-    Mutant("torchzip", "every tensor with Python state refused", TZ,
-           'if not isinstance(new_type, Global) or new_type.module.split(".")[0] != "torch":',
+    Mutant("torchzip", "anything in torch is callable", AL,
+           "    handler = ALLOWED_CALLS.get((module, name))\n",
+           "    handler = ALLOWED_CALLS.get((module, name))\n"
+           '    if handler is None and module.split(".")[0] == "torch":\n'
+           "        handler = _opaque\n", (TZA,)),
+    Mutant("torchzip", "tensor subclass module checked by prefix", AL,
+           'new_type.value[0].split(".")[0] != "torch"',
+           'not new_type.value[0].startswith("torch")', (TZA,)),
+    Mutant("torchzip", "tensor subclass type not checked", AL,
+           'if new_type.kind != "global" or new_type.value[0].split(".")[0] != "torch":',
+           'if new_type.kind != "global":', (TZA,)),
+    Mutant("torchzip", "every tensor with Python state refused", AL,
+           'if new_type.kind != "global" or new_type.value[0].split(".")[0] != "torch":',
            "if True:", (TZA,)),
-    Mutant("torchzip", "reconstructor base only type-checked", TZ,
-           'if base != Global("builtins", "object"):', "if not isinstance(base, Global):",
+    Mutant("torchzip", "reconstructor base only type-checked", AL,
+           'if base.kind != "global" or base.value != OBJECT:', 'if base.kind != "global":',
            (TZA,)),
-    Mutant("torchzip", "reconstructor base checked against the deny-list", TZ,
-           'if base != Global("builtins", "object"):',
-           'if isinstance(base, Global) and base.module.split(".")[0] in DANGEROUS_MODULES '
-           'and base.name not in SAFE_BUILTIN_TYPES:', (TZA,)),
-    Mutant("torchzip", "every protocol 0/1 object refused", TZ,
-           'if base != Global("builtins", "object"):', "if True:", (TZA,)),
+    Mutant("torchzip", "reconstructor base checked against the deny-list", AL,
+           'if base.kind != "global" or base.value != OBJECT:',
+           'if base.kind == "global" and base.value[0].split(".")[0] in DANGEROUS_MODULES '
+           'and base.value[1] not in SAFE_BUILTIN_TYPES:', (TZA,)),
+    Mutant("torchzip", "every protocol 0/1 object refused", AL,
+           'if base.kind != "global" or base.value != OBJECT:', "if True:", (TZA,)),
     Mutant("torchzip", "byte-order record compared with a str", TZ,
            'zf.read(record) == b"big"', 'zf.read(record) == "big"', (TZA,)),
     Mutant("torchzip", "archives without a byte-order record refused", TZ,

@@ -23,7 +23,13 @@ class BadInput(GacError):
         super().__init__(f"{self.path}: {message}" if self.path is not None else message)
 
 
-class UnsafeCheckpoint(BadInput):
+class PickleRefused(BadInput):
+    """The pickle reader will not read a ``data.pkl``: malformed, past its bounds, or not laid
+    out as torch.save lays a state dict or model. Every refusal of the reader is one of these,
+    whether a check lists the tensors or a repair rewrites the stream."""
+
+
+class UnsafeCheckpoint(PickleRefused):
     """A pickle that would import or call something other than tensor storage."""
 
 

@@ -1,7 +1,8 @@
 """The symbolic pickle rewrite on the layouts torch.save can produce: protocol 4 (FRAME
 opcodes, which count bytes), tensors that are views at an offset into a larger storage, and
 storages two tensors share where neither is padded. Each repaired file is loaded back with
-``torch.load`` (files this test wrote) and compared value by value."""
+``torch.load`` (files this test wrote) and compared value by value. The rewrite reads the pickle
+through the same reader as the listing, so a refusal reads the same on both paths."""
 from __future__ import annotations
 
 import json
@@ -9,9 +10,14 @@ import pickletools
 import zipfile
 from pathlib import Path
 
+import pytest
 import torch
 
 from gac_check.api import repair
+from gac_check.checkpoint.index import open_checkpoint
+from gac_check.checkpoint.torchzip import read_torch_zip
+from gac_check.checkpoint.torchzip_write import plan_rewrite
+from gac_check.errors import PickleRefused, UnsafeCheckpoint
 from tests.compressors import tiny_llama
 
 
@@ -73,3 +79,30 @@ def test_untouched_tensors_keep_their_bytes(tmp_path):
         changed = [n for n in a.namelist() if a.read(n) != b.read(n)]
     assert len(changed) == 7 and changed[0].endswith("/data.pkl")  # + gate/up/down x 2 layers
     assert all("/data/" in n for n in changed[1:])
+
+
+@pytest.mark.parametrize(("pickle", "kind", "says"), [
+    (b"\x80\x02cposix\nsystem\nX\x04\x00\x00\x00true\x85R.", UnsafeCheckpoint,
+     "the pickle calls os.system (it would run code when loaded)"),
+    (b"\x80\x02\x82\x01.", PickleRefused,
+     "the pickle uses opcode EXT1, which torch.save never writes"),
+])
+def test_a_refusal_is_the_same_when_listing_and_when_rewriting(tmp_path, pickle, kind, says):
+    """A file swapped after it was checked (or a checkpoint whose index came from elsewhere)
+    reaches the rewrite with a pickle the listing never saw: it is refused there by the same
+    reader, with the same error type and the same line."""
+    write(tmp_path / "m", 2, view=False, tie=False)
+    ckpt = open_checkpoint(tmp_path / "m")
+    path = ckpt.files[0]
+    with zipfile.ZipFile(path) as zf:
+        records = [(i.filename, zf.read(i)) for i in zf.infolist()]
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in records:
+            zf.writestr(name, pickle if name.endswith("/data.pkl") else data)
+    with pytest.raises(PickleRefused) as listed:
+        read_torch_zip(path)
+    name = "model.layers.0.mlp.up_proj.weight"
+    with pytest.raises(PickleRefused) as planned:
+        plan_rewrite(ckpt, {name: (40, ckpt.shape(name)[1])}, [])
+    assert type(listed.value) is type(planned.value) is kind
+    assert str(listed.value) == str(planned.value) == f"{path}: refuses to read: {says}"

@@ -2,12 +2,13 @@
 
 Checking a 70B checkpoint must cost what reading its headers costs, so nothing here reads
 tensor data: safetensors headers give name, dtype, shape and byte range; torch zip archives are
-indexed by walking their pickle opcodes (:mod:`gac_check.checkpoint.torchzip`) without
-unpickling. Every path the directory names must be a plain relative name, and every file
-(followed through symlinks) must stay inside the directory or, for a Hugging Face hub
-snapshot, its cache's blobs. Files are opened only through
-:mod:`gac_check.checkpoint.files` (regular files, bounded JSON) and safetensors headers are
-held to safetensors' own rules (:mod:`gac_check.checkpoint.safetensors_header`).
+indexed by the pickle reader (:mod:`gac_check.checkpoint.torchzip`) without unpickling, and
+what a whole pickled model says about itself is kept beside its tensors. Every path the
+directory names must be a plain relative name, and every file (followed through symlinks) must
+stay inside the directory or, for a Hugging Face hub snapshot, its cache's blobs. Files are
+opened only through :mod:`gac_check.checkpoint.files` (regular files, bounded JSON) and
+safetensors headers are held to safetensors' own rules
+(:mod:`gac_check.checkpoint.safetensors_header`).
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from functools import cached_property
 from pathlib import Path, PurePath
 
 from gac_check.checkpoint.files import MAX_JSON_BYTES, name_problem, os_reason, read_json
+from gac_check.checkpoint.pickle_model import PickledModel
 from gac_check.checkpoint.safetensors_header import (
     MAX_HEADER_BYTES,
     SAFETENSORS_DTYPES,
     read_safetensors_header,
 )
 from gac_check.checkpoint.tensorinfo import TensorInfo
-from gac_check.checkpoint.torchzip import read_torch_zip
+from gac_check.checkpoint.torchzip import index_torch_zip
 from gac_check.errors import BadInput
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_JSON_BYTES", "SAFETENSORS_DTYPES", "Checkpoint",
@@ -32,6 +34,8 @@ __all__ = ["MAX_HEADER_BYTES", "MAX_JSON_BYTES", "SAFETENSORS_DTYPES", "Checkpoi
 #: Sidecar JSON files (slicing configs, rank maps) larger than this are not ours to read.
 MAX_SIDECAR_BYTES = 1024 * 1024
 TORCH_SUFFIXES = (".bin", ".pt", ".pth")
+#: Every tensor of a checkpoint by name, and what its pickled model says (torch zip only).
+IndexedTensors = tuple[dict[str, TensorInfo], PickledModel | None]
 #: What the HF Trainer and accelerate save next to the weights in a checkpoint-N folder. They
 #: are torch files too, but optimizer moments are not weights, and training_args.bin pickles a
 #: class the walker rightly refuses; without a pytorch_model*.bin they are skipped by name.
@@ -45,6 +49,8 @@ class Checkpoint:
 
     ``sidecars`` holds other small JSON files (SliceGPT's slicing config, rank maps) by file
     name, so format adapters can recognise them without touching the filesystem again.
+    ``pickled_model`` is what a whole pickled model (torch zip only) says beyond its tensors:
+    read with them, from the same pass over the pickle; None for a state dict or safetensors.
     """
 
     path: Path
@@ -53,6 +59,7 @@ class Checkpoint:
     container: str  # "safetensors" | "torch-zip"
     files: list[Path] = field(default_factory=list)
     sidecars: dict[str, dict] = field(default_factory=dict)
+    pickled_model: PickledModel | None = None
 
     @property
     def source(self) -> str:
@@ -141,8 +148,8 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     present = os.path.lexists(config_path)  # a looping or dangling link is refused, not absent
     config = read_json(inside(root, config_path.name, config_path)) if present else {}
     sidecars = _sidecars(root)
-    container, files, tensors = _index_tensors(root)
-    return Checkpoint(root, config, tensors, container, files, sidecars)
+    container, files, (tensors, model) = _index_tensors(root)
+    return Checkpoint(root, config, tensors, container, files, sidecars, model)
 
 
 def _sidecars(root: Path) -> dict[str, dict]:
@@ -160,7 +167,7 @@ def _sidecars(root: Path) -> dict[str, dict]:
     return out
 
 
-def _index_tensors(root: Path) -> tuple[str, list[Path], dict[str, TensorInfo]]:
+def _index_tensors(root: Path) -> tuple[str, list[Path], IndexedTensors]:
     for index_name, container in (
         ("model.safetensors.index.json", "safetensors"),
         ("pytorch_model.bin.index.json", "torch-zip"),
@@ -206,13 +213,20 @@ def _shards_from_index(root: Path, index: Path) -> list[Path]:
     return list(files)
 
 
-def _read_all(container: str, files: list[Path]) -> dict[str, TensorInfo]:
+def _read_all(container: str, files: list[Path]) -> IndexedTensors:
     """Merge the files' indexes; a name in two files would make one of them silently win."""
     tensors: dict[str, TensorInfo] = {}
-    read = read_safetensors_header if container == "safetensors" else read_torch_zip
+    model: PickledModel | None = None
     for f in files:
-        for name, info in read(f).items():
+        if container == "safetensors":
+            found = read_safetensors_header(f)
+        else:
+            index = index_torch_zip(f)
+            found = index.tensors
+            if index.model is not None:
+                model = index.model if model is None else model.merge(index.model)
+        for name, info in found.items():
             if name in tensors:
                 raise BadInput(f"tensor {name!r} is also in {tensors[name].file.name}", f)
             tensors[name] = info
-    return tensors
+    return tensors, model

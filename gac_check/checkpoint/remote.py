@@ -166,7 +166,8 @@ def open_remote(ref: HubRef | str, limits: Limits | None = None) -> RemoteCheckp
     fetch.seconds = time.perf_counter() - start
     snapshot = hub.snapshot
     return RemoteCheckpoint(snapshot, config, tensors, container,
-                            [snapshot / n for n in names], sidecars, ref, commit, fetch)
+                            [snapshot / n for n in names], sidecars, ref=ref, commit=commit,
+                            fetch=fetch)
 
 
 def renamed(exc: BadInput, ckpt: Checkpoint) -> BadInput:

@@ -6,8 +6,9 @@ must come out as the same pickled object: same classes, same tokenizer, same eve
 entry, only the padded tensors and the integers that describe them changed. Unpickling and
 re-pickling would do that by running the stranger's code, so instead:
 
-- :mod:`gac_check.checkpoint.pickletree` re-reads ``data.pkl`` (after the walker accepted it)
-  into nodes that know the byte span of the opcode that pushed them;
+- the one pickle reader (:func:`gac_check.checkpoint.torchzip.read_archive`) reads
+  ``data.pkl`` into nodes that know where the opcode that pushed them starts, judged by the
+  same allow-list and refused with the same error as when the checkpoint was listed;
 - each padded tensor's rebuild call gets new integers in place (shape, contiguous strides,
   offset 0, and the storage size in its persistent id) and its storage record new bytes;
 - module attributes that record a padded size (``nn.Linear.in_features``, an MLP's
@@ -32,16 +33,10 @@ from pathlib import Path
 
 from gac_check.checkpoint.files import open_regular
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.checkpoint.pickletree import (
-    ModuleNode,
-    Node,
-    TensorCall,
-    module_index,
-    parse,
-    read_data_pkl,
-    tensor_calls,
-)
-from gac_check.checkpoint.torchzip import read_torch_zip
+from gac_check.checkpoint.pickle_machine import Node, PickleTree, refusals_of
+from gac_check.checkpoint.pickle_model import ModuleNode, module_index
+from gac_check.checkpoint.pickle_naming import name_tensors
+from gac_check.checkpoint.torchzip import read_archive, read_torch_zip
 from gac_check.errors import BadInput
 
 #: torch.save aligns every record's data to this many bytes (mmap loading relies on it).
@@ -49,6 +44,21 @@ ALIGNMENT = 64
 #: The extra-field id torch's writer pads local headers with ("FB").
 PAD_FIELD = 0x4246
 COPY_CHUNK = 4 << 20
+#: The calls that rebuild a tensor from a storage: the ones whose numbers a rewrite edits.
+REBUILD_TENSOR = {("torch._utils", "_rebuild_tensor"), ("torch._utils", "_rebuild_tensor_v2"),
+                  ("torch._utils", "_rebuild_tensor_v3")}
+
+
+@dataclass(eq=False)
+class TensorCall:
+    """A ``_rebuild_tensor*`` call: its storage key and the nodes holding its numbers."""
+
+    call: Node
+    key: str
+    numel: Node  # the storage size in the persistent id
+    offset: Node
+    size: Node  # tuple of const ints
+    stride: Node
 
 
 @dataclass(frozen=True)
@@ -98,10 +108,12 @@ def plan_rewrite(ckpt: Checkpoint, new_shapes: dict[str, tuple[int, ...]],
 
 def _plan_file(ckpt: Checkpoint, path: Path, new_shapes: dict[str, tuple[int, ...]],
                edits: list[IntEdit]) -> ArchiveRewrite:
-    prefix, data = read_data_pkl(path)
-    tree = parse(data)
+    archive = read_archive(path)
+    prefix, tree = archive.prefix, archive.tree
+    with refusals_of(path):
+        named = name_tensors(tree.root)
     infos = {n: i for n, i in ckpt.tensors.items() if i.file == path}
-    calls = tensor_calls(tree.root)
+    calls = tensor_calls(tree)
     users: dict[str, list[str]] = {}
     for name, info in infos.items():
         users.setdefault(str(info.storage), []).append(name)
@@ -112,11 +124,25 @@ def _plan_file(ckpt: Checkpoint, path: Path, new_shapes: dict[str, tuple[int, ..
         call = _only_call(path, name, member, prefix, calls, users)
         storages[member] = name
         _set_tensor(spans, call, new_shapes[name], path, name)
-    index = module_index(tree.root, prefix, {str(i.storage): n for n, i in infos.items()})
+    index = module_index(tree.root, named)
     applied = [e for e in edits if _set_int(spans, index, e)]
     shapes = {n: new_shapes.get(n, i.shape) for n, i in infos.items()}
-    return ArchiveRewrite(path, prefix, _splice(data, spans, tree.frames), storages, shapes,
-                          applied)
+    return ArchiveRewrite(path, prefix, _splice(tree.data, spans, tree.frames), storages,
+                          shapes, applied)
+
+
+def tensor_calls(tree: PickleTree) -> dict[str, list[TensorCall]]:
+    """Every tensor rebuild in the pickle, by storage key (two calls on one key share data)."""
+    out: dict[str, list[TensorCall]] = {}
+    for node in tree.pending:
+        if node.kind == "tensor" and node.call_of() in REBUILD_TENSOR:
+            args = node.items[1].items
+            storage = args[0]
+            pid = storage.items[0] if storage.items else None  # protocol 0: text, no nodes
+            if pid is not None:
+                call = TensorCall(node, storage.value.key, pid.items[4], *args[1:4])
+                out.setdefault(call.key, []).append(call)
+    return out
 
 
 def _only_call(path: Path, name: str, member: str, prefix: str,

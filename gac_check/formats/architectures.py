@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.checkpoint.pickletree import pickled_model
 from gac_check.formats.declared import config_head_dim
 from gac_check.formats.layout import Linear, Shapes
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
@@ -203,7 +202,7 @@ def infer_head_dim(ckpt: Checkpoint) -> tuple[int | None, str]:
     non-persistent buffer), and the pickled config's head_dim (or hidden / heads). Returns
     (value, where it came from), or (None, "") when none of them is there.
     """
-    model = pickled_model(ckpt)
+    model = ckpt.pickled_model
     if model is not None:
         dims = {a.get("head_dim") for p, a in model.attributes.items()
                 if p.endswith(".self_attn") or p.endswith(".attention")}

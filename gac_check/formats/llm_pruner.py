@@ -15,7 +15,6 @@ from functools import reduce
 from math import gcd
 
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.checkpoint.pickletree import pickled_model
 from gac_check.formats.architectures import Family, family_sites, find_family, head_dim_of
 from gac_check.formats.base import Format
 from gac_check.formats.layout import dense_linear
@@ -84,7 +83,7 @@ def declared_config(ckpt: Checkpoint) -> dict:
     whole pickled model carries it, at the dense sizes LLM-Pruner never updates)."""
     if ckpt.config:
         return ckpt.config
-    model = pickled_model(ckpt)
+    model = ckpt.pickled_model
     return model.config if model else {}
 
 
@@ -133,7 +132,7 @@ def _head_dim_from_widths(ckpt: Checkpoint, fam: Family, prefix: str,
 def _note_head_attributes(ckpt: Checkpoint, site: DimSite, hd: int | None) -> None:
     """LLM-Pruner sets each attention's num_heads / num_key_value_heads after pruning; say
     where those pickled attributes disagree with the head counts the tensors give."""
-    model = pickled_model(ckpt)
+    model = ckpt.pickled_model
     attrs = model.attributes.get(site.module, {}) if model and hd else {}
     for attr, value in (("num_heads", site.value), ("num_key_value_heads",
                                                     site.attrs.get("kv_heads"))):
