@@ -13,8 +13,9 @@ import ast
 import importlib.metadata
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gac_check"
@@ -82,7 +83,7 @@ def test_every_third_party_import_is_declared():
         for name in third_party_imports(path.read_text(encoding="utf-8")):
             found.setdefault(name, []).append(str(path.relative_to(ROOT)))
     missing = undeclared(set(found), declared)
-    private = {str(path.relative_to(ROOT)): sorted(private_imports(path.read_text(encoding="utf-8")))
+    private = {str(path.relative_to(ROOT)): sorted(private_imports(path.read_text("utf-8")))
                for path in sorted(PACKAGE.rglob("*.py"))}
     assert not missing, {name: found[name] for name in sorted(missing)}
     assert {"torch", "transformers", "safetensors", "httpx2"} <= set(found)  # the scan sees
