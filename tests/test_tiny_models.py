@@ -30,4 +30,4 @@ def test_the_strategies_model_is_the_builders_model():
     built = TinyModel("qwen2", dict(models.QWEN2)).build(seed=5)
     same = models.tiny_qwen2(seed=5)
     assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(),
-                                                 same.state_dict().values()))
+                                                 same.state_dict().values(), strict=True))
