@@ -263,7 +263,9 @@ def test_the_matcher():
 
 
 # ------------------------------------------------------- the report screenshot's caption
-FIGURE = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[x×](?= slower))?(?![\w×]|[.,]\d)")
+#: A quoted figure: an integer (thousands with commas) or decimal, "x" kept before " slower".
+FIGURE = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+                    r"(?:[x×](?= slower))?(?![\w×]|[.,]\d)")
 
 
 def caption(doc: Path = ROOT / "docs" / "report.md") -> str:
