@@ -4,11 +4,9 @@ checkpoint writers, and digests that prove an input untouched.
 Imported as ``from tests.helpers import ...`` (the repository root is on ``sys.path``: its
 conftest.py puts it there); the fixtures built on these live in tests/conftest.py.
 
-Every model is a stock transformers model with seeded random weights and nothing downloaded.
-Each ``tiny_*`` builder starts from one small config per architecture (:data:`LLAMA`,
-:data:`MISTRAL`, :data:`QWEN2`, :data:`BERT`) and takes the test's own sizes as keyword
-overrides: the sizes are what a test is about (an MLP of 1843, a head_dim of 106), so a test
-states every size it relies on.
+The tiny stock models (``tiny_llama``, ``tiny_qwen2``, ... and their base configs) are
+:mod:`gac_check.testing.models`, re-exported here; the public module is the one source, shared
+with the hypothesis strategies and with users of the plugin.
 """
 from __future__ import annotations
 
@@ -28,18 +26,22 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from gac_check.testing.models import (  # noqa: F401  (re-exported for the tests)
+    BERT,
+    LLAMA,
+    MISTRAL,
+    QWEN2,
+    tiny,
+    tiny_bert,
+    tiny_llama,
+    tiny_mistral,
+    tiny_qwen2,
+)
+
 #: Seconds a CLI run may take before the test fails instead of hanging (the tiny models here
 #: check in about a second; repairs and the hostile corpus pass their own limits).
 CLI_TIMEOUT = 120
 
-#: The base config of each architecture's tiny model: head_dim 16, two layers, MHA.
-LLAMA = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "max_position_embeddings": 64}
-#: Mistral and Qwen2: grouped-query attention (2 key/value heads for 4 query heads).
-MISTRAL = {**LLAMA, "num_key_value_heads": 2}
-QWEN2 = {**LLAMA, "num_key_value_heads": 2}
-BERT = {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "intermediate_size": 144, "max_position_embeddings": 64}
 #: The overrides of the hostile corpus's and the fuzzers' seed Llama (the ``tiny_checkpoints``
 #: fixture): an MLP of 170 is an error on a GPU contract, so every check has findings to
 #: report and every repair something to pad.
@@ -92,54 +94,6 @@ def gac_on_terminal(*args: object, env: Mapping[str, str] | None = None,
     code = proc.wait(timeout=timeout)
     os.close(main)
     return code, b"".join(chunks).decode(errors="replace")
-
-
-def _tiny(config_cls: str, model_cls: str, base: dict, seed: int | None,
-          dtype: torch.dtype | None, overrides: dict) -> nn.Module:
-    import transformers
-
-    if seed is not None:
-        torch.manual_seed(seed)
-    config = getattr(transformers, config_cls)(**{**base, **overrides})
-    model = getattr(transformers, model_cls)(config).eval()
-    return model if dtype is None else model.to(dtype)
-
-
-def tiny_llama(seed: int | None = 0, dtype: torch.dtype | None = None, **overrides: object):
-    """A ``LlamaForCausalLM`` of :data:`LLAMA` with ``overrides``, in eval mode.
-
-    Built right after ``torch.manual_seed(seed)`` (``seed=None``: from the RNG as it stands),
-    then cast to ``dtype`` when given. Save it with ``save_pretrained``.
-    """
-    return _tiny("LlamaConfig", "LlamaForCausalLM", LLAMA, seed, dtype, overrides)
-
-
-def tiny_mistral(seed: int | None = 0, dtype: torch.dtype | None = None, **overrides: object):
-    """A ``MistralForCausalLM`` of :data:`MISTRAL` with ``overrides`` (as :func:`tiny_llama`)."""
-    return _tiny("MistralConfig", "MistralForCausalLM", MISTRAL, seed, dtype, overrides)
-
-
-def tiny_qwen2(seed: int | None = 0, dtype: torch.dtype | None = None, **overrides: object):
-    """A ``Qwen2ForCausalLM`` of :data:`QWEN2` with ``overrides`` (as :func:`tiny_llama`; its
-    q/k/v biases stay as transformers initialises them: zeros)."""
-    return _tiny("Qwen2Config", "Qwen2ForCausalLM", QWEN2, seed, dtype, overrides)
-
-
-def tiny_bert(seed: int | None = 0, dtype: torch.dtype | None = None, masked_lm: bool = False,
-              **overrides: object):
-    """A ``BertModel`` (``masked_lm``: ``BertForMaskedLM``) of :data:`BERT` with
-    ``overrides`` (as :func:`tiny_llama`)."""
-    return _tiny("BertConfig", "BertForMaskedLM" if masked_lm else "BertModel", BERT, seed,
-                 dtype, overrides)
-
-
-def tiny(family: str, seed: int | None = 0, **overrides: object) -> nn.Module:
-    """The tiny model of ``family`` ("llama", "mistral", "qwen2", "bert")."""
-    builders = {"llama": tiny_llama, "mistral": tiny_mistral, "qwen2": tiny_qwen2,
-                "bert": tiny_bert}
-    if family not in builders:
-        raise ValueError(family)
-    return builders[family](seed, **overrides)
 
 
 # --------------------------------------------------------------- compressed models in memory

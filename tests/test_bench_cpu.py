@@ -93,7 +93,7 @@ def test_decoder_layer_and_model_prefill_decode_run():
     dec = workloads.model_forward(cfg, 1, 8, "float32", "decode").prepare("cpu")
     for _ in range(3):  # the cache is cropped back: every call sees 8 cached tokens
         out = dec.fn()
-    assert out.past_key_values.get_seq_length() == 8
+    assert workloads.kv_cache(out).get_seq_length() == 8
 
 
 def test_run_records_tflops_and_peak_fraction():

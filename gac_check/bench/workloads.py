@@ -8,6 +8,7 @@ loop serve every kind.
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -253,6 +254,19 @@ def _layer_params(p: dict) -> int:
     return attn + 3 * p["hidden"] * p["inter"]
 
 
+def cache_keyword(model) -> str:
+    """The name a causal LM's forward takes its KV cache by: ``cache`` since transformers 5
+    renamed it (``past_key_values`` still works there, with a FutureWarning, until 5.40),
+    ``past_key_values`` in the releases before (4.45, the declared minimum)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def kv_cache(output):
+    """The KV cache a forward returned, under whichever name this transformers gives it
+    (reading ``past_key_values`` where it is ``cache`` logs a deprecation)."""
+    return output["cache"] if "cache" in output else output["past_key_values"]
+
+
 def model_forward(config, b: int, s: int, dtype: str, phase: str = "prefill") -> Workload:
     """A whole causal LM from a config (random weights): ``prefill`` of S tokens, or ``decode``
     of one token against an S-token KV cache (the cache is cropped back after every call so
@@ -271,11 +285,12 @@ def model_forward(config, b: int, s: int, dtype: str, phase: str = "prefill") ->
         if phase == "prefill":
             return Prepared(lambda: model(input_ids=ids, use_cache=False))
         with torch.inference_mode():
-            cache = model(input_ids=ids, use_cache=True).past_key_values
+            cache = kv_cache(model(input_ids=ids, use_cache=True))
         nxt = ids[:, -1:]
+        cache_arg = {cache_keyword(model): cache}
 
         def step():
-            out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            out = model(input_ids=nxt, use_cache=True, **cache_arg)
             cache.crop(-1)  # drop the token just appended (transformers 5: negative = count)
             return out
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
-FAMILIES = ("llama", "mistral", "qwen2", "bert")
+from gac_check.testing import models
+from gac_check.testing.models import FAMILIES
 
 
 def dims(min_value: int = 1, max_value: int = 512) -> st.SearchStrategy[int]:
@@ -85,36 +86,13 @@ class TinyModel:
                                                // self.kwargs["num_attention_heads"])
 
     def config(self):
-        import transformers
-
-        cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-               "qwen2": transformers.Qwen2Config, "bert": transformers.BertConfig}[self.family]
-        return cls(**self.kwargs)
+        """The stock transformers config of exactly ``kwargs``."""
+        return models.config(self.family, self.kwargs)
 
     def build(self, seed: int = 0):
-        """The stock model (LlamaForCausalLM ... BertModel) with seeded random weights, eval."""
-        import torch
-        import transformers
-
-        cls = {"llama": transformers.LlamaForCausalLM,
-               "mistral": transformers.MistralForCausalLM,
-               "qwen2": transformers.Qwen2ForCausalLM, "bert": transformers.BertModel}
-        torch.manual_seed(seed)
-        model = cls[self.family](self.config())
-        if self.family == "qwen2":
-            _randomise_biases(model, seed)
-        return model.eval()
-
-
-def _randomise_biases(model, seed: int) -> None:
-    """Qwen2 initialises q/k/v biases to zero; a bias bug is invisible on zeros."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+        """The stock model (LlamaForCausalLM ... BertModel) with seeded random weights, eval
+        (:func:`gac_check.testing.models.build`: a Qwen2's q/k/v biases random too)."""
+        return models.build(self.family, self.kwargs, seed)
 
 
 @st.composite
