@@ -17,7 +17,7 @@ from gac_check.api import repair
 from gac_check.checkpoint.index import open_checkpoint
 from gac_check.checkpoint.torchzip import read_torch_zip
 from gac_check.checkpoint.torchzip_write import plan_rewrite
-from gac_check.errors import PickleRefused, UnsafeCheckpoint
+from gac_check.errors import BadInput, PickleRefused, UnsafeCheckpoint
 from tests.compressors import tiny_llama
 
 
@@ -67,6 +67,18 @@ def test_protocol_4_views_and_shared_storage(tmp_path):
     assert got["lm_head.weight"].data_ptr() == got["model.embed_tokens.weight"].data_ptr()
     assert not any(op.name == "FRAME" for op, _, _ in pickletools.genops(
         data_pkl(tmp_path / "out" / "pytorch_model.bin")))
+
+
+def test_a_protocol_0_pickle_is_refused_as_one_and_nothing_is_written(tmp_path):
+    """Protocol 0 writes each storage's size as text in its persistent id: the refusal says
+    that (not "shares its storage", as it once did), and a default-protocol save repairs."""
+    write(tmp_path / "src", protocol=0, view=False, tie=False)
+    with pytest.raises(BadInput, match="protocol-0 pickle") as refused:
+        repair(tmp_path / "src", tmp_path / "out", "gpu", dtype="float16")
+    assert "shares its storage" not in str(refused.value)
+    assert not (tmp_path / "out").exists()
+    write(tmp_path / "again", protocol=2, view=False, tie=False)
+    repair(tmp_path / "again", tmp_path / "out", "gpu", dtype="float16")
 
 
 def test_untouched_tensors_keep_their_bytes(tmp_path):

@@ -113,7 +113,7 @@ def _plan_file(ckpt: Checkpoint, path: Path, new_shapes: dict[str, tuple[int, ..
     with refusals_of(path):
         named = name_tensors(tree.root)
     infos = {n: i for n, i in ckpt.tensors.items() if i.file == path}
-    calls = tensor_calls(tree)
+    calls = tensor_calls(tree, path)
     users: dict[str, list[str]] = {}
     for name, info in infos.items():
         users.setdefault(str(info.storage), []).append(name)
@@ -131,17 +131,19 @@ def _plan_file(ckpt: Checkpoint, path: Path, new_shapes: dict[str, tuple[int, ..
                           shapes, applied)
 
 
-def tensor_calls(tree: PickleTree) -> dict[str, list[TensorCall]]:
+def tensor_calls(tree: PickleTree, path: Path) -> dict[str, list[TensorCall]]:
     """Every tensor rebuild in the pickle, by storage key (two calls on one key share data)."""
     out: dict[str, list[TensorCall]] = {}
     for node in tree.pending:
         if node.kind == "tensor" and node.call_of() in REBUILD_TENSOR:
             args = node.items[1].items
             storage = args[0]
-            pid = storage.items[0] if storage.items else None  # protocol 0: text, no nodes
-            if pid is not None:
-                call = TensorCall(node, storage.value.key, pid.items[4], *args[1:4])
-                out.setdefault(call.key, []).append(call)
+            if not storage.items:  # protocol 0: the persistent id is one line of text
+                raise BadInput("is a protocol-0 pickle, whose storage sizes are text inside "
+                               "each persistent id and cannot be edited in place; re-save it "
+                               "with torch.save's default protocol, then repair that", path)
+            call = TensorCall(node, storage.value.key, storage.items[0].items[4], *args[1:4])
+            out.setdefault(call.key, []).append(call)
     return out
 
 
