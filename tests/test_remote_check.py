@@ -2,8 +2,9 @@
 
 No internet: :mod:`tests.hub_server` serves real model directories on 127.0.0.1 the way the
 Hub does (model info, resolve URLs, LFS redirects, HTTP range requests), and the real CLI runs
-as a subprocess with ``HF_ENDPOINT`` pointed at it and a fresh ``HF_HOME``. The remote check
-must print exactly what the local check prints for the same files, fetch a small fraction of
+as a subprocess with ``HF_ENDPOINT`` pointed at it and a fresh ``HF_HOME`` (the local checks
+it is compared with run in this process). The remote check must print exactly what the local
+check prints for the same files, fetch a small fraction of
 the weights (the server counts every body byte), and refuse missing repos, revisions, pickled
 weights and broken connections in one line with exit code 2.
 """
