@@ -211,7 +211,6 @@ def pytest_here(pytester: pytest.Pytester, *args: object,
         return pytester.runpytest_inprocess("-p", "no:cacheprovider", *map(str, args))
 
 
-# ------------------------------------------------------------------------- tiny models
 def gac_on_terminal(*args: object, env: Mapping[str, str] | None = None,
                     timeout: float = 300) -> tuple[int, str]:
     """Run the CLI with stderr on a 100-column pseudo-terminal, as a person at a terminal sees
@@ -235,6 +234,7 @@ def gac_on_terminal(*args: object, env: Mapping[str, str] | None = None,
     return code, b"".join(chunks).decode(errors="replace")
 
 
+# ------------------------------------------------------------------------- tiny models
 def _tiny(config_cls: str, model_cls: str, base: dict, seed: int | None,
           dtype: torch.dtype | None, overrides: dict) -> nn.Module:
     import transformers
