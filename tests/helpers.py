@@ -1,5 +1,5 @@
-"""Builders the tests share: the CLI as a subprocess (:func:`gac`), tiny stock models,
-checkpoint writers, and digests that prove an input untouched.
+"""Builders the tests share: the CLI (:func:`gac`, in this process or as a subprocess), tiny
+stock models, checkpoint writers, and digests that prove an input untouched.
 
 Imported as ``from tests.helpers import ...`` (the repository root is on ``sys.path``: its
 conftest.py puts it there); the fixtures built on these live in tests/conftest.py.
@@ -10,8 +10,11 @@ with the hypothesis strategies and with users of the plugin.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
+import io
+import logging
 import math
 import os
 import pty
@@ -20,9 +23,13 @@ import struct
 import subprocess
 import sys
 import termios
-from collections.abc import Mapping
+import threading
+import traceback
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -50,17 +57,36 @@ SEED_LLAMA = {"intermediate_size": 170}
 
 # ------------------------------------------------------------------------------ the CLI
 def gac(*args: object, timeout: float | None = CLI_TIMEOUT, cwd: Path | None = None,
-        env: Mapping[str, str | None] | None = None,
+        env: Mapping[str, str | None] | None = None, process: bool = False,
         **kwargs: object) -> subprocess.CompletedProcess:
-    """``gac-check ARGS`` as a real subprocess (``python -m gac_check.cli``), output captured
-    as text; no ``check``: the exit code is the caller's to assert.
+    """``gac-check ARGS``, output captured as text; no ``check``: the exit code is the caller's
+    to assert.
 
-    The child inherits this process's environment without ``GAC_DEBUG`` (set, the CLI re-raises
-    internal errors as tracebacks instead of its one-line contract, which tests assert);
-    ``env`` sets variables on top of that, a None value removing one. ``timeout`` fails a hung
-    run instead of blocking the session; other keywords go to :func:`subprocess.run`
-    (``preexec_fn``, ...).
+    In this process by default (:func:`in_process`: ``gac_check.cli.main.main`` with its own
+    stdout, stderr, working directory and environment), which saves each run the 2-4 s a fresh
+    interpreter pays importing torch and transformers. ``process=True``, or any keyword for
+    :func:`subprocess.run` (``preexec_fn``, ...), runs ``python -m gac_check.cli`` as a real
+    subprocess instead: where the process is the point (resource limits, signals, a crash
+    that must not take the test session with it); so does an ``env`` setting any ``HF_*``
+    variable, which huggingface_hub reads once, when it is first imported.
+
+    Either way the run sees this process's environment without ``GAC_DEBUG`` (set, the CLI
+    re-raises internal errors as tracebacks instead of its one-line contract, which tests
+    assert); ``env`` sets variables on top of that, a None value removing one. ``timeout``
+    fails a hung run instead of blocking the session.
     """
+    if process or kwargs or any(key.startswith("HF_") for key in env or {}):
+        return gac_process(*args, timeout=timeout, cwd=cwd, env=env, **kwargs)
+    from gac_check.cli.main import main
+
+    return in_process(main, *args, timeout=timeout, cwd=cwd, env=env)
+
+
+def gac_process(*args: object, timeout: float | None = CLI_TIMEOUT, cwd: Path | None = None,
+                env: Mapping[str, str | None] | None = None,
+                **kwargs: object) -> subprocess.CompletedProcess:
+    """``gac-check ARGS`` as a real subprocess (``python -m gac_check.cli``); see :func:`gac`.
+    Other keywords go to :func:`subprocess.run`."""
     child = {k: v for k, v in os.environ.items() if k != "GAC_DEBUG"}
     for key, value in (env or {}).items():
         if value is None:
@@ -72,7 +98,121 @@ def gac(*args: object, timeout: float | None = CLI_TIMEOUT, cwd: Path | None = N
                           **kwargs)
 
 
-# ------------------------------------------------------------------------- tiny models
+def in_process(main: Callable[[list[str]], int | None], *args: object,
+               timeout: float | None = CLI_TIMEOUT, cwd: Path | None = None,
+               env: Mapping[str, str | None] | None = None) -> subprocess.CompletedProcess:
+    """``main(ARGS)`` run the way ``python -m`` would run it, but in this process: what it
+    writes to stdout and stderr captured (Python warnings and log records included, under
+    the interpreter's default warning filters), ``cwd`` and ``env`` (as in :func:`gac`, without
+    ``GAC_DEBUG``) in force and restored after, ``SystemExit`` taken as the exit code and an
+    escaping exception as its traceback on stderr and exit 1, as an interpreter reports it.
+
+    It runs in a worker thread so that a hung run fails after ``timeout`` seconds
+    (:class:`subprocess.TimeoutExpired`) instead of blocking the session.
+    """
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    result: list[int] = []
+
+    def target() -> None:
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = _exit_code(exc, err)
+        except BaseException:  # what an interpreter would print, and exit 1
+            traceback.print_exc(file=err)
+            code = 1
+        result.append(0 if code is None else code)
+
+    with (_environment(env), contextlib.chdir(cwd or os.getcwd()), _log_records_to(err),
+          contextlib.redirect_stdout(out), contextlib.redirect_stderr(err),
+          _default_warnings(err)):
+        worker = threading.Thread(target=target, name=f"in-process {argv[:1]}", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            raise subprocess.TimeoutExpired(argv, timeout or 0, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(argv, result[0], out.getvalue(), err.getvalue())
+
+
+def _exit_code(exc: SystemExit, err: io.StringIO) -> int:
+    """The exit status ``SystemExit(code)`` gives a process (a message: printed, then 1)."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    err.write(f"{exc.code}\n")
+    return 1
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str | None] | None) -> Iterator[None]:
+    """``os.environ`` without ``GAC_DEBUG`` and with ``env`` applied, restored on exit."""
+    saved = dict(os.environ)
+    os.environ.pop("GAC_DEBUG", None)
+    for key, value in (env or {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _log_records_to(stream: io.StringIO) -> Iterator[None]:
+    """Every stream handler that writes to stderr (transformers' and huggingface_hub's,
+    created when they were first imported) writes to ``stream`` instead, as it would to a
+    fresh process's stderr."""
+    stderrs = {id(sys.__stderr__), id(sys.stderr)}
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    moved = [(h, h.stream) for lg in loggers for h in lg.handlers
+             if type(h) is logging.StreamHandler and id(h.stream) in stderrs]
+    for handler, _ in moved:
+        handler.setStream(stream)
+    try:
+        yield
+    finally:
+        for handler, original in moved:
+            handler.setStream(original)
+
+
+@contextlib.contextmanager
+def _default_warnings(stream: io.StringIO) -> Iterator[None]:
+    """A fresh interpreter's warning filters (deprecations and resource warnings hidden, the
+    rest shown once per place) with warnings printed to ``stream``, not recorded by pytest."""
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        stream.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                      ResourceWarning):
+            warnings.simplefilter("ignore", quiet)
+        warnings.showwarning = show
+        yield
+
+
+def pytest_here(pytester: pytest.Pytester, *args: object,
+                env: Mapping[str, str | None] | None = None) -> pytest.RunResult:
+    """``pytest -p no:cacheprovider ARGS`` in ``pytester.path``, run in this process (the way
+    pytest plugins are tested): the plugin is loaded as it would be there, through the
+    ``pytest11`` entry point or ``-p``. The outer run's xdist and hypothesis variables are
+    removed, so the inner run is not taken for an xdist worker; ``env`` as in :func:`gac`."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key in list(os.environ):
+            if key.startswith(("PYTEST_", "HYPOTHESIS")):
+                mp.delenv(key)
+        for key, value in (env or {}).items():
+            if value is None:
+                mp.delenv(key, raising=False)
+            else:
+                mp.setenv(key, value)
+        return pytester.runpytest_inprocess("-p", "no:cacheprovider", *map(str, args))
+
+
 def gac_on_terminal(*args: object, env: Mapping[str, str] | None = None,
                     timeout: float = 300) -> tuple[int, str]:
     """Run the CLI with stderr on a 100-column pseudo-terminal, as a person at a terminal sees

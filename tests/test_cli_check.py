@@ -1,4 +1,4 @@
-"""``gac-check MODEL_DIR`` on good checkpoints, through the real CLI as a subprocess.
+"""``gac-check MODEL_DIR`` on good checkpoints, through the real CLI (:func:`tests.helpers.gac`).
 
 Two real transformers Llamas saved with ``save_pretrained``: one whose only problem is the
 FlashAttention head_dim bucket (a warning in bf16: head_dim 16), one with an MLP of 170 (an

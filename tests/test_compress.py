@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from gac_check.checkpoint.index import open_checkpoint
 from gac_check.checkpoint.tensors import read_state
 from gac_check.errors import BadInput
 from gac_check.models.compress import asvd_rank, compress_dir, layer_linears
+from gac_check.models.compress import main as compress_main
 from gac_check.models.loaders import load_model
 from gac_check.models.lowrank import factorize
 from tests import helpers
@@ -69,11 +69,9 @@ def test_checker_sees_the_ranks_the_compressor_chose(tiny_llama, tmp_path):
 def test_cli_refuses_existing_output_and_bad_ratio(tiny_llama, tmp_path):
     _, src = tiny_llama
     (tmp_path / "exists").mkdir()
-    cmd = [sys.executable, "-m", "gac_check.models.compress", str(src)]
-    r = subprocess.run([*cmd, str(tmp_path / "exists")], capture_output=True, text=True)
+    r = _run_cli(src, tmp_path / "exists")
     assert r.returncode == 2 and "already exists" in r.stderr and len(r.stderr.splitlines()) == 1
-    r = subprocess.run([*cmd, str(tmp_path / "new"), "--ratio", "1.5"],
-                       capture_output=True, text=True)
+    r = _run_cli(src, tmp_path / "new", "--ratio", "1.5")
     assert r.returncode == 2 and "--ratio" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exists"]
 
@@ -93,8 +91,8 @@ def test_factors_reconstruct_the_weight_at_full_rank():
 
 
 def _run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gac_check.models.compress", *map(str, args)],
-                          capture_output=True, text=True)
+    """``python -m gac_check.models.compress ARGS``, run in this process."""
+    return helpers.in_process(compress_main, *args)
 
 
 def test_bf16_model_compresses_to_a_bf16_checkpoint(tiny_llama, tmp_path):

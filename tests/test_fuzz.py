@@ -51,7 +51,7 @@ _SCALE = os.environ.get("GAC_FUZZ")
 SCALE = 0.25 if _SCALE is None else 25 if _SCALE == "long" else max(1, int(_SCALE))
 TIMEOUT = 60  # a mutant that takes longer is a hang: the contract says bounded work
 #: the CLI as a subprocess, failing any mutant that runs past TIMEOUT
-gac = partial(helpers.gac, timeout=TIMEOUT)
+gac = partial(helpers.gac, timeout=TIMEOUT, process=True)
 
 
 def fuzz_settings(examples: int) -> settings:

@@ -34,7 +34,7 @@ from tests.helpers import SEED_LLAMA, tiny_llama, tree_digest
 
 TIMEOUT = 60  # seconds: every case here finishes in a few; a hang fails instead of blocking
 #: the CLI as a subprocess, failing any case that runs past TIMEOUT
-gac = partial(helpers.gac, timeout=TIMEOUT)
+gac = partial(helpers.gac, timeout=TIMEOUT, process=True)
 
 
 def refused(proc: subprocess.CompletedProcess, *fragments: str) -> str:

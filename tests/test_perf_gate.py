@@ -4,9 +4,6 @@ kernel does; and the plugin's options never clash with a project's own."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ from gac_check.bench import baselines, stats
 from gac_check.bench.baselines import Baseline, Fingerprint, Measurement, Provenance
 from gac_check.bench.device import Device
 from gac_check.plugin.perf import relative_times
+from tests.helpers import pytest_here
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = Fingerprint("cpu", "AMD EPYC", isa=("avx2",), torch="2.13.0", threads=1)
@@ -110,14 +108,12 @@ def test_both_options_are_there(request, gac_profile, gac_models):
 '''
 
 
-def test_a_project_owning_gpu_and_model_keeps_them_and_gac_options_still_work(tmp_path):
-    (tmp_path / "conftest.py").write_text(PROJECT_CONFTEST)
-    (tmp_path / "test_own.py").write_text(PROJECT_TEST)
-    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                          "--gpu", "--gac-gpu", "h100", "--gac-model", "m"],
-                         cwd=tmp_path, capture_output=True, text=True, check=False)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "1 passed" in res.stdout
+def test_a_project_owning_gpu_and_model_keeps_them_and_gac_options_still_work(pytester):
+    pytester.makeconftest(PROJECT_CONFTEST)
+    pytester.makepyfile(test_own=PROJECT_TEST)
+    res = pytest_here(pytester, "-q", "--gpu", "--gac-gpu", "h100", "--gac-model", "m")
+    assert res.ret == 0, res.stdout.str() + res.stderr.str()
+    assert "1 passed" in res.stdout.str()
 
 
 # ------------------------------------------------------- the second look and recording
@@ -212,17 +208,16 @@ def test_tiny_gemm(gac_bench):
 '''
 
 
-def test_update_baselines_end_to_end_says_recorded_and_leaves_only_the_baseline(tmp_path):
+def test_update_baselines_end_to_end_says_recorded_and_leaves_only_the_baseline(pytester):
     """Issue 22: the run reported SKIPPED "does not exist (record it with
     --gac-update-baselines)" while recording, and left a .lock beside the baseline."""
+    tmp_path = pytester.path
     (tmp_path / "baselines").mkdir()
-    (tmp_path / "test_rec.py").write_text(RECORDING_PROJECT)
-    env = {k: v for k, v in os.environ.items() if k != "GAC_BASELINES_DIR"}
-    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs",
-                          "--gpu", "cpu", "--gac-update-baselines", "test_rec.py"],
-                         cwd=tmp_path, capture_output=True, text=True, check=False, env=env)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0 and "1 passed" in out and "SKIPPED" not in out, out
+    pytester.makepyfile(test_rec=RECORDING_PROJECT)
+    res = pytest_here(pytester, "-rs", "--gpu", "cpu", "--gac-update-baselines", "test_rec.py",
+                      env={"GAC_BASELINES_DIR": None})
+    out = res.stdout.str() + res.stderr.str()
+    assert res.ret == 0 and "1 passed" in out and "SKIPPED" not in out, out
     assert "baseline case(s) recorded into" in out
     assert "recorded gemm/M=8,K=64,N=8,dtype=float32: " in out
     files = [p.name for p in (tmp_path / "baselines").iterdir()]

@@ -2,8 +2,9 @@
 
 No internet: :mod:`tests.hub_server` serves real model directories on 127.0.0.1 the way the
 Hub does (model info, resolve URLs, LFS redirects, HTTP range requests), and the real CLI runs
-as a subprocess with ``HF_ENDPOINT`` pointed at it and a fresh ``HF_HOME``. The remote check
-must print exactly what the local check prints for the same files, fetch a small fraction of
+as a subprocess with ``HF_ENDPOINT`` pointed at it and a fresh ``HF_HOME`` (the local checks
+it is compared with run in this process). The remote check must print exactly what the local
+check prints for the same files, fetch a small fraction of
 the weights (the server counts every body byte), and refuse missing repos, revisions, pickled
 weights and broken connections in one line with exit code 2.
 """
@@ -88,11 +89,17 @@ def hub(models, tmp_path):
 
 def gac(hub: HubServer, *args: object, cwd: Path | None = None,
         **env: str) -> subprocess.CompletedProcess:
-    """The CLI against ``hub`` only: no HF_* or proxy variables of ours, ``env`` on top."""
+    """The CLI against ``hub`` only: no HF_* or proxy variables of ours, ``env`` on top; a
+    subprocess, since huggingface_hub reads them when it is first imported."""
     unset = {k: None for k in os.environ if k.startswith("HF_") or k in PROXY_VARS}
-    return helpers.gac(*args, cwd=cwd, env={
+    return helpers.gac(*args, cwd=cwd, process=True, env={
         **unset, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(hub.home), "NO_PROXY": "*",
         "HF_HUB_DISABLE_TELEMETRY": "1", **env})
+
+
+def check_here(model_dir: Path, *args: object) -> subprocess.CompletedProcess:
+    """The local check the remote one must match: no Hub involved, so in this process."""
+    return helpers.gac(model_dir, *args)
 
 
 def same_but_name(local: str, remote: str, local_name: str, remote_name: str) -> None:
@@ -125,7 +132,7 @@ def test_remote_check_prints_what_the_local_check_prints(hub, models, ref, model
     rev = ref.partition("@")[2] or "main"
     name = f"hf://{ref[5:].partition('@')[0]}@{commit_of(hub, ref[5:].partition('@')[0], rev)}"
     for extra in ((), ("--format", "json")):
-        local = gac(hub, models[model], "--gpu", "h100", *extra)
+        local = check_here(models[model], "--gpu", "h100", *extra)
         remote = gac(hub, ref, "--gpu", "h100", *extra)
         assert remote.returncode == local.returncode and remote.stderr == local.stderr == ""
         same_but_name(local.stdout, remote.stdout, str(models[model].resolve()), name)
@@ -139,7 +146,7 @@ def test_a_long_header_takes_a_second_range_request(hub, models) -> None:
     weights = models["deep"] / "model.safetensors"
     n = int.from_bytes(weights.read_bytes()[:8], "little")
     assert n + 8 > FIRST_READ  # the fixture is what this test is about
-    local = gac(hub, models["deep"], "--gpu", "h100", "--format", "json")
+    local = check_here(models["deep"], "--gpu", "h100", "--format", "json")
     for ranges in (True, False):  # with Range, and from a server that ignores it
         hub.reset()
         hub.ranges = ranges
@@ -151,7 +158,7 @@ def test_a_long_header_takes_a_second_range_request(hub, models) -> None:
 
 def test_a_commit_id_is_a_revision_too(hub, models) -> None:
     commit = commit_of(hub, "org/tiny", "v2")
-    local = gac(hub, models["single"], "--gpu", "a100")
+    local = check_here(models["single"], "--gpu", "a100")
     remote = gac(hub, f"hf://org/tiny@{commit}", "--gpu", "a100")
     same_but_name(local.stdout, remote.stdout, str(models["single"].resolve()),
                   f"hf://org/tiny@{commit}")
@@ -209,7 +216,7 @@ def test_a_shard_already_in_the_hub_cache_is_read_from_there(hub, models) -> Non
                    env=env | {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(hub.home)})
     hub.reset()
     proc = gac(hub, "hf://org/tiny", "--gpu", "h100", "--verbose")
-    local = gac(hub, models["sharded"], "--gpu", "h100")
+    local = check_here(models["sharded"], "--gpu", "h100")
     same_but_name(local.stdout, proc.stdout, str(models["sharded"].resolve()),
                   f"hf://org/tiny@{commit_of(hub, 'org/tiny')}")
     assert f"{len(shards)} weight file header(s), 1 from the cache" in proc.stderr
@@ -220,7 +227,7 @@ def test_a_shard_already_in_the_hub_cache_is_read_from_there(hub, models) -> Non
 def test_a_server_without_range_support_costs_no_weights(hub, models) -> None:
     hub.ranges = False  # every GET answers 200 with the whole file
     proc = gac(hub, "hf://org/tiny", "--gpu", "h100", "--verbose")
-    local = gac(hub, models["sharded"], "--gpu", "h100")
+    local = check_here(models["sharded"], "--gpu", "h100")
     same_but_name(local.stdout, proc.stdout, str(models["sharded"].resolve()),
                   f"hf://org/tiny@{commit_of(hub, 'org/tiny')}")
     fetched = int(re.search(r"fetched ([\d,]+) bytes", proc.stderr).group(1).replace(",", ""))
@@ -277,7 +284,7 @@ def test_pickled_weights_are_refused_as_needing_a_download(hub) -> None:
 
 
 def test_remote_headers_get_the_local_validation(hub, models) -> None:
-    local = refusal(gac(hub, models["bad"]))
+    local = refusal(check_here(models["bad"]))
     remote = refusal(gac(hub, "hf://org/bad"))
     local_file = f"{models['bad'].resolve()}/model.safetensors"
     remote_file = f"hf://org/bad@{commit_of(hub, 'org/bad')}/model.safetensors"
@@ -289,7 +296,7 @@ def test_gated_repo_needs_a_token(hub, models) -> None:
     line = refusal(gac(hub, "hf://org/gated"))
     assert "is gated" in line and "HF_TOKEN" in line
     ok = gac(hub, "hf://org/gated", "--gpu", "h100", HF_TOKEN="hf_secret")
-    local = gac(hub, models["single"], "--gpu", "h100")
+    local = check_here(models["single"], "--gpu", "h100")
     assert ok.returncode == local.returncode == 0, ok.stderr
 
 

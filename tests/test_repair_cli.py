@@ -1,4 +1,4 @@
-"""``gac-check MODEL --repair OUT`` end to end, through real subprocess runs of the CLI."""
+"""``gac-check MODEL --repair OUT`` end to end, through real runs of the CLI (helpers.gac)."""
 from __future__ import annotations
 
 import json

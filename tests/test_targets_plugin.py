@@ -1,12 +1,9 @@
 """``pytest --gac-target SPEC``: the plugin's option and its ``gac_targets`` and
-``gac_check_model`` fixtures, in a project outside the checkout, and a bad spec is a usage
-error."""
+``gac_check_model`` fixtures, in a project outside the checkout (run in this process by
+pytester), and a bad spec is a usage error."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
+from tests.helpers import pytest_here
 from tests.target_models import sparse_llama
 
 TEST = '''
@@ -35,20 +32,13 @@ def test_checks_a_model_in_memory_as_saved(gac_check_model, tmp_path):
 '''
 
 
-def run(project, *args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS"))}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                           *args], cwd=project, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-
-
-def test_gac_target_option_and_fixture(tmp_path):
-    sparse_llama(tmp_path / "model", hidden=4096, intermediate=11008, heads=32, kv_heads=8,
-                 vocab=32000)
-    (tmp_path / "test_deploy.py").write_text(TEST)
-    res = run(tmp_path, "--gpu", "h100", "--model", "model", "--gac-target", "vllm,tp=3",
-              "--gac-target", "llama.cpp,quant=Q8_0", "test_deploy.py")
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "2 passed" in res.stdout
-    bad = run(tmp_path, "--gac-target", "vllm,tp=0", "test_deploy.py")
-    assert bad.returncode == 4 and "positive integer" in bad.stderr  # a usage error
+def test_gac_target_option_and_fixture(pytester):
+    sparse_llama(pytester.path / "model", hidden=4096, intermediate=11008, heads=32,
+                 kv_heads=8, vocab=32000)
+    pytester.makepyfile(test_deploy=TEST)
+    res = pytest_here(pytester, "-q", "--gpu", "h100", "--model", "model", "--gac-target",
+                      "vllm,tp=3", "--gac-target", "llama.cpp,quant=Q8_0", "test_deploy.py")
+    assert res.ret == 0, res.stdout.str()[-2000:] + res.stderr.str()[-2000:]
+    res.assert_outcomes(passed=2)
+    bad = pytest_here(pytester, "-q", "--gac-target", "vllm,tp=0", "test_deploy.py")
+    assert bad.ret == 4 and "positive integer" in bad.stderr.str()  # a usage error

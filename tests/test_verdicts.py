@@ -11,9 +11,6 @@ benchmarks/hand_mutants.py --only verdicts``).
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -22,6 +19,7 @@ from gac_check import profiles
 from gac_check.bench import baselines, stats
 from gac_check.bench.baselines import Baseline, Fingerprint, Measurement, Provenance
 from gac_check.errors import BadInput
+from tests.helpers import pytest_here
 
 CASE = "gemm/M=64,K=1001,N=1024,dtype=float16"
 OTHER = "sdpa/B=4,S=2048,H=32,D=107,dtype=float16"
@@ -242,24 +240,22 @@ def test_gemm(gac_bench):
 '''
 
 
-def test_the_perf_gate_refuses_a_cpu_baseline_of_another_isa(tmp_path):
+def test_the_perf_gate_refuses_a_cpu_baseline_of_another_isa(pytester):
     """A project's perf test on this CPU, with a stored file for this CPU's profile key but
     another instruction set: the test skips naming the ISA, it never compares."""
     here = baselines.present_fingerprint("cpu")
     other = ("avx2",) if "avx512f" in here.isa else (*here.isa, "avx512f")
     stored = Fingerprint(**{**here.__dict__, "isa": other})
-    store = tmp_path / "baselines"
+    store = pytester.path / "baselines"
     key = profiles.cpu_profile_key()
     baselines.save(Baseline(key, stored, {CASE: measured()}), baselines.path_for(key, store))
-    (tmp_path / "test_perf.py").write_text(PERF_TEST)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS"))}
-    env["GAC_BASELINES_DIR"] = str(store)
-    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
-                          "--gac-gpu", "cpu", "test_perf.py"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    assert "1 skipped" in res.stdout
-    assert "different device" in res.stdout and "isa" in res.stdout, res.stdout[-2000:]
+    pytester.makepyfile(test_perf=PERF_TEST)
+    res = pytest_here(pytester, "-q", "-rs", "--gac-gpu", "cpu", "test_perf.py",
+                      env={"GAC_BASELINES_DIR": str(store)})
+    out = res.stdout.str()
+    assert res.ret == 0, out[-3000:] + res.stderr.str()[-2000:]
+    assert "1 skipped" in out
+    assert "different device" in out and "isa" in out, out[-2000:]
 
 
 DEFAULTS_TEST = '''
@@ -274,12 +270,9 @@ def test_defaults(gac_bench, request):
 
 
 @pytest.mark.parametrize("factor", [None, "1.3"])
-def test_on_a_cpu_the_gate_uses_the_cpus_factor_and_quantile(tmp_path, factor):
-    (tmp_path / "test_defaults.py").write_text(DEFAULTS_TEST)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS"))}
-    env["GAC_BASELINES_DIR"] = str(tmp_path / "baselines")
+def test_on_a_cpu_the_gate_uses_the_cpus_factor_and_quantile(pytester, factor):
+    pytester.makepyfile(test_defaults=DEFAULTS_TEST)
     extra = ["--gac-perf-factor", factor] if factor else []
-    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                          "--gac-gpu", "cpu", *extra, "test_defaults.py"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0 and "1 passed" in res.stdout, res.stdout[-3000:]
+    res = pytest_here(pytester, "-q", "--gac-gpu", "cpu", *extra, "test_defaults.py",
+                      env={"GAC_BASELINES_DIR": str(pytester.path / "baselines")})
+    assert res.ret == 0 and "1 passed" in res.stdout.str(), res.stdout.str()[-3000:]
