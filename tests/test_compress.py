@@ -14,7 +14,6 @@ from gac_check.checkpoint.index import open_checkpoint
 from gac_check.checkpoint.tensors import read_state
 from gac_check.errors import BadInput
 from gac_check.models.compress import asvd_rank, compress_dir, layer_linears
-from gac_check.models.compress import main as compress_main
 from gac_check.models.loaders import load_model
 from gac_check.models.lowrank import factorize
 from tests import helpers
@@ -91,8 +90,8 @@ def test_factors_reconstruct_the_weight_at_full_rank():
 
 
 def _run_cli(*args) -> subprocess.CompletedProcess:
-    """``python -m gac_check.models.compress ARGS``, run in this process."""
-    return helpers.in_process(compress_main, *args)
+    """``gac-check compress ARGS``, run in this process."""
+    return helpers.gac("compress", *args)
 
 
 def test_bf16_model_compresses_to_a_bf16_checkpoint(tiny_llama, tmp_path):
