@@ -65,7 +65,7 @@ def tiny_llama_dir(cwd: Path, cache: Path) -> None:
 
 def llama_8b_pruned(cwd: Path, cache: Path) -> None:
     """``llama-8b-pruned/``: Llama-3-8B's shapes (32 layers, 32 heads and 8 kv heads of 128,
-    vocabulary 128256) with the MLP pruned to 11000, bf16; a header and a hole (README)."""
+    vocabulary 128256) with the MLP pruned to 11000, bf16; a header and a hole (docs/targets.md)."""
     sparse_llama(cwd / "llama-8b-pruned", hidden=4096, intermediate=11000, heads=32, kv_heads=8,
                  layers=32, vocab=128256)
 
