@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__":
-    from gac_check.cli.main import main
+if __name__ == "__main__":  # runs that command
+    import runpy  # the CLI is run as a program, not imported, as the other old spellings do
 
-    raise SystemExit(main(["demo", *sys.argv[1:]]))
+    sys.argv[1:1] = ["demo"]
+    runpy.run_module("gac_check.cli", run_name="__main__")

@@ -100,7 +100,8 @@ def packaged(gpu: str) -> baselines.Baseline:
     return published_baseline(gpu)
 
 
-if __name__ == "__main__":  # the old spelling of `gac-check baseline published`, kept working
-    from gac_check.cli.main import main
+if __name__ == "__main__":  # the old spelling of `gac-check baseline published`: runs that command
+    import runpy  # the CLI is run as a program, not imported: it sits above this module
 
-    raise SystemExit(main(["baseline", "published", *sys.argv[1:]]))
+    sys.argv[1:1] = ["baseline", "published"]
+    runpy.run_module("gac_check.cli", run_name="__main__")

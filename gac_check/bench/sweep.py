@@ -173,7 +173,8 @@ def record(plan: RecordPlan, device: str, key: str, out: Path, command: str, dty
     return skipped
 
 
-if __name__ == "__main__":  # the old spelling of `gac-check baseline record`, kept working
-    from gac_check.cli.main import main
+if __name__ == "__main__":  # the old spelling of `gac-check baseline record`: runs that command
+    import runpy  # the CLI is run as a program, not imported: it sits above this module
 
-    raise SystemExit(main(["baseline", "record", *sys.argv[1:]]))
+    sys.argv[1:1] = ["baseline", "record"]
+    runpy.run_module("gac_check.cli", run_name="__main__")

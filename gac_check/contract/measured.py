@@ -218,7 +218,8 @@ def drift(expected: list[Rule], current: list[Rule], covered: frozenset[Role]) -
     return Drift(gone, added)
 
 
-if __name__ == "__main__":  # the old spelling of `gac-check baseline contract`, kept working
-    from gac_check.cli.main import main
+if __name__ == "__main__":  # the old spelling of `gac-check baseline contract`: runs that command
+    import runpy  # the CLI is run as a program, not imported: it sits above this module
 
-    raise SystemExit(main(["baseline", "contract", *sys.argv[1:]]))
+    sys.argv[1:1] = ["baseline", "contract"]
+    runpy.run_module("gac_check.cli", run_name="__main__")

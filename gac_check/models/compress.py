@@ -114,7 +114,8 @@ def compress_dir(src: Path, out: Path, ratio: float, force: bool = False) -> dic
     return ranks
 
 
-if __name__ == "__main__":  # the old spelling of `gac-check compress`, kept working
-    from gac_check.cli.main import main
+if __name__ == "__main__":  # the old spelling of `gac-check compress`: runs that command
+    import runpy  # the CLI is run as a program, not imported: it sits above this module
 
-    raise SystemExit(main(["compress", *sys.argv[1:]]))
+    sys.argv[1:1] = ["compress"]
+    runpy.run_module("gac_check.cli", run_name="__main__")
