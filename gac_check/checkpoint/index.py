@@ -60,6 +60,11 @@ class Checkpoint:
     files: list[Path] = field(default_factory=list)
     sidecars: dict[str, dict] = field(default_factory=dict)
     pickled_model: PickledModel | None = None
+    #: Tensors read and known to carry no dimension a check judges, by name -> what they are
+    #: (a quantized layout's scales, zero points and group indices), filled by the reader of
+    #: that layout; every other tensor must belong to a site or a kind the format names, or
+    #: the check refuses (the accounting, issue 27).
+    auxiliary: dict[str, str] = field(default_factory=dict)
 
     @property
     def source(self) -> str:
