@@ -63,3 +63,47 @@ def test_heads_that_do_not_divide_the_width_are_refused_for_check_and_repair(lie
             "which does not divide the attention width 64 (head_dim would be 9.143): the head "
             "layout cannot be known; correct config.json"]
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def _channel_pruned(keep: int = 59) -> tuple[dict, dict]:
+    """LLM-Pruner --channel_wise as it leaves a Llama: the residual stream narrowed (hidden 64 ->
+    ``keep``, an odd width no head count divides) while every head keeps its width, so q_proj
+    is [64, keep]; config.json's hidden_size says ``keep``."""
+    model = tiny_llama(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=128, num_hidden_layers=2, vocab_size=128)
+    reads = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # hidden on their columns
+    state = {}
+    for name, t in model.state_dict().items():
+        if name.endswith(tuple(f"{r}.weight" for r in reads)):
+            t = t[:, :keep]
+        elif name.endswith(("o_proj.weight", "down_proj.weight")) or "norm" in name:
+            t = t[:keep]
+        elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            t = t[:, :keep]
+        state[name] = t.contiguous()
+    cfg = model.config.to_dict()
+    cfg.pop("head_dim", None)
+    cfg["hidden_size"] = keep
+    return state, cfg
+
+
+def test_a_channel_pruned_hidden_size_does_not_hide_the_heads(tmp_path) -> None:
+    """q's own width decides head_dim where hidden_size / heads is no whole head (issue 30): the
+    check judges head_dim 16 and the hidden size 59, in memory and from the saved copy alike,
+    with the disagreement as a note, never a refusal."""
+    from safetensors.torch import save_file
+
+    import gac_check
+
+    state, cfg = _channel_pruned()
+    root = tmp_path / "channel-pruned"
+    root.mkdir()
+    save_file(state, root / "model.safetensors")
+    (root / "config.json").write_text(json.dumps(cfg))
+    on_disk = sites(root)
+    head = "model.layers.0.self_attn:head_dim"
+    assert on_disk[head]["value"] == 16 and on_disk["hidden"]["value"] == 59
+    assert any("q's width 64 / num_attention_heads=4" in n for n in on_disk["hidden"]["notes"])
+    in_memory = gac_check.check(state, config=cfg, gpu="h100")
+    assert {s.name: s.value for s in in_memory.sites} == \
+        {n: s["value"] for n, s in on_disk.items() if n != "format"}

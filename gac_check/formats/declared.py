@@ -6,7 +6,8 @@ the tensors beside it. ``hidden_size`` 4096 over tensors 64 wide would make head
 64 would make head_dim 9 and a --repair pad the wrong thing. So head_dim is taken from
 config.json only where the tensors agree with it: an explicit ``head_dim`` must split every
 layer's q and k widths into whole heads, and ``hidden_size / num_attention_heads`` uses the
-tensors' width when the config's disagrees. A head count that does not divide that width
+tensors' width when the config's disagrees, or q's own width where hidden_size splits into no
+whole heads (a channel-wise pruned residual stream). A head count that divides neither width
 leaves head_dim unknowable: a refusal, for the check and for ``--repair`` alike.
 """
 from __future__ import annotations
@@ -44,24 +45,30 @@ def config_head_dim(ckpt: Checkpoint,
     hidden = _count(cfg.get("hidden_size"))
     if heads is None or (hidden is None and not widths):
         return None, notes
-    width = hidden
     tensor_width = max((q for q, _, _ in widths), default=None)
     if widths and (hidden is None or hidden not in {i for _, _, i in widths}):
-        width = tensor_width  # the config's hidden_size is refuted (or absent): the tensors'
         if hidden is not None:
-            notes.append(f"head_dim from the tensors' attention width {width} / "
+            notes.append(f"head_dim from the tensors' attention width {tensor_width} / "
                          f"num_attention_heads={heads}, not from config.json's "
                          f"hidden_size={hidden} (the tensors have {widths[0][2]})")
-    assert width is not None
+        hidden = None  # the config's hidden_size is refuted (or absent): the tensors' width
+    # The attention width is q's output, which a channel-wise pruner leaves dense while it
+    # narrows hidden_size (LLM-Pruner --channel_wise: hidden 179, q_proj [256, 179]): where
+    # hidden_size / heads does not split into whole heads, q's own width may.
+    candidates = [w for w in dict.fromkeys((hidden, tensor_width)) if w is not None]
+    splits = [w for w in candidates if w % heads == 0 and w // heads and whole(w // heads)]
+    if splits:
+        if splits[0] != candidates[0]:
+            notes.append(f"head_dim from q's width {splits[0]} / num_attention_heads={heads}: "
+                         f"config.json's hidden_size={candidates[0]} does not split into "
+                         "whole heads")
+        return splits[0] // heads, notes
+    width = candidates[0]
     if width % heads:
         raise BadInput(f"says num_attention_heads={heads}, which does not divide the attention "
                        f"width {width} (head_dim would be {width / heads:.4g}): the head layout "
                        "cannot be known; correct config.json", ckpt.path / "config.json")
-    hd = width // heads
-    if hd == 0:  # a width of 0: nothing to split into heads
-        return None, notes
-    if not whole(hd):
-        notes.append(f"config.json's hidden_size / num_attention_heads = {hd} does not split "
-                     "the tensors' q/k widths into whole heads: not used")
-        return None, notes
-    return hd, notes
+    if width // heads:  # a width of 0: nothing to split into heads
+        notes.append(f"config.json's hidden_size / num_attention_heads = {width // heads} does "
+                     "not split the tensors' q/k widths into whole heads: not used")
+    return None, notes
