@@ -254,11 +254,13 @@ class SVDLlamaAttention(nn.Module):
         return self.o_u_proj(self.o_v_proj(out.transpose(1, 2).reshape(b, n, -1))), None
 
 
-def build_svdllm(root: Path, ratio: float = 0.6) -> Built:
+def build_svdllm(root: Path, ratio: float = 0.6, config_dtype: torch.dtype | None = None) -> Built:
     """SVDLLM.py's save: every layer's attention and MLP replaced by their SVD modules, then
     ``torch.save({'model': model, 'tokenizer': tokenizer}, <model>_whitening_only_<ratio>.pt)``
-    in fp32, and no config.json."""
+    in fp32, and no config.json. ``config_dtype``: what the pickled config says (SVD-LLM loads
+    the base in float16, so its real saves say float16 over fp32 factors)."""
     model = tiny_llama(6)
+    model.config.dtype = config_dtype
     for layer in model.model.layers:
         layer.self_attn = SVDLlamaAttention(layer.self_attn, model.config, ratio)
         layer.mlp = SVDLlamaMLP(layer.mlp, ratio)

@@ -18,6 +18,7 @@ from gac_check.errors import BadInput
 from gac_check.models.compress import compress_dir, compress_state
 from gac_check.models.lowrank import swap_low_rank
 from gac_check.report.json_report import to_json
+from tests import compressors as C
 from tests.helpers import tiny_bert, tiny_llama
 
 #: an MLP of 170 and 2 of 4 kv heads: errors on a GPU contract, so there is something to find
@@ -112,3 +113,28 @@ def test_a_fix_needs_a_directory(tmp_path):
     with pytest.raises(BadInput, match="--realign needs the weights, which a remote check"):
         gac_check.realign("hf://org/model", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _as_saved(built: C.Built, name: str = "pytorch_model.bin"):
+    """The pickled module as ``torch.load`` returns it (the test loader upcasts to compare
+    logits in fp32, which no user's model does)."""
+    return C.load_pickled(built.path / name)[0]
+
+
+@pytest.mark.parametrize(("build", "module"), [
+    (lambda root: C.build_svdllm(root, config_dtype=torch.float16), lambda b: b.model),
+    (lambda root: C.build_llm_pruner(root, gqa=True), _as_saved),
+    (lambda root: C.build_asvd(root), lambda b: b.model),
+    (lambda root: C.build_palu(root), lambda b: b.model),
+], ids=["svd-llm-fp16-config", "llm-pruner", "asvd", "palu"])
+def test_every_compressors_module_judges_what_its_saved_file_does(build, module, tmp_path):
+    """The module its own loader returns and the file it saved: the same dtype (a whole pickled
+    model's own config counts where there is no config.json) and the same findings (issue 30:
+    SVD-LLM's file was judged in float32, its module in float16)."""
+    built = build(tmp_path / "model")
+    on_disk = gac_check.check(built.path, gpu="h100")
+    in_memory = gac_check.check(module(built), gpu="h100")
+    assert on_disk.findings
+    assert in_memory.dtype_choice.dtype == on_disk.dtype_choice.dtype
+    assert [(f.site.name, f.site.value, f.severity, f.repair_to) for f in in_memory.findings] \
+        == [(f.site.name, f.site.value, f.severity, f.repair_to) for f in on_disk.findings]

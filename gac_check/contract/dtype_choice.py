@@ -22,13 +22,29 @@ class DtypeChoice:
     """The dtype a contract is built for, where it came from, and any disagreement seen."""
 
     dtype: str
-    source: str  # "--dtype" | "config.json" | "weights" | "stricter of config.json and weights"
+    #: "--dtype" | "config.json" | "the pickled config" | "weights" | "default" |
+    #: "stricter of config.json and weights" | "stricter of the pickled config and weights"
+    source: str
     note: str | None = None
 
 
+#: Where the declared dtype of a whole pickled model without config.json is read.
+PICKLED_CONFIG = "the pickled config"
+
+
+def declared_config(ckpt: Checkpoint) -> tuple[dict, str]:
+    """The config that declares the model's dtype and how reports name it: config.json, or a
+    whole pickled model's own config when there is no config.json (SVD-LLM's and LLM-Pruner's
+    saves), so the check of the file judges the dtype the check of the module in memory does."""
+    if not ckpt.config and ckpt.pickled_model is not None:
+        return ckpt.pickled_model.config, PICKLED_CONFIG
+    return ckpt.config, "config.json"
+
+
 def declared_dtype(ckpt: Checkpoint) -> str | None:
-    """config.json's ``dtype`` (transformers 5) or ``torch_dtype``, without ``torch.``."""
-    declared = ckpt.config.get("dtype") or ckpt.config.get("torch_dtype")
+    """The config's ``dtype`` (transformers 5) or ``torch_dtype``, without ``torch.``."""
+    config, _ = declared_config(ckpt)
+    declared = config.get("dtype") or config.get("torch_dtype")
     if isinstance(declared, str) and declared not in ("auto", ""):
         return declared.removeprefix("torch.")
     return None
@@ -66,8 +82,9 @@ def choose_dtype(ckpt: Checkpoint, requested: str | None = None) -> DtypeChoice:
     are noted too, since every role is then judged in a dtype some of its tensors do not
     have."""
     declared, stored = declared_dtype(ckpt), weights_dtype(ckpt)
+    where = declared_config(ckpt)[1]
     disagree = declared is not None and stored is not None and declared != stored
-    seen = (f"config.json says {declared}, the weights are {stored}" if disagree else None)
+    seen = (f"{where} says {declared}, the weights are {stored}" if disagree else None)
     mixed = mixed_weights(ckpt)
     if requested:
         said = "; ".join(x for x in (mixed, seen) if x)
@@ -75,15 +92,15 @@ def choose_dtype(ckpt: Checkpoint, requested: str | None = None) -> DtypeChoice:
                            if said else None)
     if not disagree:
         if declared:
-            return DtypeChoice(declared, "config.json",
-                               f"{mixed}: {declared}, config.json's" if mixed else None)
+            return DtypeChoice(declared, where,
+                               f"{mixed}: {declared}, {where}'s" if mixed else None)
         chosen = stored or "float32"
         return DtypeChoice(chosen, "weights" if stored else "default",
                            f"{mixed}: {chosen}, the dtype of most weight elements (pass --dtype "
                            "to judge in the dtype it is served in)" if mixed else None)
     assert declared and stored
     stricter = min((stored, declared), key=_itemsize)  # min keeps the weights' on a tie
-    return DtypeChoice(stricter, "stricter of config.json and weights",
+    return DtypeChoice(stricter, f"stricter of {where} and weights",
                        f"{seen}: checked against {stricter}, the stricter of the two "
                        f"({_itemsize(stricter)} bytes per element; pass --dtype to choose)")
 
