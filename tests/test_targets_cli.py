@@ -217,9 +217,3 @@ def test_llamacpp_mix_differs_by_layer(tmp_path):
     assert kernels == ["Q8_0 (for Q6_K)", "Q5_0 (for Q4_K)", "Q5_0 (for Q4_K)",
                        "Q8_0 (for Q6_K)", "Q5_0 (for Q4_K)", "Q5_0 (for Q4_K)",
                        "Q8_0 (for Q6_K)", "Q8_0 (for Q6_K)"]
-
-
-def test_realign_does_not_take_targets_yet(llama70, tmp_path):
-    proc = helpers.gac(llama70, "--realign", tmp_path / "out", "--target", "vllm")
-    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
-    assert "--repair --target" in proc.stderr

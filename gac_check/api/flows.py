@@ -103,29 +103,32 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
 def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = None,
             gpu: str = "auto", dtype: str | None = None, budget: str = "same",
             strategy: str = "minimal", force: bool = False, calib: Path | str | None = None,
-            *, progress: bool = True) -> FixResult[RealignReport]:
+            target: Targets = (), *, progress: bool = True) -> FixResult[RealignReport]:
     """Re-select aligned ranks of an ASVD-layout model under the same parameter budget (or
     ``budget``, a fraction of the dense matrices), write it to ``out`` and re-check ``out``.
 
     ``base`` is the dense original, so any aligned rank can be chosen; without it ranks only
-    go down within the existing factors. Other formats are refused with what to run instead,
-    and everything the headers can refuse is refused before any SVD.
+    go down within the existing factors. With ``target``, a rank is chosen only where every
+    target runs it fast (else the matrix is stored dense). Other formats are refused with what
+    to run instead, and everything the headers can refuse is refused before any SVD.
     """
     from gac_check.api.refusals import require_feasible, require_realignable
+    from gac_check.ranks.candidates import rank_menus
     from gac_check.ranks.factors import rank_alignment  # torch: only for a realign
     from gac_check.ranks.factors import realign as write_realigned
 
     model_dir = local_dir(model_dir, "--realign")
     base_dir = Path(base) if base is not None else None
     check_output_dir(Path(out), force, model_dir, *([base_dir] if base_dir else []))
-    before = check(model_dir, gpu, dtype)
+    before = check(model_dir, gpu, dtype, target)
     align = rank_alignment(before.contract, strategy)
     require_realignable(before, align)
-    require_feasible(before, budget, align)
+    menus = rank_menus(before.sites, before.checkpoint.shapes, before.contract, align,
+                       base_dir is not None)
+    require_feasible(before, budget, menus)
     recheck = Recheck(gpu, before)
-    report = write_realigned(before.checkpoint, before.sites, before.contract, Path(out),
-                             base_dir, budget, strategy, force,
-                             Path(calib) if calib is not None else None, progress,
+    report = write_realigned(before.checkpoint, menus, Path(out), align, base_dir, budget,
+                             force, Path(calib) if calib is not None else None, progress,
                              recheck=recheck)
     if before.dtype_choice and before.dtype_choice.note:
         report.notes.insert(0, before.dtype_choice.note)

@@ -5,6 +5,7 @@ import math
 
 from gac_check.analysis import CheckResult
 from gac_check.errors import BadInput
+from gac_check.ranks.candidates import RankMenu
 from gac_check.sites import Role
 
 #: What to run instead of --realign, per format it cannot rewrite.
@@ -41,24 +42,21 @@ def require_realignable(result: CheckResult, align: int) -> None:
                        result.checkpoint.path)
 
 
-def require_feasible(result: CheckResult, budget: str, align: int) -> None:
+def require_feasible(result: CheckResult, budget: str, menus: list[RankMenu]) -> None:
     """Refuse, from the headers alone, what would otherwise fail after minutes of SVDs: a
-    budget that is no fraction in (0, 1], or one no aligned choice fits."""
+    budget that is no fraction in (0, 1], or one no choice on the menus fits (every matrix
+    at its cheapest aligned, or with --target fast, rank or dense); say which budget would."""
     from gac_check.ranks.knapsack import budget_fraction  # numpy: only for --realign
 
     fraction = budget_fraction(budget)
-    shapes = result.checkpoint.shapes
-    sizes = []  # (rows, columns, rank) of each factorised matrix
-    for site in result.sites:
-        if site.role is Role.RANK:
-            b, a = (ax.tensor for ax in site.axes)  # B [r, in] then A [out, r]
-            sizes.append((shapes[a][0], shapes[b][1], site.value))
-    dense = sum(m * n for m, n, _ in sizes)
-    spend = (sum(r * (m + n) for m, n, r in sizes) if fraction is None
+    dense = sum(menu.dense_params for menu in menus)
+    spend = (sum(menu.params(menu.rank) for menu in menus) if fraction is None
              else math.floor(fraction * dense))
-    least = sum(min(align * (m + n), m * n) for m, n, _ in sizes)
+    least = sum(menu.cheapest for menu in menus)
     if dense and spend < least:
+        offered = ("fast on every --target" if any(menu.targets for menu in menus)
+                   else "aligned")
         raise BadInput(f"--budget {budget} allows {spend:,} parameters, fewer than the "
-                       f"cheapest aligned choice ({least:,}: rank {align} or dense for every "
-                       f"matrix); the smallest feasible budget is "
+                       f"cheapest choice {offered} ({least:,}: every matrix at its smallest "
+                       f"such rank, or dense); the smallest feasible budget is "
                        f"{math.ceil(1000 * least / dense) / 1000:g}")

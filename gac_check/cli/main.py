@@ -196,8 +196,6 @@ def run(args: argparse.Namespace) -> int:
     from gac_check.targets.spec import parse_target
 
     args.targets = [parse_target(t) for t in args.targets]  # and an unknown --target
-    if args.realign and args.targets:
-        raise BadInput("--realign does not take --target yet; use --repair --target")
     if args.base and not args.realign:
         raise BadInput("--base is only used with --realign")
     if args.repair and args.realign:

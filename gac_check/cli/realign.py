@@ -15,7 +15,8 @@ def run_realign(args: argparse.Namespace) -> int:
     ``--junit`` describe."""
     outputs = plan_fix_outputs(args, args.realign)
     fix = realign(args.model_dir, args.realign, args.base, args.gpu, args.dtype, args.budget,
-                  args.strategy, args.force, args.calib, progress=args.output != "json")
+                  args.strategy, args.force, args.calib, args.targets,
+                  progress=args.output != "json")
     print(json.dumps(fix.report.to_json(), indent=2) if args.output == "json"
           else render_realign(fix.report))
     write_fix_outputs(outputs, "realign", fix, args.fail_on)

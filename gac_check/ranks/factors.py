@@ -27,8 +27,9 @@ from gac_check.contract.rules import ERROR, WARNING, Contract, Finding
 from gac_check.errors import BadInput
 from gac_check.progress import steps
 from gac_check.ranks.calibration import input_scales
+from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
-from gac_check.sites import DimSite, Role
+from gac_check.sites import Role
 
 #: the provenance record written into OUT, as a repair writes gac-repair.json
 PROVENANCE = "gac-realign.json"
@@ -66,6 +67,13 @@ class RealignReport:
     notes: list[str] = field(default_factory=list)
     #: what the re-check of OUT still finds (run before OUT appears, as a repair's is)
     remaining: list[Finding] = field(default_factory=list)
+    #: per matrix, why it ended at its rank (what its old rank broke, what it was offered)
+    why: dict[str, str] = field(default_factory=dict)
+
+    def matrices(self) -> list[dict]:
+        """Each matrix's rank before and after, and why: the report's per-matrix table."""
+        return [{"module": c.name, "before": self.old_ranks[c.name], "after": c.rank,
+                 "why": self.why.get(c.name, "")} for c in self.plan.choices]
 
     def to_json(self) -> dict:
         counts = {sev: sum(f.severity == sev for f in self.remaining)
@@ -73,7 +81,7 @@ class RealignReport:
         return {"out": str(self.out), "align": self.align, "with_base": self.with_base,
                 "old_ranks": self.old_ranks, "old_params": self.old_params,
                 "old_error": self.old_error, "plan": self.plan.as_dict(), "notes": self.notes,
-                "remaining": counts}
+                "matrices": self.matrices(), "remaining": counts}
 
 
 def rank_alignment(contract: Contract, strategy: str = "minimal") -> int:
@@ -84,15 +92,6 @@ def rank_alignment(contract: Contract, strategy: str = "minimal") -> int:
         if Role.RANK in rule.roles and rule.severity in severities and not rule.allowed:
             align = math.lcm(align, rule.modulus)
     return align
-
-
-def rank_modules(sites: list[DimSite], path: Path) -> list[str]:
-    """The modules whose rank is a site: what realign re-selects."""
-    modules = [s.module for s in sites if s.role == Role.RANK]
-    if not modules:
-        raise BadInput("has no low-rank sites: nothing to realign (it is not a low-rank "
-                       "compressed model in a format gac-check can rewrite)", path)
-    return modules
 
 
 def sources(state: dict[str, torch.Tensor], modules: list[str], base: Checkpoint | None,
@@ -142,11 +141,12 @@ def _svd_of_product(a: torch.Tensor, b: torch.Tensor):
     return qa @ u, s, vh @ qb.T
 
 
-def realign(ckpt: Checkpoint, sites: list[DimSite], contract: Contract, out: Path,
-            base_dir: Path | None = None, budget: str = "same", strategy: str = "minimal",
-            force: bool = False, calib: Path | None = None, progress: bool = True,
+def realign(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
+            base_dir: Path | None = None, budget: str = "same", force: bool = False,
+            calib: Path | None = None, progress: bool = True,
             recheck: Callable[[Path], list[Finding]] | None = None) -> RealignReport:
-    """Solve the knapsack for an ASVD-layout checkpoint and write the re-selected model.
+    """Solve the knapsack over each matrix's menu (:mod:`gac_check.ranks.candidates`) for an
+    ASVD-layout checkpoint and write the re-selected model.
 
     ``recheck`` checks the finished output before it appears, so its ``gac-realign.json``
     records what remains, like a repair's ``gac-repair.json``.
@@ -156,26 +156,24 @@ def realign(ckpt: Checkpoint, sites: list[DimSite], contract: Contract, out: Pat
             raise BadInput("--calib needs --base: activations come from the dense model")
         if not Path(calib).is_file():
             raise BadInput("--calib: no such file", calib)
+    if not menus:
+        raise BadInput("has no low-rank sites: nothing to realign (it is not a low-rank "
+                       "compressed model in a format gac-check can rewrite)", ckpt.path)
     base = open_checkpoint(base_dir) if base_dir else None
-    modules = rank_modules(sites, ckpt.path)
+    modules = [menu.module for menu in menus]
     scales = None
     if calib is not None:
         scales = input_scales(Path(base_dir), modules, Path(calib))
     state = read_state(ckpt)
     srcs = sources(state, modules, base, scales, progress)
-    align = rank_alignment(contract, strategy)
     matrices = [Matrix(s.module, s.m, s.n, sv=s.S.numpy()) for s in srcs]
     old = {s.module: s.rank for s in srcs}
     spent = budget_from_spec(budget, matrices, old)
-    # Without the dense weights the factors' product is all there is: a matrix can go down to
-    # an aligned rank within its own (or up to the alignment, zero-padded, if it is below it),
-    # or be stored dense (exactly A @ B).
-    candidates = None if base else {
-        s.module: [*range(align, max(s.rank, align) + 1, align), DENSE] for s in srcs}
-    plan = realign_plan(matrices, spent, align, candidates)
+    plan = realign_plan(matrices, spent, align, {m.module: m.candidates for m in menus})
     old_error = (sum(s.current_error for s in srcs) if base else 0.0)
     report = RealignReport(Path(out), plan, align, old, sum(old[m.name] * (m.m + m.n)
-                           for m in matrices), old_error, base is not None)
+                           for m in matrices), old_error, base is not None,
+                           why={m.module: m.why(plan.ranks[m.module]) for m in menus})
     if scales is not None:
         report.notes.append(f"activation-aware objective from {calib}: errors are "
                             "activation-weighted (ASVD scaling, alpha 0.5)")

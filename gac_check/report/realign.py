@@ -26,11 +26,18 @@ def render_realign(report: RealignReport) -> str:
         _solver_line(p),
     ]
     errors = sum(f.severity == ERROR for f in report.remaining)
+    lines += _matrix_lines(report)
     lines += [f"  note: {n}" for n in report.notes]
     lines.append(f"  re-check of {report.out.name}: {len(report.remaining)} sites still "
                  f"misaligned ({errors} errors, {len(report.remaining) - errors} warnings); "
                  f"provenance in {report.out.name}/{PROVENANCE}")
     return "\n".join(lines)
+
+
+def _matrix_lines(report: RealignReport) -> list[str]:
+    """Each matrix whose rank moved: before, after and why (an unchanged one has no story)."""
+    moved = [m for m in report.matrices() if m["before"] != m["after"]]
+    return [f"  {m['module']}: rank {m['before']} -> {m['after']} ({m['why']})" for m in moved]
 
 
 def _solver_line(p: RankPlan) -> str:

@@ -8,6 +8,7 @@ hold is what runs. The site's verdict is the worst over its uses.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from gac_check.sites import DimSite
@@ -268,12 +269,18 @@ class SiteVerdicts:
         return self._memo[key]
 
     def _search(self, site: DimSite, start: int) -> int | None:
+        return next(self._fast(site, range(start, start + SEARCH_SPAN + 1)), None)
+
+    def fast_values(self, site: DimSite, values: Iterable[int]) -> list[int]:
+        """The sizes among ``values`` at which the site would be fast on every target: the
+        candidates ``--realign --target`` lets the knapsack choose from."""
+        return list(self._fast(site, values))
+
+    def _fast(self, site: DimSite, values: Iterable[int]) -> Iterator[int]:
         sm = SM_OF_PROFILE.get(self.profile)
         per = [(t, site_uses(site, self.shape, t)) for t in self.targets]
-        for v in range(start, start + SEARCH_SPAN + 1):
-            if all(worst(judge_uses(t, su, v, sm)) == FAST for t, su in per):
-                return v
-        return None
+        return (v for v in values
+                if all(worst(judge_uses(t, su, v, sm)) == FAST for t, su in per))
 
     def summary(self) -> dict[str, dict]:
         """``summary.targets``: each spec's model-level verdict with counts."""
