@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from gac_check.analysis import CheckResult
 from gac_check.contract.rules import Finding
+from gac_check.report.gguf_types import gguf_lines
 
 _LAYER = re.compile(r"(?<=\.)\d+(?=\.)")
 
@@ -44,6 +45,8 @@ def render_text(result: CheckResult) -> str:
         if len(notes) > 20:
             lines.append(f"  ... and {len(notes) - 20} more")
     lines += _targets_summary(result)
+    if result.gguf is not None:
+        lines += gguf_lines(result.gguf)
     lines += ["", _summary(result)]
     return "\n".join(lines)
 
