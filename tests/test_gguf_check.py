@@ -12,8 +12,8 @@ import pytest
 
 import gac_check
 from gac_check.checkpoint import gguf_header
-from gac_check.errors import BadInput
 from gac_check.checkpoint.gguf_header import read_gguf_header
+from gac_check.errors import BadInput
 from gac_check.sites import Role
 from tests.gguf_files import PRUNED, llama_tensors, q4_k_m_types, write_gguf
 from tests.helpers import gac, tiny_llama, tree_digest
