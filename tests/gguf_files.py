@@ -34,7 +34,8 @@ def llama_tensors(m: dict) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def write_gguf(path: Path, m: dict, ftype: str, types: dict[str, str], default: str = "F16",
-               extra: list[tuple[str, tuple[int, ...]]] = (), arch: str = "llama") -> Path:
+               extra: list[tuple[str, tuple[int, ...]]] = (), arch: str = "llama",
+               omit: tuple[str, ...] = ()) -> Path:
     """A llama-architecture GGUF at ``path`` with metadata as convert_hf_to_gguf.py writes it."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(m["layers"])
@@ -55,7 +56,7 @@ def write_gguf(path: Path, m: dict, ftype: str, types: dict[str, str], default: 
     w.add_vocab_size(m["vocab"])
     w.add_tokenizer_model("llama")
     w.add_token_list([f"t{i}".encode() for i in range(m["vocab"])])
-    for name, ne in [*llama_tensors(m), *extra]:
+    for name, ne in [*(t for t in llama_tensors(m) if t[0] not in omit), *extra]:
         kind = types.get(name, "F32" if len(ne) == 1 else default)
         qt = gguf.GGMLQuantizationType[kind]
         shape = tuple(reversed(ne))  # numpy order

@@ -115,6 +115,32 @@ def test_an_aligned_model_keeps_its_mix(tmp_path):
     assert result.gguf.bpw == pytest.approx(result.gguf.mix_bpw)
 
 
+def test_an_override_at_an_aligned_width_is_no_fallback(tmp_path):
+    """Q8_0 at a row of 768 is not llama.cpp falling back (768 divides 256): it is a
+    disagreement with the mix (``--tensor-type``), not a fallback, and no padding helps."""
+    g = gac_check.check(_q4km(tmp_path, ff=768, down="Q8_0", down_more_bits="Q8_0"),
+                        gpu="h100").gguf
+    assert g is not None and not g.fallbacks
+    assert [t.name for t in g.disagreements] == ["blk.0.ffn_down.weight",
+                                                 "blk.1.ffn_down.weight"]
+
+
+def test_per_layer_widths_are_held_to_the_metadata(tmp_path):
+    """A pruned model's per-layer feed_forward_length array: each layer its own site; an entry
+    that lies about its layer's tensors is a note."""
+    path = _q4km(tmp_path, ff=[688, 768], down="F16", down_more_bits="Q6_K")
+    sites = [s for s in gac_check.check(path, gpu="h100").sites if s.role is Role.INTERMEDIATE]
+    assert [(s.value, s.notes) for s in sites] == [(688, []), (768, [])]
+    data = bytearray(path.read_bytes())
+    at = _after(bytes(data), b"llama.feed_forward_length") + 4 + 4 + 8 + 4  # entry [1]
+    assert struct.unpack("<i", data[at:at + 4]) == (768,)
+    data[at:at + 4] = struct.pack("<i", 700)
+    path.write_bytes(bytes(data))
+    sites = [s for s in gac_check.check(path, gpu="h100").sites if s.role is Role.INTERMEDIATE]
+    assert sites[1].notes == ["the GGUF metadata says feed_forward_length[1]=700, tensors "
+                              "have 768"]
+
+
 def test_tied_embeddings_are_quantized_as_the_output_head(tmp_path):
     """Without output.weight llama.cpp quantizes token_embd as the head (Q6_K at Q4_K_M)."""
     m = dict(PRUNED, ff=768, tied=True)
@@ -162,14 +188,32 @@ def test_an_unknown_tensor_is_a_refusal(tmp_path):
                       "'blk.0.ffn_gate_exps.weight'")
 
 
+def test_a_layer_without_one_of_its_linears_is_a_refusal(tmp_path):
+    """Without blk.1.attn_k layer 1 would have no attention sites (q, v and output are still
+    read, as the hidden size's): refused, naming it."""
+    m = dict(PRUNED)
+    path = write_gguf(tmp_path / "x.gguf", m, "Q4_K_M", q4_k_m_types(m),
+                      omit=("blk.1.attn_k.weight",))
+    _one_line_refusal(gac(path), "lacks 1 tensor(s) its layers must have",
+                      "'blk.1.attn_k.weight'")
+    path = write_gguf(tmp_path / "y.gguf", m, "Q4_K_M", q4_k_m_types(m),
+                      omit=tuple(n for n, _ in llama_tensors(m) if n.startswith("blk.1.")))
+    _one_line_refusal(gac(path), "says block_count=2, its tensors have layers [0] (1)")
+
+
 def test_a_linear_no_site_reads_is_a_refusal(tmp_path):
-    """A layer without attn_k has no attention site: its q, v and output are unaccounted."""
+    """attn_q stored 1-D is no linear: no site reads it, so it is unaccounted, and refused."""
+    m = dict(PRUNED)
+    types = q4_k_m_types(m) | {"blk.0.attn_q.weight": "F32"}
+    path = write_gguf(tmp_path / "x.gguf", m, "Q4_K_M", types, omit=("blk.0.attn_q.weight",),
+                      extra=[("blk.0.attn_q.weight", (256 * 256,))])
+    _one_line_refusal(gac(path), "tensor(s) no site accounts for", "'blk.0.attn_q.weight'")
+
+
+def test_a_tensor_twice_is_a_refusal(tmp_path):
     m = dict(PRUNED)
     path = write_gguf(tmp_path / "x.gguf", m, "Q4_K_M", q4_k_m_types(m))
-    data = path.read_bytes().replace(b"blk.1.attn_k.weight", b"blk.1.attn_z.weight")
-    path.write_bytes(data)
-    _one_line_refusal(gac(path), "'blk.1.attn_z.weight'")
-    path.write_bytes(data.replace(b"blk.1.attn_z.weight", b"blk.1.attn_q.weight"))
+    path.write_bytes(path.read_bytes().replace(b"blk.1.attn_k.weight", b"blk.1.attn_q.weight"))
     _one_line_refusal(gac(path), "holds tensor 'blk.1.attn_q.weight' twice")
 
 

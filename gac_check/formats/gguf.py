@@ -53,7 +53,7 @@ class Gguf(Format):
             raise BadInput(f"is a GGUF of architecture {arch!r}; gac-check reads "
                            f"{', '.join(ARCHITECTURES)}", ckpt.path)
         auxiliary = _accounted_names(ckpt)
-        layers = sorted({int(m[1]) for n in ckpt.tensors if (m := _LAYER.match(n))})
+        layers = _complete_layers(ckpt)
         sites = [s for s in family_sites(ckpt, GGUF_LLAMA, "blk", layers, self.linear_of(ckpt))
                  if s.role is not Role.VOCAB]
         _head_and_vocab(ckpt, sites)
@@ -86,6 +86,25 @@ def _accounted_names(ckpt: Checkpoint) -> dict[str, str]:
                        f"{sorted(unknown)[0]!r}: refused rather than checked without them",
                        ckpt.path)
     return auxiliary
+
+
+def _complete_layers(ckpt: Checkpoint) -> list[int]:
+    """The layer indices, each with every linear the family has, as many as block_count says:
+    a layer without its attn_k would lose its attention sites without a word."""
+    assert ckpt.gguf is not None
+    layers = sorted({int(m[1]) for n in ckpt.tensors if (m := _LAYER.match(n))})
+    count = ckpt.gguf.arch_value("block_count")
+    if layers != list(range(len(layers))) or (isinstance(count, int) and count != len(layers)):
+        raise BadInput(f"says block_count={count!r}, its tensors have layers "
+                       f"{layers[:3]}{'...' if len(layers) > 3 else ''} ({len(layers)})",
+                       ckpt.path)
+    required = ["token_embd.weight", *(f"blk.{i}.{m}.weight" for i in layers
+                                       for m in GGUF_LLAMA.required())]
+    missing = [n for n in required if n not in ckpt.tensors]
+    if missing:
+        raise BadInput(f"lacks {len(missing)} tensor(s) its layers must have, the first "
+                       f"{missing[0]!r}", ckpt.path)
+    return layers
 
 
 def _head_and_vocab(ckpt: Checkpoint, sites: list[DimSite]) -> None:
