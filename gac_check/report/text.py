@@ -156,6 +156,9 @@ def _ranges(layers: list[int]) -> str:
 def _summary(result: CheckResult) -> str:
     n, bad = len(result.sites), len(result.findings)
     errors = sum(f.severity == "error" for f in result.findings)
-    return (f"{bad} of {n} sites misaligned ({errors} errors, {bad - errors} warnings); "
-            f"zero-padding repair (--repair) adds {result.repair_overhead_fraction:.2%} "
-            "parameters")
+    head = f"{bad} of {n} sites misaligned ({errors} errors, {bad - errors} warnings); "
+    if result.gguf is not None:  # --repair refuses a GGUF: the fix is made on the HF model
+        return head + ("pad the Hugging Face model (--repair), then convert and quantize "
+                       "again")
+    return head + (f"zero-padding repair (--repair) adds {result.repair_overhead_fraction:.2%} "
+                   "parameters")
