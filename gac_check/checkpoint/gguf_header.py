@@ -41,6 +41,7 @@ SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.ggu
 _STRING, _ARRAY = 8, 9
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
+_U64 = struct.Struct("<Q")
 _MIN_KV = 8 + 4 + 1  # key length, value type, the smallest value
 _MIN_TENSOR_INFO = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one ne, type, offset
 
@@ -106,11 +107,15 @@ def ggml_types() -> dict[int, tuple[str, int, int]]:
 
 
 class _Cursor:
-    """Sequential reads from the header, each held to the file's size and the header bound."""
+    """Sequential reads from the header, each held to the file's size and the header bound,
+    through a buffer filled a chunk at a time (a 256k-token vocabulary is a million reads)."""
+
+    CHUNK = 1 << 20
 
     def __init__(self, f: BinaryIO, path: Path, size: int) -> None:
         self.f, self.path, self.size, self.pos = f, path, size, 0
         self.limit = min(size, MAX_HEADER_BYTES)
+        self.buf, self.off = b"", 0
 
     @property
     def left(self) -> int:
@@ -125,21 +130,63 @@ class _Cursor:
         raise BadInput(f"is truncated: {what} at byte {self.pos:,} needs {n:,} bytes, the "
                        f"file has {self.size - self.pos:,} more", self.path)
 
+    def _fill(self, n: int, what: str) -> None:
+        """At least ``n`` bytes buffered from ``pos`` (``need`` has bounded ``n``)."""
+        have = len(self.buf) - self.off
+        if have >= n:
+            return
+        more = self.f.read(max(self.CHUNK, n - have))
+        if len(more) < n - have:  # the file shrank under us
+            raise BadInput(f"is truncated: {what} at byte {self.pos:,}", self.path)
+        self.buf, self.off = self.buf[self.off:] + more, 0
+
     def read(self, n: int, what: str) -> bytes:
         self.need(n, what)
-        data = self.f.read(n)
-        if len(data) != n:  # the file shrank under us
-            raise BadInput(f"is truncated: {what} at byte {self.pos:,}", self.path)
+        self._fill(n, what)
+        data = self.buf[self.off:self.off + n]
+        self.off += n
         self.pos += n
         return data
 
     def skip(self, n: int, what: str) -> None:
         self.need(n, what)
-        self.f.seek(n, 1)
+        have = len(self.buf) - self.off
+        if n <= have:
+            self.off += n
+        else:
+            self.f.seek(n - have, 1)
+            self.buf, self.off = b"", 0
         self.pos += n
 
     def unpack(self, fmt: str, what: str):
-        return struct.unpack(fmt, self.read(struct.calcsize(fmt), what))[0]
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        self._fill(n, what)
+        value = struct.unpack_from(fmt, self.buf, self.off)[0]
+        self.off += n
+        self.pos += n
+        return value
+
+    def skip_strings(self, count: int, what: str) -> None:
+        """Walk ``count`` strings, those whole in the buffer without a call each."""
+        length = _U64.unpack_from
+        done = 0
+        while done < count:
+            buf, off, end = self.buf, self.off, len(self.buf)
+            while done < count and off + 8 <= end:
+                n = length(buf, off)[0]
+                if off + 8 + n > end:
+                    break
+                off += 8 + n
+                done += 1
+            walked = off - self.off
+            if walked > self.left:  # raises: past the header bound or the file's end
+                self.need(walked, f"{what} up to [{done}]")
+            self.pos += walked
+            self.off = off
+            if done < count:  # one string across the buffer's end: refill through the checks
+                self.string(f"{what}[{done}]", keep=False)
+                done += 1
 
     def string(self, what: str, keep: bool = True) -> str | None:
         n = self.unpack("<Q", f"{what}'s length")
@@ -213,8 +260,7 @@ def _value(cur: _Cursor, vtype: int, key: str) -> object:
         return GgufArray(itype, length, values)
     if itype == _STRING:
         cur.need(length * 8, f"{key} ({length:,} strings)")
-        for j in range(length):
-            cur.string(f"{key}[{j}]", keep=False)
+        cur.skip_strings(length, key)
         return GgufArray(itype, length)
     raise BadInput(f"metadata {key!r} is an array of type {itype}, which GGUF does not allow "
                    "(nested arrays included)", cur.path)
