@@ -383,3 +383,44 @@ def test_the_header_is_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(gguf_header, "MAX_HEADER_BYTES", 4096)
     with pytest.raises(BadInput, match="header is larger than 4,096 bytes"):
         read_gguf_header(path)
+
+
+# ------------------------------------------------------------------ other files, other outputs
+def test_the_html_report_shows_the_types_and_bits(tmp_path):
+    path = _q4km(tmp_path)
+    run = gac(path, "--gpu", "h100", "--report", tmp_path / "r" / "report.html")
+    assert run.returncode == 1, run.stderr
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert '<h2 id="gguf">GGUF tensor types</h2>' in page
+    assert "<code>blk.1.ffn_down.weight</code></td><td class=\"n\">688</td><td>Q6_K</td>" \
+           "<td>F16</td><td class=\"n\">768</td>" in page
+    assert "2 of 21 tensors fell back" in page
+
+
+def test_an_f16_file_never_falls_back(tmp_path):
+    m = dict(PRUNED)
+    result = gac_check.check(write_gguf(tmp_path / "f.gguf", m, "F16", {}), gpu="h100")
+    assert result.gguf is not None and result.gguf.bpw > 15
+    assert not result.gguf.fallbacks and not result.gguf.disagreements
+    assert {v.verdict for vs in result.contract.targets.by_site.values() for v in vs} == {"fast"}
+
+
+def test_qwen2_biases_and_qwen3_norms_are_accounted(tmp_path):
+    """qwen2's q/k/v biases are on its head_dim sites; qwen3's per-head q/k norms carry no
+    width of their own: read, accounted, not sites."""
+    m = dict(PRUNED, ff=768)
+    biases = [(f"blk.{i}.attn_{x}.bias", (n,)) for i in range(2)
+              for x, n in (("q", 256), ("k", 128), ("v", 128))]
+    r = gac_check.check(write_gguf(tmp_path / "q2.gguf", m, "F16", {}, extra=biases,
+                                   arch="qwen2"), gpu="h100")
+    head = next(s for s in r.sites if s.role is Role.HEAD_DIM and s.layer == 0)
+    assert {"blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias"} <= set(head.tensors)
+    norms = [(f"blk.{i}.attn_{x}_norm.weight", (64,)) for i in range(2) for x in "qk"]
+    ckpt = gac_check.check(write_gguf(tmp_path / "q3.gguf", m, "F16", {}, extra=norms,
+                                      arch="qwen3"), gpu="h100").checkpoint
+    assert ckpt.auxiliary["blk.1.attn_k_norm.weight"] == "per-head k norm"
+
+
+def test_a_gguf_on_the_hub_is_refused_with_the_download_command():
+    run = gac("hf://org/name/model-Q4_K_M.gguf", env={"HF_HUB_OFFLINE": "1"})
+    _one_line_refusal(run, "hf://org/name/model-Q4_K_M.gguf", "hf download ORG/NAME FILE.gguf")

@@ -40,9 +40,9 @@ def open_model(name: str | os.PathLike, limits=None) -> Checkpoint:
     ``limits`` (:class:`gac_check.checkpoint.hub_io.Limits`; default: its defaults)."""
     if is_remote(str(name)):
         if str(name).endswith(".gguf"):
-            raise BadInput("a GGUF file on the Hub is not read remotely yet: download it (hf "
-                           "download ORG/NAME FILE.gguf --local-dir DIR) and check DIR/FILE.gguf",
-                           str(name))
+            raise BadInput(f"{name}: a GGUF file on the Hub is not read remotely yet: download "
+                           "it (hf download ORG/NAME FILE.gguf --local-dir DIR) and check "
+                           "DIR/FILE.gguf")
         from gac_check.checkpoint.remote import open_remote
 
         return open_remote(str(name), limits)
