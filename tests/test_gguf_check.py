@@ -9,6 +9,8 @@ from pathlib import Path
 
 import gguf
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import gac_check
 from gac_check.checkpoint import gguf_header
@@ -424,3 +426,32 @@ def test_qwen2_biases_and_qwen3_norms_are_accounted(tmp_path):
 def test_a_gguf_on_the_hub_is_refused_with_the_download_command():
     run = gac("hf://org/name/model-Q4_K_M.gguf", env={"HF_HUB_OFFLINE": "1"})
     _one_line_refusal(run, "hf://org/name/model-Q4_K_M.gguf", "hf download ORG/NAME FILE.gguf")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fuzzed_headers_keep_the_contract(tmp_path_factory, data):
+    """Bytes of a real Q4_K_M file's header flipped, overwritten with extreme integers, or the
+    file cut: exit 0, 1 or 2, one line and no traceback when 2."""
+    root = tmp_path_factory.mktemp("fuzz")
+    src = bytearray(_q4km(root, name="seed.gguf", vocab=32).read_bytes())
+    header = _data_start(root / "seed.gguf")
+    infos = src.index(b"token_embd.weight") - 8  # the tensor infos, after the metadata
+    for _ in range(data.draw(st.integers(1, 4), label="edits")):
+        at = data.draw(st.one_of(st.integers(0, infos - 1), st.integers(infos, header - 1)),
+                       label="at")
+        if data.draw(st.booleans(), label="wide"):
+            value = data.draw(st.sampled_from([0, 1, 2**31, 2**32 - 1, 2**63 - 1, 2**64 - 1]))
+            src[at:at + 8] = struct.pack("<Q", value)[:len(src[at:at + 8])]
+        else:
+            src[at] ^= data.draw(st.integers(1, 255), label="xor")
+    cut = data.draw(st.one_of(st.none(), st.integers(0, len(src))), label="cut")
+    bad = root / "bad.gguf"
+    bad.write_bytes(bytes(src[:cut]))
+    run = gac(bad, "--format", "json")
+    assert run.returncode in (0, 1, 2), run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    if run.returncode == 2:
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    else:
+        assert json.loads(run.stdout)["format"] == "gguf"
