@@ -9,9 +9,8 @@ builds one numpy array per string).
 
     .venv/bin/python benchmarks/bench_gguf_header.py --build /tmp/gguf-bench.gguf
     .venv/bin/python benchmarks/bench_gguf_header.py --read /tmp/gguf-bench.gguf --reader ours
-    farm-bench -n 3 --timeout 900 -- .venv/bin/python benchmarks/bench_gguf_header.py \\
-        --read /tmp/gguf-bench.gguf --reader ours \\
-        --vs ".venv/bin/python benchmarks/bench_gguf_header.py --read /tmp/gguf-bench.gguf --reader gguf"
+    B=".venv/bin/python benchmarks/bench_gguf_header.py --read /tmp/gguf-bench.gguf"
+    farm-bench -n 3 --warmup 0 --timeout 900 --vs "$B --reader gguf" -- $B --reader ours
 
 It prints the median seconds per read over ``--repeat`` reads.
 """

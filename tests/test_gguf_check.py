@@ -426,6 +426,8 @@ def test_qwen2_biases_and_qwen3_norms_are_accounted(tmp_path):
 def test_a_gguf_on_the_hub_is_refused_with_the_download_command():
     run = gac("hf://org/name/model-Q4_K_M.gguf", env={"HF_HUB_OFFLINE": "1"})
     _one_line_refusal(run, "hf://org/name/model-Q4_K_M.gguf", "hf download ORG/NAME FILE.gguf")
+    _one_line_refusal(gac("org/model-Q4_K_M.gguf", env={"HF_HUB_OFFLINE": "1"}),
+                      "org/model-Q4_K_M.gguf: does not exist")
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
