@@ -45,10 +45,13 @@ def write_gguf(path: Path, m: dict, ftype: str, types: dict[str, str], default: 
         w.add_array(f"{arch}.feed_forward_length", m["ff"])
     else:
         w.add_feed_forward_length(m["ff"])
-    w.add_head_count(m["heads"])
+    if m.get("per_layer_heads"):  # one head count per layer, and no key_length to say head_dim
+        w.add_array(f"{arch}.attention.head_count", [m["heads"]] * m["layers"])
+    else:
+        w.add_head_count(m["heads"])
+        w.add_key_length(m["head_dim"])
+        w.add_value_length(m["head_dim"])
     w.add_head_count_kv(m["kv_heads"])
-    w.add_key_length(m["head_dim"])
-    w.add_value_length(m["head_dim"])
     w.add_rope_dimension_count(m["head_dim"])
     w.add_layer_norm_rms_eps(1e-5)
     if ftype is not None:

@@ -219,6 +219,13 @@ def test_a_tensor_twice_is_a_refusal(tmp_path):
     _one_line_refusal(gac(path), "holds tensor 'blk.1.attn_q.weight' twice")
 
 
+def test_attention_without_a_head_dim_is_a_refusal(tmp_path):
+    """Per-layer head counts and no key_length: head_dim cannot be known, so the attention
+    sites would be missing: refused, not checked without them."""
+    m = dict(PRUNED, ff=768, per_layer_heads=True)
+    _one_line_refusal(gac(write_gguf(tmp_path / "h.gguf", m, "F16", {})), "gives no head_dim")
+
+
 def test_an_ftype_whose_mix_is_not_modelled_is_refused(tmp_path):
     m = dict(PRUNED, ff=768)
     _one_line_refusal(gac(write_gguf(tmp_path / "a.gguf", m, "IQ3_M", {})),

@@ -56,6 +56,10 @@ class Gguf(Format):
         layers = _complete_layers(ckpt)
         sites = [s for s in family_sites(ckpt, GGUF_LLAMA, "blk", layers, self.linear_of(ckpt))
                  if s.role is not Role.VOCAB]
+        if layers and not any(s.role is Role.HEAD_DIM for s in sites):
+            raise BadInput("gives no head_dim (no attention.key_length, and no single "
+                           "attention.head_count to divide the width by): its attention cannot "
+                           "be checked", ckpt.path)
         _head_and_vocab(ckpt, sites)
         _per_layer_widths(ckpt, sites)
         for s in sites:
