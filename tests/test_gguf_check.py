@@ -358,6 +358,8 @@ def test_absurd_counts_and_lengths_are_one_line_at_once(tmp_path):
         (_after(src, b"blk.0.attn_q.weight") + 4 + 16 + 4, "<Q", 0, "starts at data offset 0"),
         (_after(src, b"blk.0.attn_q.weight") - len(b"blk.0.attn_q.weight") - 8, "<Q", 1 << 40,
          "name is 1,099,511,627,776 bytes"),
+        (_after(src, b"general.architecture"), "<I", 99, "unknown value type 99"),
+        (_after(src, b"tokenizer.ggml.tokens") + 4, "<I", 9, "an array of type 9"),
         (0, "<I", 0x46554747 + 1, "no GGUF magic"),
         (4, "<I", 3 << 24, "big-endian"),
         (4, "<I", 7, "GGUF version 7"),
