@@ -18,6 +18,7 @@ from gac_check.formats import Format, detect
 from gac_check.formats.architectures import find_family
 from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
+from gac_check.targets.gguf_file import GgufTypes, file_target, file_types
 from gac_check.targets.spec import Target
 
 
@@ -32,6 +33,8 @@ class CheckResult:
     findings: list[Finding]
     #: how the contract's dtype was chosen (config.json, weights, --dtype) and any disagreement
     dtype_choice: DtypeChoice | None = None
+    #: a GGUF file's stored tensor types against its ftype's mix (None for other containers)
+    gguf: GgufTypes | None = None
 
     @cached_property
     def family(self) -> str | None:
@@ -90,6 +93,26 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | No
     ckpt = model_dir if isinstance(model_dir, Checkpoint) else open_checkpoint(model_dir)
     fmt = detect(ckpt)
     sites = fmt.sites(ckpt)
+    if ckpt.gguf is not None:
+        return _check_gguf(ckpt, fmt, sites, gpu, dtype, targets)
     choice = choose_dtype(ckpt, dtype)
     contract = assemble(gpu, choice.dtype, targets, sites)
     return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice)
+
+
+#: What a GGUF file's sites are judged in on a GPU without --dtype.
+GGUF_DTYPE = DtypeChoice(
+    "float16", "gguf", "llama.cpp's CUDA matmuls on GGUF types run in float16 (dequantized "
+    "for cuBLAS) or int8 (MMQ); judged as float16 (pass --dtype to choose)")
+
+
+def _check_gguf(ckpt: Checkpoint, fmt: Format, sites: list[DimSite], gpu: str,
+                dtype: str | None, targets: Sequence[Target | str]) -> CheckResult:
+    """A GGUF file is judged on llama.cpp at its own ftype (added when not given), and each
+    of its tensors' stored types against that ftype's mix."""
+    assert ckpt.gguf is not None
+    judged = file_target(ckpt.gguf, tuple(targets))
+    choice = DtypeChoice(dtype, "--dtype") if dtype else GGUF_DTYPE
+    contract = assemble(gpu, choice.dtype, judged, sites)
+    types = file_types(ckpt.gguf, judged[0])
+    return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice, types)

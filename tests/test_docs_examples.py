@@ -70,6 +70,14 @@ def llama_8b_pruned(cwd: Path, cache: Path) -> None:
                  layers=32, vocab=128256)
 
 
+def gguf_pruned(cwd: Path, cache: Path) -> None:
+    """``llama-pruned-Q4_K_M.gguf``: a two-layer Llama of width 256 whose MLP was pruned to
+    688, at Q4_K_M as llama.cpp stores it (every ffn_down F16) (docs/formats.md)."""
+    from tests.gguf_files import PRUNED, q4_k_m_types, write_gguf
+
+    write_gguf(cwd / "llama-pruned-Q4_K_M.gguf", PRUNED, "Q4_K_M", q4_k_m_types(PRUNED))
+
+
 def compressed_minilm(cache: Path) -> Path:
     """The bundled MiniLM through the reference compressor at ratio 0.8, once per session
     (its SVDs take most of a minute on a busy runner)."""
@@ -98,6 +106,7 @@ class Setup:
 
 
 SETUPS = {"tiny-llama": Setup(tiny_llama_dir), "llama-8b-pruned": Setup(llama_8b_pruned),
+          "gguf-pruned": Setup(gguf_pruned),
           "minilm-asvd": Setup(minilm_asvd, slow=True)}
 
 

@@ -79,14 +79,15 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     existing ``out`` unless ``force``. With ``target``, each site is padded to the smallest
     size that is also fast on every target, where zero padding is exact.
     """
-    from gac_check.padding.support import unsupported
+    from gac_check.padding.support import gguf_instead, unsupported
     from gac_check.padding.write import apply
 
     if strategy not in STRATEGIES:
         raise BadInput(f"--strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
     before = check(local_dir(model_dir, "--repair"), gpu, dtype, target)
     ckpt = before.checkpoint
-    why = unsupported(before.format.name, before.family)
+    why = (gguf_instead(before.gguf.ftype) if before.gguf is not None
+           else unsupported(before.format.name, before.family))
     if why:
         raise BadInput(why, ckpt.path)
     check_output_dir(Path(out), force, ckpt.path)

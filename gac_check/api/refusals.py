@@ -35,6 +35,12 @@ def not_realignable(fmt: str, align: int, misaligned_ranks: int) -> str:
 
 def require_realignable(result: CheckResult, align: int) -> None:
     """Refuse every format but the ASVD layout, saying what to run instead."""
+    if result.gguf is not None:
+        from gac_check.padding.support import gguf_instead
+
+        raise BadInput(gguf_instead(result.gguf.ftype).replace("--repair does not",
+                                                                "--realign does not"),
+                       result.checkpoint.path)
     if result.format.name != "asvd":
         ranks = [s for s in result.sites if s.role in (Role.RANK, Role.KV_LATENT)
                  and s.value % align]

@@ -39,6 +39,12 @@ def open_model(name: str | os.PathLike, limits=None) -> Checkpoint:
     """A directory's index, or a Hub model's from its headers, each request bounded by
     ``limits`` (:class:`gac_check.checkpoint.hub_io.Limits`; default: its defaults)."""
     if is_remote(str(name)):
+        if str(name).endswith(".gguf") and not str(name).startswith(HF_SCHEME):
+            raise BadInput("does not exist", str(name))  # a GGUF is a file: meant to be here
+        if str(name).endswith(".gguf"):
+            raise BadInput(f"{name}: a GGUF file on the Hub is not read remotely yet: download "
+                           "it (hf download ORG/NAME FILE.gguf --local-dir DIR) and check "
+                           "DIR/FILE.gguf")
         from gac_check.checkpoint.remote import open_remote
 
         return open_remote(str(name), limits)

@@ -19,6 +19,7 @@ from functools import cached_property
 from pathlib import Path, PurePath
 
 from gac_check.checkpoint.files import MAX_JSON_BYTES, name_problem, os_reason, read_json
+from gac_check.checkpoint.gguf_header import GgufHeader, read_gguf, split_parts
 from gac_check.checkpoint.pickle_model import PickledModel
 from gac_check.checkpoint.safetensors_header import (
     MAX_HEADER_BYTES,
@@ -56,7 +57,7 @@ class Checkpoint:
     path: Path
     config: dict
     tensors: dict[str, TensorInfo]
-    container: str  # "safetensors" | "torch-zip"
+    container: str  # "safetensors" | "torch-zip" | "gguf"
     files: list[Path] = field(default_factory=list)
     sidecars: dict[str, dict] = field(default_factory=dict)
     pickled_model: PickledModel | None = None
@@ -65,6 +66,8 @@ class Checkpoint:
     #: that layout; every other tensor must belong to a site or a kind the format names, or
     #: the check refuses (the accounting, issue 27).
     auxiliary: dict[str, str] = field(default_factory=dict)
+    #: A GGUF file's header (container ``gguf``): its metadata, and each tensor's ggml type
+    gguf: GgufHeader | None = None
 
     @property
     def source(self) -> str:
@@ -146,15 +149,75 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     root = Path(path)
     if not root.exists():
         raise BadInput("does not exist", root)
+    if root.suffix == ".gguf" and not root.is_dir():
+        return open_gguf(root)
     if not root.is_dir():
-        raise BadInput("is not a directory (gac-check takes a model directory)", root)
+        raise BadInput("is not a directory (gac-check takes a model directory or a .gguf "
+                       "file)", root)
     root = root.resolve()
+    gguf = _lone_gguf(root)
+    if gguf is not None:
+        return open_gguf(gguf)
     config_path = root / "config.json"
     present = os.path.lexists(config_path)  # a looping or dangling link is refused, not absent
     config = read_json(inside(root, config_path.name, config_path)) if present else {}
     sidecars = _sidecars(root)
     container, files, (tensors, model) = _index_tensors(root)
     return Checkpoint(root, config, tensors, container, files, sidecars, model)
+
+
+def _lone_gguf(root: Path) -> Path | None:
+    """The GGUF file a directory holds instead of a Hugging Face checkpoint: exactly one, or
+    the first part of one split set. A directory with safetensors or torch weights is that
+    model (a .gguf beside them was made from it); several GGUF files (a repository's Q4_K_M,
+    Q8_0, ...) are refused: which one is meant is the user's to say."""
+    if any(root.glob("*.safetensors")) or _torch_weight_files(root):
+        return None
+    found = sorted(p for p in root.glob("*.gguf") if not p.is_dir())
+    if not found:
+        return None
+    sets = {tuple(split_parts(p) or [p]) for p in found}
+    if len(sets) > 1:
+        names = ", ".join(s[0].name for s in sorted(sets))
+        raise BadInput(f"holds {len(sets)} GGUF files ({names}): name the one to check", root)
+    first = next(iter(sets))[0]
+    return inside(root, first.name, first)
+
+
+def open_gguf(path: Path) -> Checkpoint:
+    """A GGUF file (or split set) as a checkpoint: its tensors in ggml's names with shapes in
+    torch's order (``ne`` reversed: [out, in] for a linear, as a safetensors file holds it),
+    dtypes as torch names where the type is a float (``F16`` -> ``float16``), else the ggml
+    type's name (``Q4_K``); its sizes as config.json would say them
+    (:func:`gguf_config`)."""
+    header = read_gguf(path)
+    tensors = {n: TensorInfo(n, tuple(reversed(t.ne)), GGUF_FLOATS.get(t.type, t.type), t.file,
+                             t.begin, t.end)
+               for n, t in header.tensors.items()}
+    return Checkpoint(path.resolve(), gguf_config(header), tensors, "gguf", header.files,
+                      gguf=header)
+
+
+#: ggml's float types by torch's names (the rest keep ggml's: Q4_K, Q8_0, ...).
+GGUF_FLOATS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+#: config.json's keys for the GGUF metadata keys that say the same (``{arch}.`` + key).
+GGUF_CONFIG_KEYS = {"embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
+                    "attention.head_count": "num_attention_heads",
+                    "attention.head_count_kv": "num_key_value_heads",
+                    "attention.key_length": "head_dim", "block_count": "num_hidden_layers",
+                    "vocab_size": "vocab_size"}
+
+
+def gguf_config(header: GgufHeader) -> dict:
+    """The metadata's sizes under config.json's keys, so a GGUF's sites are held to what its
+    metadata declares as a directory's are to its config.json. Per-layer arrays (a pruned
+    model's ``feed_forward_length``) are left out here: the GGUF format notes them per layer."""
+    config: dict = {"model_type": header.architecture}
+    for key, hf in GGUF_CONFIG_KEYS.items():
+        value = header.arch_value(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            config[hf] = value
+    return config
 
 
 def _sidecars(root: Path) -> dict[str, dict]:

@@ -30,3 +30,14 @@ def unsupported(fmt: str, family: str | None) -> str | None:
             f"families whose repaired output is tested in the compressor's own loader "
             f"({', '.join(sorted(tested)) or 'none'}), so it refuses rather than write one "
             "that may not load (the check above still holds)")
+
+
+def gguf_instead(ftype: str) -> str:
+    """Why a GGUF file is not repaired in place, and the commands that do it: its quantized
+    blocks cannot be zero-padded exactly without dequantizing, and a padded HF model converted
+    and quantized again gets the nominal types at the padded widths."""
+    return (f"is a GGUF file ({ftype}); --repair does not rewrite GGUF files. "
+            "Repair the Hugging Face model it was made from, then convert and quantize again: "
+            f"gac-check HF_DIR --repair OUT --target llama.cpp,quant={ftype}; "
+            "python convert_hf_to_gguf.py OUT --outtype f16 --outfile OUT-f16.gguf; "
+            f"llama-quantize OUT-f16.gguf OUT-{ftype}.gguf {ftype}")

@@ -47,6 +47,7 @@ def to_json(result: CheckResult) -> dict:
             "targets": [v.as_dict() for v in verdicts.of(site)] if verdicts else [],
         })
     misaligned = len(result.findings)
+    extra = {"gguf": result.gguf.as_dict()} if result.gguf is not None else {}
     return {
         "schema": SCHEMA,
         "model_dir": ckpt.source,
@@ -70,4 +71,5 @@ def to_json(result: CheckResult) -> dict:
             "repair_overhead_fraction": result.repair_overhead_fraction,
             "targets": verdicts.summary() if verdicts else {},
         },
+        **extra,
     }

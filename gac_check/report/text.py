@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from gac_check.analysis import CheckResult
 from gac_check.contract.rules import Finding
+from gac_check.report.gguf_types import gguf_lines
 
 _LAYER = re.compile(r"(?<=\.)\d+(?=\.)")
 
@@ -44,6 +45,8 @@ def render_text(result: CheckResult) -> str:
         if len(notes) > 20:
             lines.append(f"  ... and {len(notes) - 20} more")
     lines += _targets_summary(result)
+    if result.gguf is not None:
+        lines += gguf_lines(result.gguf)
     lines += ["", _summary(result)]
     return "\n".join(lines)
 
@@ -153,6 +156,9 @@ def _ranges(layers: list[int]) -> str:
 def _summary(result: CheckResult) -> str:
     n, bad = len(result.sites), len(result.findings)
     errors = sum(f.severity == "error" for f in result.findings)
-    return (f"{bad} of {n} sites misaligned ({errors} errors, {bad - errors} warnings); "
-            f"zero-padding repair (--repair) adds {result.repair_overhead_fraction:.2%} "
-            "parameters")
+    head = f"{bad} of {n} sites misaligned ({errors} errors, {bad - errors} warnings); "
+    if result.gguf is not None:  # --repair refuses a GGUF: the fix is made on the HF model
+        return head + ("pad the Hugging Face model (--repair), then convert and quantize "
+                       "again")
+    return head + (f"zero-padding repair (--repair) adds {result.repair_overhead_fraction:.2%} "
+                   "parameters")
