@@ -60,7 +60,8 @@ def dense(root: Path, intermediate: int) -> Path:
     return _write(root, _dense_rest(m, {}), _config(m, None))
 
 
-def quantize_groups(w: torch.Tensor, group: int, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_groups(w: torch.Tensor, group: int,
+                    bits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric round-to-nearest: (q in [-2^(b-1), 2^(b-1)-1] as int8 [out, in], scale
     [out, ceil(in/group)]); the last group may be partial."""
     out, width = w.shape
@@ -126,7 +127,7 @@ def _pack_rows(u: torch.Tensor, bits: int = 4) -> torch.Tensor:
     per = 32 // bits
     u = u.to(torch.int64).reshape(-1, per, u.shape[1])
     word = sum(u[:, k, :] << (bits * k) for k in range(per))
-    return word.to(torch.uint32).view(torch.int32) if hasattr(torch, "uint32") else word.to(torch.int32)
+    return (word - (word >= 2 ** 31).to(torch.int64) * 2 ** 32).to(torch.int32)  # as int32 bits
 
 
 def gptq(root: Path, intermediate: int, group: int = 128, desc_act: bool = False) -> Path:
@@ -154,7 +155,7 @@ def awq_gemm(root: Path, intermediate: int, group: int = 128) -> Path:
     for name, w in linears(m).items():
         q, scale = quantize_groups(w, group)
         out, width = w.shape
-        tensors[f"{name}.qweight"] = _pack_rows((q.int() + 8)).t().contiguous()  # [in, out/8]
+        tensors[f"{name}.qweight"] = _pack_rows(q.int() + 8).t().contiguous()  # [in, out/8]
         zeros = torch.full((out, width // group), 8, dtype=torch.int32)
         tensors[f"{name}.qzeros"] = _pack_rows(zeros).t().contiguous()
         tensors[f"{name}.scales"] = scale.t().half().contiguous()

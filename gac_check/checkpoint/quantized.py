@@ -56,14 +56,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from gac_check.checkpoint.files import open_regular, parse_json
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.errors import BadInput
-
-if TYPE_CHECKING:
-    from gac_check.checkpoint.index import Checkpoint
 
 #: The most bytes a data read of one tensor may take: ``weight_shape`` is 2 integers, a
 #: bitsandbytes quantization state about 200 bytes of JSON.
@@ -79,6 +76,22 @@ PACKED_SUFFIXES = (".weight_packed", ".qweight", ".qzeros", ".g_idx", ".weight_s
                    ".weight_scale_inv", ".SCB")
 _BNB_STATE = re.compile(r"\.weight\.quant_state\.bitsandbytes__(\w+)$")
 _INT_DTYPE = {4: "int4", 8: "int8", 2: "int2", 3: "int3"}
+
+
+class Indexed(Protocol):
+    """What this module needs of :class:`gac_check.checkpoint.index.Checkpoint` (which
+    imports this module, so it is named here by its fields)."""
+
+    path: Path
+    config: dict
+    tensors: dict[str, TensorInfo]
+    container: str
+    sidecars: dict[str, dict]
+    auxiliary: dict[str, str]
+    quantization: Quantization | None
+
+
+Checkpoint = TypeVar("Checkpoint", bound=Indexed)
 
 
 @dataclass
@@ -125,6 +138,8 @@ class Quantization:
         if self.strategy == "group":
             return f"group {self.group_size}"
         if self.strategy == "block" and self.block:
+            if self.block[0] == 1:
+                return f"blocks of {self.block[1]}"
             return f"block {self.block[0]}x{self.block[1]}"
         return f"per {self.strategy}"
 
@@ -136,7 +151,8 @@ class Quantization:
         if self.act_order:
             extra.append("act-order")
         kind = self.weight_type if self.weight_type in ("nf4", "fp4") else f"{self.bits}-bit"
-        return (f"{self.method} {self.format} {self.scheme} ({kind} weights, "
+        fmt = "" if self.format == self.method else f" {self.format}"
+        return (f"{self.method}{fmt} {self.scheme} ({kind} weights, "
                 f"{', '.join(extra)}; {len(self.quantized)} linears quantized)")
 
     def as_dict(self) -> dict:
@@ -147,6 +163,13 @@ class Quantization:
         out["quantized"] = len(self.quantized)
         out["ignored"] = list(self.ignored)
         return out
+
+    def refuse_padding(self, flag: str) -> str:
+        """Why ``--repair``/``--realign`` will not rewrite this checkpoint, and what to do."""
+        return (f"is quantized ({self.method} {self.scheme}, {self.granularity}); {flag} does "
+                "not rewrite packed weights (padding is not proven exact through this format's "
+                "dequantization): repair the unquantized model, then quantize it again: "
+                f"gac-check BASE_DIR --repair FIXED, then {self.requantize()}")
 
     def requantize(self) -> str:
         """What re-creates this quantization from a repaired unquantized model (FIXED)."""
@@ -171,7 +194,7 @@ class Quantization:
                 f"({self.method}, {self.scheme}, {self.granularity})")
 
 
-def quantization_config(ckpt: Checkpoint) -> dict | None:
+def quantization_config(ckpt: Indexed) -> dict | None:
     """config.json's ``quantization_config`` (``compression_config`` in early llm-compressor
     releases), else AutoGPTQ's ``quantize_config.json`` / AutoAWQ's ``quant_config.json``."""
     for key in ("quantization_config", "compression_config"):
@@ -210,7 +233,7 @@ def read_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Check
                        "rather than judging packed tensors as dense", ckpt.path)
     layout = _Layout(ckpt, qc, read or local_bytes)
     quant = reader(layout)
-    return layout.result(quant)
+    return layout.result(quant)  # type: ignore[return-value]  # a replace() of ckpt
 
 
 def local_bytes(info: TensorInfo) -> bytes:
@@ -247,7 +270,7 @@ def hub_reader(ranged: Callable[[str, int, int], tuple[bytes, object]],
 class _Layout:
     """The tensors of one checkpoint, regrouped per module as a quantized reader needs them."""
 
-    ckpt: Checkpoint
+    ckpt: Indexed
     qc: dict
     read: ByteReader
     logical: dict[str, TensorInfo] = field(default_factory=dict)
@@ -304,7 +327,7 @@ class _Layout:
                                       f"(known beside it: {', '.join(known)}); refusing rather "
                                       "than guessing what it holds")
 
-    def result(self, quant: Quantization) -> Checkpoint:
+    def result(self, quant: Quantization) -> Indexed:
         if not quant.quantized:
             raise self.refuse(f"config.json says it is quantized ({quant.method}) but no tensor "
                               "is stored in that layout")
@@ -705,5 +728,5 @@ _READERS: dict[str, Callable[[_Layout], Quantization]] = {
     "bitsandbytes": _bitsandbytes,
 }
 
-__all__ = ["MAX_DATA_BYTES", "METHODS", "Quantization", "hub_reader", "local_bytes", "quantization_config",
-           "read_quantization"]
+__all__ = ["MAX_DATA_BYTES", "METHODS", "Quantization", "hub_reader", "local_bytes",
+           "quantization_config", "read_quantization"]

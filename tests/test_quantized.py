@@ -1,0 +1,235 @@
+"""Quantized safetensors checkpoints are read at their logical widths with their own scheme
+(issue 27): compressed-tensors ``pack-quantized`` and ``float-quantized``, GPTQ, AWQ GEMM,
+block FP8, bitsandbytes NF4 and 8-bit, written in tests in each format's documented layout
+(tests/quantized_models.py; compressed-tensors packs with its own ``pack_to_int32`` and
+unpacks with its own compressor). Through the CLI: sites at the logical widths, parameters
+counted logically, the dtype the kernel computes in (text and JSON agreeing), targets judged
+with the checkpoint's own quantization (agreeing with ``quant=`` predictions made on the
+unquantized model: the issue's "done when"), and refusals, one line and exit 2, of what is not
+understood and of repairs.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from gac_check.checkpoint.index import open_checkpoint
+from tests import helpers
+from tests import quantized_models as qm
+from tests.helpers import tree_digest
+
+
+def run_json(*args: object) -> tuple[int, dict]:
+    proc = helpers.gac(*args, "--format", "json")
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def refusal(*args: object) -> str:
+    proc = helpers.gac(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def dense_shapes(intermediate: int) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in qm.model(intermediate).state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("quantized")
+    return {
+        "ct688": qm.compressed_tensors_w4a16(root / "ct688", 688),
+        "ct640": qm.compressed_tensors_w4a16(root / "ct640", 640),
+        "dense688": qm.dense(root / "dense688", 688),
+        "dense640": qm.dense(root / "dense640", 640),
+        "gptq688": qm.gptq(root / "gptq688", 688),
+        "awq640": qm.awq_gemm(root / "awq640", 640),
+        "fp8": qm.compressed_tensors_fp8(root / "fp8", 688),
+        "blockfp8": qm.block_fp8(root / "blockfp8", 688),
+        "nf4": qm.bnb_nf4(root / "nf4", 688),
+        "int8": qm.bnb_int8(root / "int8", 688),
+        "mystery": qm.mystery(root / "mystery", 688),
+    }
+
+
+# --- read at the logical widths --------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "intermediate"), [
+    ("ct688", 688), ("ct640", 640), ("gptq688", 688), ("awq640", 640), ("fp8", 688),
+    ("blockfp8", 688), ("nf4", 688), ("int8", 688)])
+def test_every_linear_is_read_at_its_logical_shape(made, name, intermediate):
+    ckpt = open_checkpoint(made[name])
+    logical = {n: t.shape for n, t in ckpt.tensors.items() if n not in ckpt.auxiliary}
+    assert logical == dense_shapes(intermediate)
+    assert ckpt.params == sum(math.prod(s) for s in dense_shapes(intermediate).values())
+    q = ckpt.quantization
+    assert q is not None and len(q.quantized) == 14  # 7 linears x 2 layers; lm_head dense
+    assert set(q.backing) == {m + ".weight" for m in q.quantized}
+    with safe_open(str(made[name] / "model.safetensors"), "pt") as f:
+        stored = set(f.keys())
+    # every stored tensor is a logical one, auxiliary, or backs a logical weight
+    backing = {p for names in q.backing.values() for p in names}
+    assert stored == (set(logical) - set(q.backing)) | set(ckpt.auxiliary) | backing
+
+
+@pytest.mark.parametrize("intermediate", [688, 640])
+def test_pack_quantized_shapes_are_what_compressed_tensors_unpacks(made, intermediate):
+    """compressed-tensors' own unpacking turns each packed linear back into integers of exactly
+    the logical shape read from the headers and weight_shape; at 640 its compressor also
+    dequantizes them to the weights, at 688 it refuses (a 128-group does not divide 688), as
+    the check's packing note says."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    root = made[f"ct{intermediate}"]
+    ckpt = open_checkpoint(root)
+    stored = load_file(str(root / "model.safetensors"))
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**qm.W4A16))
+    dense = qm.model(intermediate).state_dict()
+    for module in ckpt.quantization.quantized:
+        local = {k: stored[f"{module}.{k}"] for k in ("weight_packed", "weight_scale",
+                                                         "weight_shape")}
+        ints = unpack_from_int32(local["weight_packed"], 4, local["weight_shape"])
+        assert tuple(ints.shape) == ckpt.shape(module + ".weight")
+        if ckpt.shape(module + ".weight")[1] % 128:
+            with pytest.raises(ValueError, match="group_size 128"):
+                PackedQuantizationCompressor.decompress(local, scheme)
+            assert any(module in n and "group size 128" in n for n in ckpt.quantization.notes)
+            continue
+        weight = PackedQuantizationCompressor.decompress(local, scheme)["weight"]
+        ref = dense[module + ".weight"].float()
+        assert (weight.float() - ref).abs().max() <= ref.abs().max() / 7 + 1e-3
+
+
+def test_gptq_688_reads_ceil_groups_and_notes_the_partial_group(made):
+    ckpt = open_checkpoint(made["gptq688"])
+    q = ckpt.quantization
+    assert (q.method, q.bits, q.group_size, q.strategy) == ("gptq", 4, 128, "group")
+    assert ckpt.shape("model.layers.0.mlp.down_proj.weight") == (256, 688)
+    assert ckpt.auxiliary["model.layers.0.mlp.down_proj.g_idx"]
+    assert ckpt.tensors["model.layers.0.mlp.down_proj.scales"].shape == (6, 256)
+    assert any("688 is not a multiple of the group size 128" in n for n in q.notes)
+
+
+def test_bnb_nf4_is_dense_not_llm_pruner(made):
+    _, doc = run_json(made["nf4"], "--gpu", "h100")
+    assert doc["format"] == "dense"
+    assert doc["quantization"]["method"] == "bitsandbytes"
+    assert doc["quantization"]["format"] == "nf4"
+    assert sorted({s["value"] for s in doc["sites"] if s["role"] == "intermediate"}) == [688]
+    assert doc["summary"]["params"] == sum(math.prod(s) for s in dense_shapes(688).values())
+
+
+# --- what the check says -------------------------------------------------------------------
+
+@pytest.mark.parametrize("intermediate", [688, 640])
+def test_w4a16_target_agrees_with_the_prediction_on_the_unquantized_model(made, intermediate):
+    """The issue's "done when": vllm,tp=2 on the W4A16 checkpoint is judged as that W4A16
+    (pack quant gptq, group 128 from the checkpoint), site by site as vllm,tp=2,quant=gptq
+    judges the unquantized model; at tp=2 both widths put a 128-group across the shard."""
+    code_q, quant = run_json(made[f"ct{intermediate}"], "--gpu", "h100", "--target", "vllm,tp=2")
+    code_d, dense = run_json(made[f"dense{intermediate}"], "--gpu", "h100", "--target",
+                             "vllm,tp=2,quant=gptq")
+    seen = {s["name"]: [(v["verdict"], v["kernel"], v["fix_to"]) for v in s["targets"]]
+            for s in quant["sites"]}
+    want = {s["name"]: [(v["verdict"], v["kernel"], v["fix_to"]) for v in s["targets"]]
+            for s in dense["sites"]}
+    assert seen == want
+    assert quant["summary"]["targets"]["vllm,tp=2"]["verdict"] == "refused"
+    assert code_q == code_d == 1
+    assert quant["summary"]["params"] == dense["summary"]["params"]
+    assert quant["summary"]["quantization"] == "compressed-tensors W4A16"
+
+
+def test_a_quant_that_contradicts_the_checkpoint_is_refused(made):
+    line = refusal(made["ct640"], "--target", "vllm,tp=2,quant=awq")
+    assert "already quantized" in line and "quant=gptq" in line
+    assert "group 128" in refusal(made["gptq688"], "--target", "vllm,group=64").replace(
+        "group is 128", "group 128")
+    ok = helpers.gac(made["ct640"], "--target", "vllm,tp=2,quant=gptq")
+    assert ok.returncode == 1, ok.stderr
+
+
+def test_awq_gemm_targets_run_as_awq(made):
+    _, doc = run_json(made["awq640"], "--gpu", "h100", "--target", "vllm")
+    assert doc["quantization"]["method"] == "awq" and doc["quantization"]["format"] == "gemm"
+    mlp = [v for s in doc["sites"] if s["role"] == "intermediate" for v in s["targets"]]
+    _, dense = run_json(made["dense640"], "--gpu", "h100", "--target", "vllm,quant=awq")
+    want = [v for s in dense["sites"] if s["role"] == "intermediate" for v in s["targets"]]
+    assert [v["kernel"] for v in mlp] == [v["kernel"] for v in want]
+
+
+@pytest.mark.parametrize("name", ["fp8", "blockfp8"])
+def test_fp8_text_and_json_judge_the_same_dtype(made, name):
+    _, doc = run_json(made[name], "--gpu", "h100")
+    text = helpers.gac(made[name], "--gpu", "h100").stdout
+    assert doc["hardware"]["dtype"] == "float8_e4m3fn"
+    assert doc["hardware"]["dtype_source"] == "quantization_config"
+    assert "dtype float8_e4m3fn (from quantization_config)" in text
+    assert "FP8" in doc["hardware"]["dtype_note"]
+
+
+def test_weight_only_schemes_are_judged_in_the_activation_dtype(made):
+    _, doc = run_json(made["ct688"], "--gpu", "h100")
+    assert doc["hardware"]["dtype"] == "float16"
+    assert "weight-only" in doc["hardware"]["dtype_note"]
+    text = helpers.gac(made["ct688"], "--gpu", "h100").stdout
+    assert "quantized: compressed-tensors pack-quantized W4A16" in text
+
+
+# --- refusals --------------------------------------------------------------------------------
+
+def test_a_method_nobody_knows_is_refused(made):
+    line = refusal(made["mystery"])
+    assert "'mystery'" in line
+
+
+def test_packed_tensors_without_a_quantization_config_are_refused(made, tmp_path):
+    root = tmp_path / "noconfig"
+    root.mkdir()
+    (root / "model.safetensors").write_bytes((made["gptq688"] / "model.safetensors").read_bytes())
+    cfg = json.loads((made["gptq688"] / "config.json").read_text())
+    del cfg["quantization_config"]
+    (root / "config.json").write_text(json.dumps(cfg))
+    assert "quantization_config" in refusal(root)
+
+
+def test_an_unknown_tensor_in_a_known_layout_is_refused(made, tmp_path):
+    root = tmp_path / "odd"
+    root.mkdir()
+    tensors = load_file(str(made["gptq688"] / "model.safetensors"))
+    tensors["model.layers.0.mlp.up_proj.qweight_mystery"] = torch.zeros(4, dtype=torch.int32)
+    save_file(tensors, str(root / "model.safetensors"))
+    (root / "config.json").write_text((made["gptq688"] / "config.json").read_text())
+    assert "qweight_mystery" in refusal(root)
+
+
+def test_a_weight_shape_that_contradicts_the_packing_is_refused(made, tmp_path):
+    root = tmp_path / "lying"
+    root.mkdir()
+    tensors = load_file(str(made["ct640"] / "model.safetensors"))
+    tensors["model.layers.1.mlp.down_proj.weight_shape"] = torch.tensor([256, 1024])
+    save_file(tensors, str(root / "model.safetensors"))
+    (root / "config.json").write_text((made["ct640"] / "config.json").read_text())
+    assert "weight_shape [256, 1024]" in refusal(root)
+
+
+@pytest.mark.parametrize("name", ["ct688", "gptq688", "awq640", "nf4", "int8", "fp8"])
+def test_repair_of_a_quantized_checkpoint_is_refused_before_writing(made, name, tmp_path):
+    before = tree_digest(made[name])
+    out = tmp_path / "out"
+    line = refusal(made[name], "--repair", out)
+    assert "repair the unquantized model, then quantize it again" in line
+    assert "--repair FIXED" in line
+    assert not out.exists()
+    assert tree_digest(made[name]) == before
