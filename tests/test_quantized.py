@@ -233,3 +233,32 @@ def test_repair_of_a_quantized_checkpoint_is_refused_before_writing(made, name, 
     assert "--repair FIXED" in line
     assert not out.exists()
     assert tree_digest(made[name]) == before
+
+
+# --- on the Hub: the few bytes of weight_shape by range requests -----------------------------
+
+def test_a_hub_w4a16_is_read_like_the_local_copy(made, tmp_path):
+    """hf://ORG/NAME of the 640 W4A16: the same JSON as the local check, the weight_shape
+    tensors read by one bounded range request, never the weights."""
+    import os
+
+    from tests.hub_server import HubServer
+
+    local = helpers.gac(made["ct640"], "--gpu", "h100", "--target", "vllm,tp=2", "--format",
+                        "json")
+    with HubServer({"org/w4": {"main": made["ct640"]}}) as hub:
+        unset = {k: None for k in os.environ if k.startswith("HF_")}
+        remote = helpers.gac("hf://org/w4", "--gpu", "h100", "--target", "vllm,tp=2",
+                             "--format", "json", process=True,
+                             env={**unset, "HF_ENDPOINT": hub.endpoint, "NO_PROXY": "*",
+                                  "HF_HOME": str(tmp_path / "hf")})
+        ranges = [rng for m, p, rng in hub.log if m == "GET" and p.startswith("/cdn/")]
+        sent = hub.bytes_sent
+    assert remote.returncode == local.returncode == 1, remote.stderr
+    a, b = json.loads(local.stdout), json.loads(remote.stdout)
+    assert a["sites"] == b["sites"] and a["quantization"] == b["quantization"]
+    # the header, then every weight_shape (14 x 16 bytes, side by side) in one range
+    assert len(ranges) == 2, ranges
+    start, end = (int(x) for x in ranges[1].removeprefix("bytes=").split("-"))
+    assert end + 1 - start == 14 * 16
+    assert sent < (made["ct640"] / "model.safetensors").stat().st_size / 10

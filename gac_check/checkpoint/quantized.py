@@ -65,6 +65,11 @@ from gac_check.errors import BadInput
 #: The most bytes a data read of one tensor may take: ``weight_shape`` is 2 integers, a
 #: bitsandbytes quantization state about 200 bytes of JSON.
 MAX_DATA_BYTES = 1024
+#: Small tensors this close together in one file are read as one range (on the Hub: one
+#: request for a shard's every ``weight_shape``, which safetensors stores side by side), in
+#: spans of at most MAX_SPAN bytes.
+MAX_GAP = 4096
+MAX_SPAN = 1024 * 1024
 #: Reads a tensor's bytes (at most MAX_DATA_BYTES, checked before the call).
 ByteReader = Callable[[TensorInfo], bytes]
 METHODS = ("compressed-tensors", "gptq", "awq", "fp8", "bitsandbytes")
@@ -277,6 +282,7 @@ class _Layout:
     auxiliary: dict[str, str] = field(default_factory=dict)
     backing: dict[str, tuple[str, ...]] = field(default_factory=dict)
     removed: set[str] = field(default_factory=set)
+    fetched: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:
@@ -309,12 +315,32 @@ class _Layout:
         self.removed.update(physical)
 
     def data(self, name: str) -> bytes:
-        """The bytes of a small tensor, bounded before they are asked for."""
-        info = self.t(name)
-        if info.end - info.begin > MAX_DATA_BYTES:
-            raise self.refuse(f"tensor {name!r} holds {info.end - info.begin} bytes where a "
-                              f"quantization record of at most {MAX_DATA_BYTES} is expected")
-        return self.read(info)
+        """The bytes of a small tensor (read with its neighbours by :meth:`prefetch`)."""
+        if name not in self.fetched:
+            self.prefetch([name])
+        return self.fetched[name]
+
+    def prefetch(self, names: list[str]) -> None:
+        """Read small tensors, each bounded before it is asked for, neighbours in one range."""
+        infos = sorted((self.t(n) for n in names), key=lambda t: (str(t.file), t.begin))
+        spans: list[list[TensorInfo]] = []
+        for info in infos:
+            if info.end - info.begin > MAX_DATA_BYTES:
+                raise self.refuse(f"tensor {info.name!r} holds {info.end - info.begin} bytes "
+                                  f"where a quantization record of at most {MAX_DATA_BYTES} is "
+                                  "expected")
+            last = spans[-1] if spans else None
+            if (last and last[0].file == info.file and info.begin - last[-1].end <= MAX_GAP
+                    and info.end - last[0].begin <= MAX_SPAN):
+                last.append(info)
+            else:
+                spans.append([info])
+        for span in spans:
+            start, end = span[0].begin, max(t.end for t in span)
+            raw = self.read(TensorInfo(span[0].name, (end - start,), "uint8", span[0].file,
+                                       start, end))
+            for info in span:
+                self.fetched[info.name] = raw[info.begin - start:info.end - start]
 
     def unknown_tensors(self, module: str, known: tuple[str, ...]) -> None:
         """Refuse a tensor of a quantized module that its layout does not name."""
@@ -430,6 +456,7 @@ CT_AUX = {"weight_scale": "quantization scale", "weight_zero_point": "quantizati
 
 def _ct_packed(layout: _Layout, quant: Quantization) -> None:
     modules = layout.modules(".weight_packed")
+    layout.prefetch([m + ".weight_shape" for m in modules if layout.has(m + ".weight_shape")])
     for m in modules:
         packed = layout.t(m + ".weight_packed")
         if not layout.has(m + ".weight_shape"):
@@ -677,6 +704,7 @@ def _bitsandbytes(layout: _Layout) -> Quantization:
     kind = str(qc.get("bnb_4bit_quant_type", "fp4"))
     quant = Quantization("bitsandbytes", kind, 4, kind, "block", ignored=ignored)
     states = sorted(n for n in layout.ckpt.tensors if _BNB_STATE.search(n))
+    layout.prefetch(states)
     for state in states:
         m = state[: _BNB_STATE.search(state).start()]
         found = _BNB_STATE.search(state).group(1)
