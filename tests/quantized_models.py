@@ -219,3 +219,50 @@ def mystery(root: Path, intermediate: int) -> Path:
         tensors[f"{name}.qweight_mystery"] = torch.zeros(w.shape[0], w.shape[1] // 8,
                                                          dtype=torch.int32)
     return _write(root, tensors, _config(m, {"quant_method": "mystery", "bits": 4}))
+
+
+def awq_gemv(root: Path, intermediate: int, group: int = 128) -> Path:
+    """AutoAWQ's WQLinear_GEMV: qweight [out, in/8], scales [out, zeros_width * 8], qzeros
+    [out, zeros_width] with zeros_width = ceil(in / group / 8) (calculate_zeros_width)."""
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        q, _ = quantize_groups(w, group)
+        out, width = w.shape
+        zw = math.ceil(width // group / 8)
+        tensors[f"{name}.qweight"] = _pack_rows((q.int() + 8).t()).t().contiguous()
+        tensors[f"{name}.scales"] = torch.ones(out, zw * 8, dtype=torch.float16)
+        tensors[f"{name}.qzeros"] = torch.zeros(out, zw, dtype=torch.int32)
+    cfg = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+           "version": "gemv"}
+    return _write(root, tensors, _config(m, cfg))
+
+
+def compressed_tensors_w8a8(root: Path, intermediate: int) -> Path:
+    """INT8 W8A8 (llm-compressor's SmoothQuant + GPTQ recipe): int8 weights per channel,
+    dynamic per-token int8 activations."""
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        scale = w.float().abs().amax(dim=1, keepdim=True) / 127
+        tensors[f"{name}.weight"] = (w.float() / scale).round().to(torch.int8)
+        tensors[f"{name}.weight_scale"] = scale.half()
+    cfg = ct_config("int-quantized",
+                    {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+                    {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                     "dynamic": True})
+    return _write(root, tensors, _config(m, cfg))
+
+
+def compressed_tensors_w4a16_channel(root: Path, intermediate: int) -> Path:
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        q, scale = quantize_groups(w, w.shape[1])
+        tensors[f"{name}.weight_packed"] = pack_to_int32(q, 4)
+        tensors[f"{name}.weight_scale"] = scale.half()  # [out, 1]
+        tensors[f"{name}.weight_shape"] = torch.tensor(w.shape)
+    cfg = ct_config("pack-quantized", {**W4A16, "strategy": "channel", "group_size": None})
+    return _write(root, tensors, _config(m, cfg))

@@ -58,6 +58,10 @@ def made(tmp_path_factory) -> dict[str, Path]:
         "nf4": qm.bnb_nf4(root / "nf4", 688),
         "int8": qm.bnb_int8(root / "int8", 688),
         "mystery": qm.mystery(root / "mystery", 688),
+        "gemv640": qm.awq_gemv(root / "gemv640", 640),
+        "w8a8": qm.compressed_tensors_w8a8(root / "w8a8", 688),
+        "channel": qm.compressed_tensors_w4a16_channel(root / "channel", 688),
+        "actorder": qm.gptq(root / "actorder", 688, desc_act=True),
     }
 
 
@@ -65,7 +69,8 @@ def made(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize(("name", "intermediate"), [
     ("ct688", 688), ("ct640", 640), ("gptq688", 688), ("awq640", 640), ("fp8", 688),
-    ("blockfp8", 688), ("nf4", 688), ("int8", 688)])
+    ("blockfp8", 688), ("nf4", 688), ("int8", 688), ("gemv640", 640), ("w8a8", 688),
+    ("channel", 688), ("actorder", 688)])
 def test_every_linear_is_read_at_its_logical_shape(made, name, intermediate):
     ckpt = open_checkpoint(made[name])
     logical = {n: t.shape for n, t in ckpt.tensors.items() if n not in ckpt.auxiliary}
@@ -179,6 +184,23 @@ def test_fp8_text_and_json_judge_the_same_dtype(made, name):
     assert "FP8" in doc["hardware"]["dtype_note"]
 
 
+def test_int8_w8a8_is_judged_in_int8_and_deployed_as_int8(made):
+    _, doc = run_json(made["w8a8"], "--gpu", "h100", "--target", "vllm,tp=2")
+    assert doc["hardware"]["dtype"] == "int8"
+    assert doc["quantization"]["scheme"] == "W8A8"
+    text = helpers.gac(made["w8a8"], "--gpu", "h100", "--target", "vllm,tp=2").stdout
+    assert "quant=int8" in text and "dtype int8 (from quantization_config)" in text
+
+
+@pytest.mark.parametrize(("name", "strategy", "group", "act_order"), [
+    ("channel", "channel", None, False), ("actorder", "group", 128, True),
+    ("gemv640", "group", 128, False)])
+def test_the_scheme_is_the_checkpoints(made, name, strategy, group, act_order):
+    _, doc = run_json(made[name], "--gpu", "h100")
+    q = doc["quantization"]
+    assert (q["strategy"], q["group_size"], q["act_order"]) == (strategy, group, act_order)
+
+
 def test_weight_only_schemes_are_judged_in_the_activation_dtype(made):
     _, doc = run_json(made["ct688"], "--gpu", "h100")
     assert doc["hardware"]["dtype"] == "float16"
@@ -188,6 +210,37 @@ def test_weight_only_schemes_are_judged_in_the_activation_dtype(made):
 
 
 # --- refusals --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "target", "says"), [
+    ("nf4", "vllm", "bitsandbytes W4A16, which the vllm rule pack does not model"),
+    ("gptq688", "transformers", "gptq W4A16, which the transformers rule pack does not model")])
+def test_a_scheme_the_pack_does_not_model_is_refused_not_judged_unquantized(made, name, target,
+                                                                           says):
+    assert says in refusal(made[name], "--target", target)
+
+
+def test_llama_cpp_keeps_its_own_quant(made):
+    proc = helpers.gac(made["gptq688"], "--gpu", "h100", "--target", "llama.cpp,quant=Q4_K_M")
+    assert proc.returncode in (0, 1) and "quant=Q4_K_M" in proc.stdout, proc.stderr
+
+
+def test_a_quant_state_too_long_to_be_one_is_refused(made, tmp_path):
+    root = tmp_path / "long"
+    root.mkdir()
+    tensors = load_file(str(made["nf4"] / "model.safetensors"))
+    name = "model.layers.0.mlp.up_proj.weight.quant_state.bitsandbytes__nf4"
+    tensors[name] = torch.full((5000,), 32, dtype=torch.uint8)
+    save_file(tensors, str(root / "model.safetensors"))
+    (root / "config.json").write_text((made["nf4"] / "config.json").read_text())
+    assert "holds 5000 bytes" in refusal(root)
+
+
+def test_realign_of_a_quantized_checkpoint_is_refused(made, tmp_path):
+    before = tree_digest(made["ct640"])
+    line = refusal(made["ct640"], "--realign", tmp_path / "out")
+    assert "quantize it again" in line and not (tmp_path / "out").exists()
+    assert tree_digest(made["ct640"]) == before
+
 
 def test_a_method_nobody_knows_is_refused(made):
     line = refusal(made["mystery"])

@@ -53,7 +53,7 @@ def for_checkpoint(target: Target, q: Quantization | None) -> Target:
     quant = next((n for n in names if n in target.pack.quants), None)
     if quant is None:
         raise BadInput(f"--target {target.spec}: the checkpoint is {q.method} {q.scheme}, which "
-                       f"{target.engine}'s rule pack does not model (it knows quant="
+                       f"the {target.engine} rule pack does not model (it knows quant="
                        f"{', '.join(target.pack.quants)}); gac-check will not judge it as "
                        "unquantized")
     group = q.group_size if q.strategy == "group" else (-1 if q.strategy == "channel"
