@@ -277,6 +277,25 @@ def test_a_weight_shape_that_contradicts_the_packing_is_refused(made, tmp_path):
     assert "weight_shape [256, 1024]" in refusal(root)
 
 
+def test_a_config_whose_group_the_scales_refute_is_refused(made, tmp_path):
+    """config.json says group 64; the scales are one per 128 columns: the scheme is not what
+    the config says, so nothing is judged with it."""
+    root = tmp_path / "group64"
+    root.mkdir()
+    (root / "model.safetensors").write_bytes((made["ct640"] / "model.safetensors").read_bytes())
+    cfg = json.loads((made["ct640"] / "config.json").read_text())
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 64
+    (root / "config.json").write_text(json.dumps(cfg))
+    assert "weight_scale is [256, 5]; a group 64 scale of a [256, 640] weight is [256, 10]" in refusal(root)
+
+
+def test_the_html_report_names_the_scheme(made, tmp_path):
+    out = tmp_path / "r.html"
+    proc = helpers.gac(made["gptq688"], "--gpu", "h100", "--report", out)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "quantized gptq W4A16 (gptq)" in out.read_text()
+
+
 @pytest.mark.parametrize("name", ["ct688", "gptq688", "awq640", "nf4", "int8", "fp8"])
 def test_repair_of_a_quantized_checkpoint_is_refused_before_writing(made, name, tmp_path):
     before = tree_digest(made[name])
