@@ -286,7 +286,8 @@ def test_a_config_whose_group_the_scales_refute_is_refused(made, tmp_path):
     cfg = json.loads((made["ct640"] / "config.json").read_text())
     cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 64
     (root / "config.json").write_text(json.dumps(cfg))
-    assert "weight_scale is [256, 5]; a group 64 scale of a [256, 640] weight is [256, 10]" in refusal(root)
+    assert ("weight_scale is [256, 5]; a group 64 scale of a [256, 640] weight is [256, 10]"
+            in refusal(root))
 
 
 def test_the_html_report_names_the_scheme(made, tmp_path):

@@ -50,153 +50,34 @@ bitsandbytes' quantization state): those few bytes are read through
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol, TypeVar
 
-from gac_check.checkpoint.files import open_regular, parse_json
-from gac_check.checkpoint.tensorinfo import TensorInfo
+from gac_check.checkpoint.files import parse_json
+from gac_check.checkpoint.quantization import STRATEGIES, Quantization
+from gac_check.checkpoint.quantized_layout import (
+    MAX_DATA_BYTES,
+    ByteReader,
+    Checkpoint,
+    Indexed,
+    Layout,
+    config_bits,
+    config_int,
+    group_note,
+    hub_reader,
+    local_bytes,
+)
 from gac_check.errors import BadInput
 
-#: The most bytes a data read of one tensor may take: ``weight_shape`` is 2 integers, a
-#: bitsandbytes quantization state about 200 bytes of JSON.
-MAX_DATA_BYTES = 1024
-#: Small tensors this close together in one file are read as one range (on the Hub: one
-#: request for a shard's every ``weight_shape``, which safetensors stores side by side), in
-#: spans of at most MAX_SPAN bytes.
-MAX_GAP = 4096
-MAX_SPAN = 1024 * 1024
-#: Reads a tensor's bytes (at most MAX_DATA_BYTES, checked before the call).
-ByteReader = Callable[[TensorInfo], bytes]
 METHODS = ("compressed-tensors", "gptq", "awq", "fp8", "bitsandbytes")
 CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
-STRATEGIES = ("group", "channel", "block", "tensor")
 #: Tensor name endings that only a quantized checkpoint holds: without a
 #: quantization_config, their presence is a refusal, not a dense read.
 PACKED_SUFFIXES = (".weight_packed", ".qweight", ".qzeros", ".g_idx", ".weight_shape",
                    ".weight_scale_inv", ".SCB")
 _BNB_STATE = re.compile(r"\.weight\.quant_state\.bitsandbytes__(\w+)$")
 _INT_DTYPE = {4: "int4", 8: "int8", 2: "int2", 3: "int3"}
-
-
-class Indexed(Protocol):
-    """What this module needs of :class:`gac_check.checkpoint.index.Checkpoint` (which
-    imports this module, so it is named here by its fields)."""
-
-    path: Path
-    config: dict
-    tensors: dict[str, TensorInfo]
-    container: str
-    sidecars: dict[str, dict]
-    auxiliary: dict[str, str]
-    quantization: Quantization | None
-
-
-Checkpoint = TypeVar("Checkpoint", bound=Indexed)
-
-
-@dataclass
-class Quantization:
-    """A checkpoint's quantization scheme, as its own config and tensors say.
-
-    ``method`` is the writer's ``quant_method``; ``format`` its storage layout
-    (``pack-quantized``, ``gemm``, ``block-fp8``, ``nf4``...); ``strategy`` one of
-    :data:`STRATEGIES` with ``group_size`` or ``block`` where it applies; ``activations`` the
-    dtype activations are quantized to (W8A8) or None (weight-only: the kernel computes in the
-    model's activation dtype). ``backing`` maps each logical ``X.weight`` to the physical
-    tensors that hold it; ``notes`` are the packing's own constraints seen in this model.
-    """
-
-    method: str
-    format: str
-    bits: int
-    weight_type: str  # "int" | "float" | "nf4" | "fp4"
-    strategy: str
-    group_size: int | None = None
-    block: tuple[int, int] | None = None
-    symmetric: bool | None = None
-    act_order: bool = False
-    activations: str | None = None
-    quantized: tuple[str, ...] = ()
-    ignored: tuple[str, ...] = ()
-    backing: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def weight_only(self) -> bool:
-        return self.activations is None
-
-    @property
-    def scheme(self) -> str:
-        """``W4A16``, ``W8A8-FP8``...: the name llm-compressor and vLLM use for it."""
-        a = "16" if self.weight_only else ("8-FP8" if "float8" in self.activations else "8")
-        if self.weight_type == "float" and self.weight_only:
-            return f"W{self.bits}A16-FP{self.bits}"
-        return f"W{self.bits}A{a}"
-
-    @property
-    def granularity(self) -> str:
-        if self.strategy == "group":
-            return f"group {self.group_size}"
-        if self.strategy == "block" and self.block:
-            if self.block[0] == 1:
-                return f"blocks of {self.block[1]}"
-            return f"block {self.block[0]}x{self.block[1]}"
-        return f"per {self.strategy}"
-
-    def describe(self) -> str:
-        """One phrase for the report: ``compressed-tensors pack-quantized W4A16, group 128``."""
-        extra = [self.granularity]
-        if self.symmetric is not None:
-            extra.append("symmetric" if self.symmetric else "asymmetric")
-        if self.act_order:
-            extra.append("act-order")
-        kind = self.weight_type if self.weight_type in ("nf4", "fp4") else f"{self.bits}-bit"
-        fmt = "" if self.format == self.method else f" {self.format}"
-        return (f"{self.method}{fmt} {self.scheme} ({kind} weights, "
-                f"{', '.join(extra)}; {len(self.quantized)} linears quantized)")
-
-    def as_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out.pop("backing")
-        out["scheme"] = self.scheme
-        out["block"] = list(self.block) if self.block else None
-        out["quantized"] = len(self.quantized)
-        out["ignored"] = list(self.ignored)
-        return out
-
-    def refuse_padding(self, flag: str) -> str:
-        """Why ``--repair``/``--realign`` will not rewrite this checkpoint, and what to do."""
-        return (f"is quantized ({self.method} {self.scheme}, {self.granularity}); {flag} does "
-                "not rewrite packed weights (padding is not proven exact through this format's "
-                "dequantization): repair the unquantized model, then quantize it again: "
-                f"gac-check BASE_DIR --repair FIXED, then {self.requantize()}")
-
-    def requantize(self) -> str:
-        """What re-creates this quantization from a repaired unquantized model (FIXED)."""
-        if self.method == "compressed-tensors":
-            return ("llmcompressor.oneshot(model=FIXED, recipe=QuantizationModifier("
-                    f"targets='Linear', scheme='{self.scheme}', ignore=['lm_head']), "
-                    "output_dir=OUT)")
-        if self.method == "gptq":
-            return (f"GPTQModel.load(FIXED, QuantizeConfig(bits={self.bits}, group_size="
-                    f"{self.group_size or -1}, desc_act={self.act_order})).quantize(calibration)"
-                    "; model.save(OUT)")
-        if self.method == "awq":
-            return (f"AutoAWQForCausalLM.from_pretrained(FIXED).quantize(tokenizer, quant_config="
-                    f"{{'w_bit': {self.bits}, 'q_group_size': {self.group_size}, 'version': "
-                    f"'{self.format.upper()}'}}); model.save_quantized(OUT)")
-        if self.method == "bitsandbytes":
-            kind = (f"load_in_4bit=True, bnb_4bit_quant_type='{self.weight_type}'"
-                    if self.bits == 4 else "load_in_8bit=True")
-            return (f"AutoModelForCausalLM.from_pretrained(FIXED, quantization_config="
-                    f"BitsAndBytesConfig({kind})).save_pretrained(OUT)")
-        return ("quantize FIXED again with the tool that wrote this checkpoint "
-                f"({self.method}, {self.scheme}, {self.granularity})")
 
 
 def quantization_config(ckpt: Indexed) -> dict | None:
@@ -236,164 +117,14 @@ def read_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Check
         raise BadInput(f"config.json's quantization_config has quant_method {method!r}, which "
                        f"gac-check does not read (it reads {', '.join(METHODS)}); refusing "
                        "rather than judging packed tensors as dense", ckpt.path)
-    layout = _Layout(ckpt, qc, read or local_bytes)
+    layout = Layout(ckpt, qc, read or local_bytes)
     quant = reader(layout)
     return layout.result(quant)  # type: ignore[return-value]  # a replace() of ckpt
 
 
-def local_bytes(info: TensorInfo) -> bytes:
-    """A tensor's bytes from its safetensors file, through the one regular-file door."""
-    n = info.end - info.begin
-    with open_regular(info.file) as fh:
-        fh.seek(info.begin)
-        data = fh.read(n)
-    if len(data) != n:
-        raise BadInput(f"tensor {info.name!r} ends past the end of the file", info.file)
-    return data
-
-
-def hub_reader(ranged: Callable[[str, int, int], tuple[bytes, object]],
-               snapshot: Path) -> ByteReader:
-    """A Hub checkpoint's reader: the shard's copy when the Hub cache holds one, else one
-    bounded range request (``ranged(name, start, length)``: the Hub reader's own, which
-    counts the bytes and requests against the model's limits)."""
-    def read(info: TensorInfo) -> bytes:
-        if info.file.is_file():
-            return local_bytes(info)
-        name = info.file.relative_to(snapshot).as_posix()
-        data = ranged(name, info.begin, info.end - info.begin)[0]
-        if len(data) != info.end - info.begin:
-            raise BadInput(f"{name}: the Hub served {len(data)} bytes of tensor {info.name!r} "
-                           f"for {info.end - info.begin}")
-        return data
-    return read
-
-
-# --- one checkpoint being read -------------------------------------------------------------
-
-@dataclass
-class _Layout:
-    """The tensors of one checkpoint, regrouped per module as a quantized reader needs them."""
-
-    ckpt: Indexed
-    qc: dict
-    read: ByteReader
-    logical: dict[str, TensorInfo] = field(default_factory=dict)
-    auxiliary: dict[str, str] = field(default_factory=dict)
-    backing: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    removed: set[str] = field(default_factory=set)
-    fetched: dict[str, bytes] = field(default_factory=dict)
-
-    @property
-    def path(self) -> Path:
-        return self.ckpt.path
-
-    def t(self, name: str) -> TensorInfo:
-        return self.ckpt.tensors[name]
-
-    def has(self, name: str) -> bool:
-        return name in self.ckpt.tensors
-
-    def modules(self, suffix: str) -> list[str]:
-        """Every module holding a tensor named ``module + suffix``."""
-        return sorted(n[: -len(suffix)] for n in self.ckpt.tensors if n.endswith(suffix))
-
-    def refuse(self, message: str) -> BadInput:
-        return BadInput(message, self.path)
-
-    def aux(self, name: str, what: str) -> None:
-        if self.has(name):
-            self.auxiliary[name] = what
-
-    def replace(self, module: str, shape: tuple[int, int], dtype: str,
-                physical: tuple[str, ...]) -> None:
-        """Record the logical ``module.weight`` [out, in] backed by ``physical`` tensors."""
-        name = module + ".weight"
-        first = self.t(physical[0])
-        self.logical[name] = TensorInfo(name, shape, dtype, first.file, first.begin, first.end)
-        self.backing[name] = physical
-        self.removed.update(physical)
-
-    def data(self, name: str) -> bytes:
-        """The bytes of a small tensor (read with its neighbours by :meth:`prefetch`)."""
-        if name not in self.fetched:
-            self.prefetch([name])
-        return self.fetched[name]
-
-    def prefetch(self, names: list[str]) -> None:
-        """Read small tensors, each bounded before it is asked for, neighbours in one range."""
-        infos = sorted((self.t(n) for n in names), key=lambda t: (str(t.file), t.begin))
-        spans: list[list[TensorInfo]] = []
-        for info in infos:
-            if info.end - info.begin > MAX_DATA_BYTES:
-                raise self.refuse(f"tensor {info.name!r} holds {info.end - info.begin} bytes "
-                                  f"where a quantization record of at most {MAX_DATA_BYTES} is "
-                                  "expected")
-            last = spans[-1] if spans else None
-            if (last and last[0].file == info.file and info.begin - last[-1].end <= MAX_GAP
-                    and info.end - last[0].begin <= MAX_SPAN):
-                last.append(info)
-            else:
-                spans.append([info])
-        for span in spans:
-            start, end = span[0].begin, max(t.end for t in span)
-            raw = self.read(TensorInfo(span[0].name, (end - start,), "uint8", span[0].file,
-                                       start, end))
-            for info in span:
-                self.fetched[info.name] = raw[info.begin - start:info.end - start]
-
-    def unknown_tensors(self, module: str, known: tuple[str, ...]) -> None:
-        """Refuse a tensor of a quantized module that its layout does not name."""
-        for name in self.ckpt.tensors:
-            if name.startswith(module + ".") and "." not in name[len(module) + 1:]:
-                rest = name[len(module) + 1:]
-                if rest not in known and rest != "bias":
-                    raise self.refuse(f"tensor {name!r} is not part of the "
-                                      f"{self.qc.get('quant_method')} layout gac-check reads "
-                                      f"(known beside it: {', '.join(known)}); refusing rather "
-                                      "than guessing what it holds")
-
-    def result(self, quant: Quantization) -> Indexed:
-        if not quant.quantized:
-            raise self.refuse(f"config.json says it is quantized ({quant.method}) but no tensor "
-                              "is stored in that layout")
-        quant.backing = self.backing
-        tensors = {n: t for n, t in self.ckpt.tensors.items() if n not in self.removed}
-        tensors.update(self.logical)
-        auxiliary = {**self.ckpt.auxiliary, **self.auxiliary}
-        out = dataclasses.replace(self.ckpt, tensors=tensors, auxiliary=auxiliary)
-        out.quantization = quant
-        return out
-
-
-def _int(value: object, what: str, layout: _Layout, *, allow: tuple[int, ...] = ()) -> int:
-    if type(value) is not int or (value < 1 and value not in allow):
-        raise layout.refuse(f"config.json's quantization_config {what} is {value!r}, not a "
-                            "positive integer")
-    return value
-
-
-def _bits(value: object, layout: _Layout, allowed: tuple[int, ...]) -> int:
-    bits = _int(value, "bits", layout)
-    if bits not in allowed:
-        raise layout.refuse(f"config.json's quantization_config has {bits}-bit weights; "
-                            f"gac-check reads {', '.join(map(str, allowed))}-bit "
-                            f"{layout.qc.get('quant_method')} checkpoints")
-    return bits
-
-
-def _group_note(quant: Quantization, module: str, width: int, axis: str) -> None:
-    g = quant.group_size
-    if g and g > 0 and width % g:
-        quant.notes.append(f"{module}: {axis} {width} is not a multiple of the group size {g} "
-                           f"({math.ceil(width / g)} groups, the last one "
-                           f"{width - (width // g) * g} wide); llm-compressor refuses such a "
-                           "width, GPTQModel writes a partial last group")
-
-
 # --- compressed-tensors --------------------------------------------------------------------
 
-def _compressed_tensors(layout: _Layout) -> Quantization:
+def _compressed_tensors(layout: Layout) -> Quantization:
     qc = layout.qc
     fmt = qc.get("format")
     groups = qc.get("config_groups")
@@ -423,7 +154,7 @@ def _compressed_tensors(layout: _Layout) -> Quantization:
     if wtype not in ("int", "float"):
         raise layout.refuse(f"config.json's compressed-tensors weight type {wtype!r} is not "
                             "int or float")
-    bits = _bits(w.get("num_bits"), layout, (2, 3, 4, 8) if wtype == "int" else (8,))
+    bits = config_bits(w.get("num_bits"), layout, (2, 3, 4, 8) if wtype == "int" else (8,))
     acts = [s.get("input_activations") for s in schemes]
     act = acts[0] if isinstance(acts[0], dict) else None
     activations = None
@@ -433,7 +164,7 @@ def _compressed_tensors(layout: _Layout) -> Quantization:
     ignore = qc.get("ignore") or []
     quant = Quantization(
         "compressed-tensors", fmt, bits, wtype, strategy,
-        group_size=_int(w.get("group_size"), "group_size", layout) if strategy == "group"
+        group_size=config_int(w.get("group_size"), "group_size", layout) if strategy == "group"
         else None,
         block=tuple(block) if strategy == "block" and isinstance(block, list) else None,
         symmetric=bool(w.get("symmetric", True)),
@@ -454,7 +185,7 @@ CT_AUX = {"weight_scale": "quantization scale", "weight_zero_point": "quantizati
           "global activation scale", "output_scale": "output scale"}
 
 
-def _ct_packed(layout: _Layout, quant: Quantization) -> None:
+def _ct_packed(layout: Layout, quant: Quantization) -> None:
     modules = layout.modules(".weight_packed")
     layout.prefetch([m + ".weight_shape" for m in modules if layout.has(m + ".weight_shape")])
     for m in modules:
@@ -469,7 +200,7 @@ def _ct_packed(layout: _Layout, quant: Quantization) -> None:
                                 f"{m}.weight_shape [{out}, {width}] at {quant.bits} bits packs "
                                 f"to int32 [{out}, {cols}]")
         _ct_scale(layout, quant, m, out, width)
-        _group_note(quant, m, width, "input width")
+        group_note(quant, m, width, "input width")
         pack = 32 // quant.bits
         if width % pack:
             quant.notes.append(f"{m}: input width {width} is not a multiple of the pack factor "
@@ -482,7 +213,7 @@ def _ct_packed(layout: _Layout, quant: Quantization) -> None:
     quant.quantized = tuple(modules)
 
 
-def _ct_unpacked(layout: _Layout, quant: Quantization) -> None:
+def _ct_unpacked(layout: Layout, quant: Quantization) -> None:
     """int-/float-/naive-quantized: ``weight`` keeps its logical shape beside its scale."""
     modules = layout.modules(".weight_scale")
     for m in modules:
@@ -492,7 +223,7 @@ def _ct_unpacked(layout: _Layout, quant: Quantization) -> None:
         if len(w.shape) != 2:
             raise layout.refuse(f"{m}.weight is {list(w.shape)}, not a matrix")
         _ct_scale(layout, quant, m, *w.shape)
-        _group_note(quant, m, w.shape[1], "input width")
+        group_note(quant, m, w.shape[1], "input width")
         layout.unknown_tensors(m, ("weight", *CT_AUX))
         for suffix, what in CT_AUX.items():
             layout.aux(f"{m}.{suffix}", what)
@@ -500,7 +231,7 @@ def _ct_unpacked(layout: _Layout, quant: Quantization) -> None:
     quant.quantized = tuple(modules)
 
 
-def _ct_scale(layout: _Layout, quant: Quantization, m: str, out: int, width: int) -> None:
+def _ct_scale(layout: Layout, quant: Quantization, m: str, out: int, width: int) -> None:
     """``weight_scale``'s shape against the strategy: a scale that contradicts it means the
     scheme is not the one the config says."""
     if not layout.has(m + ".weight_scale"):
@@ -520,7 +251,7 @@ def _ct_scale(layout: _Layout, quant: Quantization, m: str, out: int, width: int
                             f"of a [{out}, {width}] weight is {list(want[0])}")
 
 
-def _shape_of(layout: _Layout, name: str) -> tuple[int, int]:
+def _shape_of(layout: Layout, name: str) -> tuple[int, int]:
     """The two integers of a ``weight_shape`` tensor (int32 or int64, little-endian)."""
     info = layout.t(name)
     size = {"int64": 8, "int32": 4}.get(info.dtype)
@@ -542,14 +273,14 @@ GPTQ_AUX = {"qzeros": "packed zero points", "scales": "group scales",
             "g_idx": "group index per input column"}
 
 
-def _gptq(layout: _Layout) -> Quantization:
+def _gptq(layout: Layout) -> Quantization:
     qc = layout.qc
     fmt = qc.get("checkpoint_format", "gptq")
     if fmt not in ("gptq", "gptq_v2"):
         raise layout.refuse(f"config.json's GPTQ checkpoint_format {fmt!r} is not gptq or "
                             "gptq_v2 (Marlin- or BitBLAS-repacked weights are not read)")
-    bits = _bits(qc.get("bits"), layout, (2, 4, 8))
-    group = _int(qc.get("group_size", 128), "group_size", layout, allow=(-1,))
+    bits = config_bits(qc.get("bits"), layout, (2, 4, 8))
+    group = config_int(qc.get("group_size", 128), "group_size", layout, allow=(-1,))
     quant = Quantization("gptq", fmt, bits, "int", "group" if group > 0 else "channel",
                          group_size=group if group > 0 else None,
                          symmetric=bool(qc.get("sym", True)),
@@ -580,7 +311,7 @@ def _gptq(layout: _Layout) -> Quantization:
         if out % pack:
             raise layout.refuse(f"{m}: GPTQ cannot pack {out} output columns into qzeros "
                                 f"(not a multiple of {pack})")
-        _group_note(quant, m, width, "input width")
+        group_note(quant, m, width, "input width")
         layout.unknown_tensors(m, ("qweight", *GPTQ_AUX))
         for suffix, what in GPTQ_AUX.items():
             layout.aux(f"{m}.{suffix}", what)
@@ -589,14 +320,14 @@ def _gptq(layout: _Layout) -> Quantization:
     return quant
 
 
-def _awq(layout: _Layout) -> Quantization:
+def _awq(layout: Layout) -> Quantization:
     qc = layout.qc
     version = str(qc.get("version", "gemm")).lower()
     if version not in ("gemm", "gemv"):
         raise layout.refuse(f"config.json's AWQ version {version!r} is not gemm or gemv "
                             "(gemv_fast, marlin and exllama repackings are not read)")
-    bits = _bits(qc.get("bits", qc.get("w_bit")), layout, (4,))
-    group = _int(qc.get("group_size", qc.get("q_group_size")), "group_size", layout)
+    bits = config_bits(qc.get("bits", qc.get("w_bit")), layout, (4,))
+    group = config_int(qc.get("group_size", qc.get("q_group_size")), "group_size", layout)
     quant = Quantization("awq", version, bits, "int", "group", group_size=group,
                          symmetric=not bool(qc.get("zero_point", True)),
                          ignored=tuple(qc.get("modules_to_not_convert") or ()))
@@ -620,7 +351,7 @@ def _awq(layout: _Layout) -> Quantization:
             if len(scales) != 2 or scales[0] != out:
                 raise layout.refuse(f"{m}.scales is {list(scales)}; AWQ GEMV stores one row of "
                                     f"scales per output ({out})")
-        _group_note(quant, m, width, "input width")
+        group_note(quant, m, width, "input width")
         layout.unknown_tensors(m, ("qweight", "qzeros", "scales"))
         layout.aux(m + ".qzeros", "packed zero points")
         layout.aux(m + ".scales", "group scales")
@@ -631,7 +362,7 @@ def _awq(layout: _Layout) -> Quantization:
 
 # --- FP8 (fine-grained, DeepSeek / Qwen releases) ------------------------------------------
 
-def _fp8(layout: _Layout) -> Quantization:
+def _fp8(layout: Layout) -> Quantization:
     qc = layout.qc
     block = qc.get("weight_block_size")
     if block is not None and (not isinstance(block, list) or len(block) != 2
@@ -678,7 +409,7 @@ def _fp8(layout: _Layout) -> Quantization:
 BNB4_AUX = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 
 
-def _bitsandbytes(layout: _Layout) -> Quantization:
+def _bitsandbytes(layout: Layout) -> Quantization:
     qc = layout.qc
     four, eight = bool(qc.get("load_in_4bit")), bool(qc.get("load_in_8bit"))
     if four == eight:
@@ -736,7 +467,7 @@ def _bitsandbytes(layout: _Layout) -> Quantization:
     return quant
 
 
-def _bnb_state(layout: _Layout, name: str) -> dict:
+def _bnb_state(layout: Layout, name: str) -> dict:
     info = layout.t(name)
     if info.dtype != "uint8" or len(info.shape) != 1:
         raise layout.refuse(f"{name} is {info.dtype} {list(info.shape)}, not the uint8 bytes "
@@ -751,7 +482,7 @@ def _bnb_state(layout: _Layout, name: str) -> dict:
     return doc
 
 
-_READERS: dict[str, Callable[[_Layout], Quantization]] = {
+_READERS: dict[str, Callable[[Layout], Quantization]] = {
     "compressed-tensors": _compressed_tensors, "gptq": _gptq, "awq": _awq, "fp8": _fp8,
     "bitsandbytes": _bitsandbytes,
 }
