@@ -126,6 +126,22 @@ def test_gptq_688_reads_ceil_groups_and_notes_the_partial_group(made):
     assert any("688 is not a multiple of the group size 128" in n for n in q.notes)
 
 
+def test_kv_cache_scales_are_auxiliary(made, tmp_path):
+    """An FP8 checkpoint with llm-compressor's kv_cache_scheme keeps self_attn.k_scale and
+    v_scale: read and accounted for, counted as no parameter."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    tensors = load_file(str(made["fp8"] / "model.safetensors"))
+    for layer in (0, 1):
+        for kind in ("k_scale", "v_scale"):
+            tensors[f"model.layers.{layer}.self_attn.{kind}"] = torch.ones(())
+    save_file(tensors, str(root / "model.safetensors"))
+    (root / "config.json").write_text((made["fp8"] / "config.json").read_text())
+    ckpt = open_checkpoint(root)
+    assert ckpt.auxiliary["model.layers.1.self_attn.v_scale"] == "KV-cache quantization scale"
+    assert ckpt.params == open_checkpoint(made["fp8"]).params
+
+
 def test_bnb_nf4_is_dense_not_llm_pruner(made):
     _, doc = run_json(made["nf4"], "--gpu", "h100")
     assert doc["format"] == "dense"
@@ -137,23 +153,28 @@ def test_bnb_nf4_is_dense_not_llm_pruner(made):
 
 # --- what the check says -------------------------------------------------------------------
 
-@pytest.mark.parametrize("intermediate", [688, 640])
-def test_w4a16_target_agrees_with_the_prediction_on_the_unquantized_model(made, intermediate):
+@pytest.mark.parametrize(("name", "base", "quant", "summary"), [
+    ("ct688", "dense688", "gptq", "compressed-tensors W4A16"),
+    ("ct640", "dense640", "gptq", "compressed-tensors W4A16"),
+    ("gptq688", "dense688", "gptq", "gptq W4A16"),
+    ("awq640", "dense640", "awq", "awq W4A16")])
+def test_w4a16_target_agrees_with_the_prediction_on_the_unquantized_model(made, name, base,
+                                                                          quant, summary):
     """The issue's "done when": vllm,tp=2 on the W4A16 checkpoint is judged as that W4A16
-    (pack quant gptq, group 128 from the checkpoint), site by site as vllm,tp=2,quant=gptq
-    judges the unquantized model; at tp=2 both widths put a 128-group across the shard."""
-    code_q, quant = run_json(made[f"ct{intermediate}"], "--gpu", "h100", "--target", "vllm,tp=2")
-    code_d, dense = run_json(made[f"dense{intermediate}"], "--gpu", "h100", "--target",
-                             "vllm,tp=2,quant=gptq")
+    (the pack's quant for the scheme, group 128 from the checkpoint), site by site as
+    vllm,tp=2,quant=... judges the unquantized model; at tp=2 both widths put a 128-group
+    across the shard, so both say refused."""
+    code_q, doc_q = run_json(made[name], "--gpu", "h100", "--target", "vllm,tp=2")
+    code_d, doc_d = run_json(made[base], "--gpu", "h100", "--target", f"vllm,tp=2,quant={quant}")
     seen = {s["name"]: [(v["verdict"], v["kernel"], v["fix_to"]) for v in s["targets"]]
-            for s in quant["sites"]}
+            for s in doc_q["sites"]}
     want = {s["name"]: [(v["verdict"], v["kernel"], v["fix_to"]) for v in s["targets"]]
-            for s in dense["sites"]}
+            for s in doc_d["sites"]}
     assert seen == want
-    assert quant["summary"]["targets"]["vllm,tp=2"]["verdict"] == "refused"
+    assert doc_q["summary"]["targets"]["vllm,tp=2"]["verdict"] == "refused"
     assert code_q == code_d == 1
-    assert quant["summary"]["params"] == dense["summary"]["params"]
-    assert quant["summary"]["quantization"] == "compressed-tensors W4A16"
+    assert doc_q["summary"]["params"] == doc_d["summary"]["params"]
+    assert doc_q["summary"]["quantization"] == summary
 
 
 def test_a_quant_that_contradicts_the_checkpoint_is_refused(made):

@@ -76,6 +76,9 @@ CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quant
 #: quantization_config, their presence is a refusal, not a dense read.
 PACKED_SUFFIXES = (".weight_packed", ".qweight", ".qzeros", ".g_idx", ".weight_shape",
                    ".weight_scale_inv", ".SCB")
+#: Per-attention KV-cache scales (compressed-tensors ``initialize_module_for_quantization``
+#: registers ``self_attn.k_scale`` / ``v_scale`` for a ``kv_cache_scheme``).
+KV_SCALES = (".k_scale", ".v_scale", ".q_scale")
 _BNB_STATE = re.compile(r"\.weight\.quant_state\.bitsandbytes__(\w+)$")
 _INT_DTYPE = {4: "int4", 8: "int8", 2: "int2", 3: "int3"}
 
@@ -119,6 +122,9 @@ def read_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Check
                        "rather than judging packed tensors as dense", ckpt.path)
     layout = Layout(ckpt, qc, read or local_bytes)
     quant = reader(layout)
+    for name in ckpt.tensors:  # compressed-tensors' kv_cache_scheme, FP8 releases' KV scales
+        if name.endswith(KV_SCALES):
+            layout.aux(name, "KV-cache quantization scale")
     return layout.result(quant)  # type: ignore[return-value]  # a replace() of ckpt
 
 
