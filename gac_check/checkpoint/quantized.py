@@ -281,7 +281,7 @@ GPTQ_AUX = {"qzeros": "packed zero points", "scales": "group scales",
 
 def _gptq(layout: Layout) -> Quantization:
     qc = layout.qc
-    fmt = qc.get("checkpoint_format", "gptq")
+    fmt = qc.get("checkpoint_format", qc.get("format", "gptq"))  # GPTQModel: "format"
     if fmt not in ("gptq", "gptq_v2"):
         raise layout.refuse(f"config.json's GPTQ checkpoint_format {fmt!r} is not gptq or "
                             "gptq_v2 (Marlin- or BitBLAS-repacked weights are not read)")
