@@ -19,7 +19,8 @@ from gac_check.formats.architectures import find_family
 from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
 from gac_check.targets.gguf_file import GgufTypes, file_target, file_types
-from gac_check.targets.spec import Target
+from gac_check.targets.quantized import for_checkpoint
+from gac_check.targets.spec import Target, parse_target
 
 
 @dataclass
@@ -54,8 +55,9 @@ class CheckResult:
     @cached_property
     def repair_plan(self) -> RepairPlan:
         """The minimal repair, planned exactly as ``--repair`` would carry it out."""
-        return plan(self.sites, self.contract, "minimal", shapes=self.checkpoint.shapes,
-                    config=self.checkpoint.config)
+        ckpt = self.checkpoint
+        shapes = {n: s for n, s in ckpt.shapes.items() if n not in ckpt.auxiliary}
+        return plan(self.sites, self.contract, "minimal", shapes=shapes, config=ckpt.config)
 
     @property
     def refusals(self) -> dict[str, str]:
@@ -96,7 +98,9 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | No
     if ckpt.gguf is not None:
         return _check_gguf(ckpt, fmt, sites, gpu, dtype, targets)
     choice = choose_dtype(ckpt, dtype)
-    contract = assemble(gpu, choice.dtype, targets, sites)
+    deployed = [for_checkpoint(t if isinstance(t, Target) else parse_target(t),
+                               ckpt.quantization) for t in targets]
+    contract = assemble(gpu, choice.dtype, deployed, sites)
     return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice)
 
 

@@ -86,6 +86,8 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
         raise BadInput(f"--strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
     before = check(local_dir(model_dir, "--repair"), gpu, dtype, target)
     ckpt = before.checkpoint
+    if ckpt.quantization is not None:
+        raise BadInput(ckpt.quantization.refuse_padding("--repair"), ckpt.path)
     why = (gguf_instead(before.gguf.ftype) if before.gguf is not None
            else unsupported(before.format.name, before.family))
     if why:
@@ -122,6 +124,9 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     base_dir = Path(base) if base is not None else None
     check_output_dir(Path(out), force, model_dir, *([base_dir] if base_dir else []))
     before = check(model_dir, gpu, dtype, target)
+    if before.checkpoint.quantization is not None:
+        raise BadInput(before.checkpoint.quantization.refuse_padding("--realign"),
+                       before.checkpoint.path)
     align = rank_alignment(before.contract, strategy)
     require_realignable(before, align)
     menus = rank_menus(before.sites, before.checkpoint.shapes, before.contract, align,

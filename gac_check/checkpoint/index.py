@@ -21,6 +21,7 @@ from pathlib import Path, PurePath
 from gac_check.checkpoint.files import MAX_JSON_BYTES, name_problem, os_reason, read_json
 from gac_check.checkpoint.gguf_header import GgufHeader, read_gguf, split_parts
 from gac_check.checkpoint.pickle_model import PickledModel
+from gac_check.checkpoint.quantized import Quantization, read_quantization
 from gac_check.checkpoint.safetensors_header import (
     MAX_HEADER_BYTES,
     SAFETENSORS_DTYPES,
@@ -68,6 +69,9 @@ class Checkpoint:
     auxiliary: dict[str, str] = field(default_factory=dict)
     #: A GGUF file's header (container ``gguf``): its metadata, and each tensor's ggml type
     gguf: GgufHeader | None = None
+    #: The checkpoint's own quantization scheme (:mod:`gac_check.checkpoint.quantized`), whose
+    #: linears ``tensors`` holds at their logical [out, in] shapes; None when not quantized.
+    quantization: Quantization | None = None
 
     @property
     def source(self) -> str:
@@ -84,7 +88,8 @@ class Checkpoint:
 
     @property
     def params(self) -> int:
-        return sum(t.numel for t in self.tensors.values())
+        """Logical parameters: a quantized linear counts [out, in], its scales nothing."""
+        return sum(t.numel for n, t in self.tensors.items() if n not in self.auxiliary)
 
     def dtype(self) -> str:
         """The dtype the model is meant to run in: the config's, else the weights' majority."""
@@ -163,7 +168,7 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     config = read_json(inside(root, config_path.name, config_path)) if present else {}
     sidecars = _sidecars(root)
     container, files, (tensors, model) = _index_tensors(root)
-    return Checkpoint(root, config, tensors, container, files, sidecars, model)
+    return read_quantization(Checkpoint(root, config, tensors, container, files, sidecars, model))
 
 
 def _lone_gguf(root: Path) -> Path | None:

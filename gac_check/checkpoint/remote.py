@@ -56,6 +56,7 @@ from gac_check.checkpoint.index import (
     TRAINER_STATE_FILES,
     Checkpoint,
 )
+from gac_check.checkpoint.quantized import hub_reader, read_quantization
 from gac_check.checkpoint.safetensors_header import (
     header_length,
     index_header,
@@ -165,9 +166,9 @@ def open_remote(ref: HubRef | str, limits: Limits | None = None) -> RemoteCheckp
         sidecars = hub.sidecars()  # optional: after what the check needs, from what is left
     fetch.seconds = time.perf_counter() - start
     snapshot = hub.snapshot
-    return RemoteCheckpoint(snapshot, config, tensors, container,
+    return read_quantization(RemoteCheckpoint(snapshot, config, tensors, container,
                             [snapshot / n for n in names], sidecars, ref=ref, commit=commit,
-                            fetch=fetch)
+                            fetch=fetch), hub_reader(hub._range, snapshot))
 
 
 def renamed(exc: BadInput, ckpt: Checkpoint) -> BadInput:

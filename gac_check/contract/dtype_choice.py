@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gac_check.checkpoint.index import Checkpoint
+from gac_check.checkpoint.quantized import Quantization
 from gac_check.checkpoint.torchzip import DTYPE_ITEMSIZE
 
 FLOAT_PREFIXES = ("float", "bfloat")
@@ -53,8 +54,8 @@ def declared_dtype(ckpt: Checkpoint) -> str | None:
 def weights_dtype(ckpt: Checkpoint) -> str | None:
     """The floating dtype holding most of the weights' elements, or None (no float tensors)."""
     counts: dict[str, int] = {}
-    for t in ckpt.tensors.values():
-        if t.dtype.startswith(FLOAT_PREFIXES):
+    for name, t in ckpt.tensors.items():
+        if t.dtype.startswith(FLOAT_PREFIXES) and name not in ckpt.auxiliary:
             counts[t.dtype] = counts.get(t.dtype, 0) + t.numel
     return max(counts, key=counts.__getitem__) if counts else None
 
@@ -64,7 +65,7 @@ def mixed_weights(ckpt: Checkpoint) -> str | None:
     fp16 embeddings), with a few tensors of each minority dtype, or None when they do not."""
     by_dtype: dict[str, list[str]] = {}
     for name, t in sorted(ckpt.tensors.items()):
-        if t.dtype.startswith(FLOAT_PREFIXES):
+        if t.dtype.startswith(FLOAT_PREFIXES) and name not in ckpt.auxiliary:
             by_dtype.setdefault(t.dtype, []).append(name)
     if len(by_dtype) < 2:
         return None
@@ -81,6 +82,8 @@ def choose_dtype(ckpt: Checkpoint, requested: str | None = None) -> DtypeChoice:
     they disagree (with a note saying both and which was used). Weights that mix float dtypes
     are noted too, since every role is then judged in a dtype some of its tensors do not
     have."""
+    if ckpt.quantization is not None:
+        return _quantized(ckpt, ckpt.quantization, requested)
     declared, stored = declared_dtype(ckpt), weights_dtype(ckpt)
     where = declared_config(ckpt)[1]
     disagree = declared is not None and stored is not None and declared != stored
@@ -103,6 +106,34 @@ def choose_dtype(ckpt: Checkpoint, requested: str | None = None) -> DtypeChoice:
     return DtypeChoice(stricter, f"stricter of {where} and weights",
                        f"{seen}: checked against {stricter}, the stricter of the two "
                        f"({_itemsize(stricter)} bytes per element; pass --dtype to choose)")
+
+
+def _quantized(ckpt: Checkpoint, q: Quantization, requested: str | None) -> DtypeChoice:
+    """A quantized model's sites are judged in what its kernels compute in: an FP8 or INT8
+    W8A8 GEMM multiplies quantized activations by quantized weights; a weight-only kernel
+    (W4A16: Marlin, Machete, GPTQ/AWQ GEMMs, bitsandbytes) dequantizes the weights to the
+    activation dtype (config.json's) and multiplies in that."""
+    if q.activations:
+        why = (f"{q.scheme}: its linears run as {q.activations} GEMMs (both operands "
+               f"quantized), so they are judged in {q.activations}")
+        chosen = q.activations
+    else:
+        chosen = declared_dtype(ckpt) or _activation_dtype(ckpt)
+        why = (f"{q.scheme}: weight-only quantization; its kernels dequantize the {q.bits}-bit "
+               f"weights and multiply in the activation dtype, {chosen}")
+    if requested:
+        return DtypeChoice(requested, "--dtype", f"{why}; checked against --dtype {requested}")
+    return DtypeChoice(chosen, "quantization_config", why)
+
+
+def _activation_dtype(ckpt: Checkpoint) -> str:
+    """Without a config dtype: the float dtype of the unquantized weights, else the scales'."""
+    q = ckpt.quantization
+    backed = q.backing if q else {}
+    floats = [t.dtype for n, t in ckpt.tensors.items()
+              if t.dtype.startswith(FLOAT_PREFIXES) and "float8" not in t.dtype
+              and n not in backed]
+    return max(set(floats), key=floats.count) if floats else "float16"
 
 
 def _itemsize(dtype: str) -> int:

@@ -53,6 +53,7 @@ def to_json(result: CheckResult) -> dict:
         "model_dir": ckpt.source,
         "format": result.format.name,
         "container": ckpt.container,
+        "quantization": ckpt.quantization.as_dict() if ckpt.quantization else None,
         "hardware": {"profile": contract.profile, "dtype": contract.dtype,
                      "contract_source": contract.source,
                      "dtype_source": choice.source if choice else None,
@@ -68,6 +69,8 @@ def to_json(result: CheckResult) -> dict:
             "warnings": sum(f.severity == "warning" for f in result.findings),
             "misaligned_fraction": misaligned / len(result.sites) if result.sites else 0.0,
             "params": ckpt.params,
+            "quantization": (f"{ckpt.quantization.method} {ckpt.quantization.scheme}"
+                             if ckpt.quantization else None),
             "repair_overhead_fraction": result.repair_overhead_fraction,
             "targets": verdicts.summary() if verdicts else {},
         },

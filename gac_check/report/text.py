@@ -29,13 +29,20 @@ def render_text(result: CheckResult) -> str:
     ckpt, contract = result.checkpoint, result.contract
     lines = [
         f"gac-check {ckpt.source}",
-        f"  format: {result.format.description} ({ckpt.container}), {ckpt.params:,} parameters",
+        f"  format: {result.format.description} ({ckpt.container}), {ckpt.params:,} parameters"
+        + (" (logical)" if ckpt.quantization else ""),
         f"  checked against: {contract.profile} contract ({contract.source} rules), "
         f"dtype {contract.dtype}" + _dtype_source(result),
         "",
     ]
     if result.dtype_choice and result.dtype_choice.note:
         lines.insert(-1, f"  dtype: {result.dtype_choice.note}")
+    q = ckpt.quantization
+    if q is not None:
+        lines.insert(2, f"  quantized: {q.describe()}")
+        lines[-1:-1] = [f"  packing: {note}" for note in q.notes[:10]]
+        if len(q.notes) > 10:
+            lines.insert(-1, f"  packing: ... and {len(q.notes) - 10} more")
     if result.findings:
         lines += _findings_table(result)
     notes = [(s.name, n) for s in result.sites for n in s.notes]

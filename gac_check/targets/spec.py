@@ -26,6 +26,8 @@ class Target:
     quant: str = "none"
     group: int | None = None
     kv: str = "auto"
+    #: The options the spec gave (``quant``, ``group``...), as opposed to the pack's defaults.
+    given: frozenset[str] = frozenset()
 
     @property
     def pack(self) -> Pack:
@@ -67,7 +69,8 @@ def parse_target(spec: str) -> Target:
     kv = values.get("kv", "auto").lower()
     if kv not in KV_DTYPES:
         raise BadInput(f"--target {spec}: unknown kv={kv} (known: {', '.join(KV_DTYPES)})")
-    return Target(text, pack.engine, version or pack.default_version, tp, quant, group_n, kv)
+    return Target(text, pack.engine, version or pack.default_version, tp, quant, group_n, kv,
+                  frozenset(values))
 
 
 def _positive(value: str, key: str, spec: str) -> int:

@@ -1,0 +1,113 @@
+"""The noun a quantized checkpoint's reader produces: its scheme, as its own config and tensors
+say (:mod:`gac_check.checkpoint.quantized` reads it), what reports print of it, and what
+re-creates it after a repair of the unquantized model.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+STRATEGIES = ("group", "channel", "block", "tensor")
+
+
+@dataclass
+class Quantization:
+    """A checkpoint's quantization scheme, as its own config and tensors say.
+
+    ``method`` is the writer's ``quant_method``; ``format`` its storage layout
+    (``pack-quantized``, ``gemm``, ``block-fp8``, ``nf4``...); ``strategy`` one of
+    :data:`STRATEGIES` with ``group_size`` or ``block`` where it applies; ``activations`` the
+    dtype activations are quantized to (W8A8) or None (weight-only: the kernel computes in the
+    model's activation dtype). ``backing`` maps each logical ``X.weight`` to the physical
+    tensors that hold it; ``notes`` are the packing's own constraints seen in this model.
+    """
+
+    method: str
+    format: str
+    bits: int
+    weight_type: str  # "int" | "float" | "nf4" | "fp4"
+    strategy: str
+    group_size: int | None = None
+    block: tuple[int, int] | None = None
+    symmetric: bool | None = None
+    act_order: bool = False
+    activations: str | None = None
+    quantized: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+    backing: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def weight_only(self) -> bool:
+        return self.activations is None
+
+    @property
+    def scheme(self) -> str:
+        """``W4A16``, ``W8A8-FP8``...: the name llm-compressor and vLLM use for it."""
+        a = "16" if self.weight_only else ("8-FP8" if "float8" in self.activations else "8")
+        if self.weight_type == "float" and self.weight_only:
+            return f"W{self.bits}A16-FP{self.bits}"
+        return f"W{self.bits}A{a}"
+
+    @property
+    def granularity(self) -> str:
+        if self.strategy == "group":
+            return f"group {self.group_size}"
+        if self.strategy == "block" and self.block:
+            if self.block[0] == 1:
+                return f"blocks of {self.block[1]}"
+            return f"block {self.block[0]}x{self.block[1]}"
+        return f"per {self.strategy}"
+
+    def describe(self) -> str:
+        """One phrase for the report: ``compressed-tensors pack-quantized W4A16, group 128``."""
+        extra = [self.granularity]
+        if self.symmetric is not None:
+            extra.append("symmetric" if self.symmetric else "asymmetric")
+        if self.act_order:
+            extra.append("act-order")
+        kind = self.weight_type if self.weight_type in ("nf4", "fp4") else f"{self.bits}-bit"
+        fmt = "" if self.format == self.method else f" {self.format}"
+        return (f"{self.method}{fmt} {self.scheme} ({kind} weights, "
+                f"{', '.join(extra)}; {len(self.quantized)} linears quantized)")
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.pop("backing")
+        out["scheme"] = self.scheme
+        out["block"] = list(self.block) if self.block else None
+        out["quantized"] = len(self.quantized)
+        out["ignored"] = list(self.ignored)
+        return out
+
+    def refuse_padding(self, flag: str) -> str:
+        """Why ``--repair``/``--realign`` will not rewrite this checkpoint, and what to do."""
+        return (f"is quantized ({self.method} {self.scheme}, {self.granularity}); {flag} does "
+                "not rewrite packed weights (padding is not proven exact through this format's "
+                "dequantization): repair the unquantized model, then quantize it again: "
+                f"gac-check BASE_DIR --repair FIXED, then {self.requantize()}")
+
+    def requantize(self) -> str:
+        """What re-creates this quantization from a repaired unquantized model (FIXED)."""
+        if self.method == "compressed-tensors":
+            return ("llmcompressor.oneshot(model=FIXED, recipe=QuantizationModifier("
+                    f"targets='Linear', scheme='{self.scheme}', ignore=['lm_head']), "
+                    "output_dir=OUT)")
+        if self.method == "gptq":
+            return (f"GPTQModel.load(FIXED, QuantizeConfig(bits={self.bits}, group_size="
+                    f"{self.group_size or -1}, desc_act={self.act_order})).quantize(calibration)"
+                    "; model.save(OUT)")
+        if self.method == "awq":
+            return (f"AutoAWQForCausalLM.from_pretrained(FIXED).quantize(tokenizer, quant_config="
+                    f"{{'w_bit': {self.bits}, 'q_group_size': {self.group_size}, 'version': "
+                    f"'{self.format.upper()}'}}); model.save_quantized(OUT)")
+        if self.method == "bitsandbytes":
+            kind = (f"load_in_4bit=True, bnb_4bit_quant_type='{self.weight_type}'"
+                    if self.bits == 4 else "load_in_8bit=True")
+            return (f"AutoModelForCausalLM.from_pretrained(FIXED, quantization_config="
+                    f"BitsAndBytesConfig({kind})).save_pretrained(OUT)")
+        return ("quantize FIXED again with the tool that wrote this checkpoint "
+                f"({self.method}, {self.scheme}, {self.granularity})")
+
+
+__all__ = ["STRATEGIES", "Quantization"]

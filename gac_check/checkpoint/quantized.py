@@ -1,0 +1,497 @@
+"""Quantized safetensors checkpoints read at their logical widths, with their own scheme.
+
+A quantized checkpoint stores each linear in a packed form whose shape is not the linear's:
+llm-compressor's ``pack-quantized`` keeps ``X.weight_packed`` int32 [out, in/8]; GPTQ keeps
+``X.qweight`` int32 [in/8, out]; bitsandbytes' NF4 keeps ``X.weight`` uint8 [in*out/2, 1]. Read
+as dense, such a model shows only its embeddings, counts packed words as parameters and
+passes (issue 27). Here each layout is recognised from ``config.json``'s
+``quantization_config`` and its tensor names, every quantized linear becomes one logical
+``X.weight`` :class:`TensorInfo` of shape [out, in] (so formats, sites and parameter counts
+work unchanged), the physical tensors behind it are kept (:attr:`Quantization.backing`: never
+to be written as if dense) and every auxiliary tensor (scales, zero points, group indices,
+shapes, quantization states) goes to :attr:`Checkpoint.auxiliary`. A ``quantization_config``,
+method, format or tensor this module does not understand is a refusal, never a dense read.
+
+The layouts, as the libraries that write them define them:
+
+- compressed-tensors (neuralmagic/compressed-tensors, written by vllm-project/llm-compressor),
+  ``compressed_tensors/compressors/pack_quantized/base.py``,
+  ``PackedQuantizationCompressor.compress`` (0.20.0): ``weight_packed`` int32
+  [out, ceil(in * bits / 32)], ``weight_shape`` = ``torch.tensor(weight.shape)`` (the only exact
+  record of ``in``: the packed width pins it to within 32/bits), ``weight_scale`` [out,
+  ceil(in/group)] (group), [out, 1] (channel), ``weight_zero_point`` packed along dim 0 when
+  asymmetric, ``weight_g_idx`` [in] with activation ordering. ``int-quantized`` /
+  ``float-quantized`` / ``naive-quantized`` keep ``weight`` at [out, in] (int8 / float8_e4m3fn)
+  beside ``weight_scale`` (and ``input_scale`` for static activations).
+- GPTQ: AutoGPTQ ``auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py`` ``QuantLinear.__init__``
+  and GPTQModel ``gptqmodel/nn_modules/qlinear/__init__.py`` ``PackableQuantLinear``:
+  ``qweight`` int32 [in * bits / 32, out], ``qzeros`` int32 [ceil(in/group), out * bits / 32],
+  ``scales`` [ceil(in/group), out], ``g_idx`` int32 [in] (GPTQModel writes ceil groups, so 688
+  with group 128 has 6 group rows); ``desc_act`` in the config.
+- AWQ: AutoAWQ ``awq/modules/linear/gemm.py`` ``WQLinear_GEMM.__init__``: ``qweight`` int32
+  [in, out * bits / 32], ``qzeros`` [in/group, out * bits / 32], ``scales`` [in/group, out];
+  ``awq/modules/linear/gemv.py`` ``WQLinear_GEMV``: ``qweight`` [out, in * bits / 32],
+  ``scales`` and ``qzeros`` [out, ...] (their widths padded by ``calculate_zeros_width``).
+- FP8 (transformers ``integrations/finegrained_fp8.py``, the DeepSeek-V3 / Qwen3 FP8
+  releases): ``weight`` float8_e4m3fn [out, in] and ``weight_scale_inv`` float32
+  [ceil(out/b0), ceil(in/b1)] for ``weight_block_size`` [b0, b1].
+- bitsandbytes (bitsandbytes ``bitsandbytes/nn/modules.py`` ``Params4bit`` /
+  ``Linear4bit._save_to_state_dict`` and ``bitsandbytes/functional.py``
+  ``QuantState.as_dict(packed=True)``): 4-bit ``weight`` uint8 [ceil(out*in/2), 1] beside
+  ``weight.absmax``, ``weight.quant_map``, ``weight.nested_absmax``,
+  ``weight.nested_quant_map`` and ``weight.quant_state.bitsandbytes__nf4`` (or ``__fp4``), a
+  uint8 tensor holding the JSON of the state, whose ``shape`` is the logical [out, in];
+  8-bit (``Linear8bitLt._save_to_state_dict``): ``weight`` int8 [out, in], ``SCB`` [out] and,
+  in older releases, ``weight_format``.
+
+Only two layouts keep a logical width in tensor data (compressed-tensors' ``weight_shape``,
+bitsandbytes' quantization state): those few bytes are read through
+:func:`gac_check.checkpoint.files.open_regular`, at most :data:`MAX_DATA_BYTES` each.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+from gac_check.checkpoint.files import parse_json
+from gac_check.checkpoint.quantization import STRATEGIES, Quantization
+from gac_check.checkpoint.quantized_layout import (
+    MAX_DATA_BYTES,
+    ByteReader,
+    Checkpoint,
+    Indexed,
+    Layout,
+    config_bits,
+    config_int,
+    group_note,
+    hub_reader,
+    local_bytes,
+)
+from gac_check.errors import BadInput
+
+METHODS = ("compressed-tensors", "gptq", "awq", "fp8", "bitsandbytes")
+CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
+#: Tensor name endings that only a quantized checkpoint holds: without a
+#: quantization_config, their presence is a refusal, not a dense read.
+PACKED_SUFFIXES = (".weight_packed", ".qweight", ".qzeros", ".g_idx", ".weight_shape",
+                   ".weight_scale_inv", ".SCB")
+#: Per-attention KV-cache scales (compressed-tensors ``initialize_module_for_quantization``
+#: registers ``self_attn.k_scale`` / ``v_scale`` for a ``kv_cache_scheme``).
+KV_SCALES = (".k_scale", ".v_scale", ".q_scale")
+_BNB_STATE = re.compile(r"\.weight\.quant_state\.bitsandbytes__(\w+)$")
+_INT_DTYPE = {4: "int4", 8: "int8", 2: "int2", 3: "int3"}
+
+
+def quantization_config(ckpt: Indexed) -> dict | None:
+    """config.json's ``quantization_config`` (``compression_config`` in early llm-compressor
+    releases), else AutoGPTQ's ``quantize_config.json`` / AutoAWQ's ``quant_config.json``."""
+    for key in ("quantization_config", "compression_config"):
+        if key in ckpt.config:
+            value = ckpt.config[key]
+            if not isinstance(value, dict):
+                raise BadInput(f"config.json's {key} is not a JSON object", ckpt.path)
+            return value
+    for name, method in (("quantize_config.json", "gptq"), ("quant_config.json", "awq")):
+        if name in ckpt.sidecars:
+            return {"quant_method": method, **ckpt.sidecars[name]}
+    return None
+
+
+def read_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Checkpoint:
+    """``ckpt`` with its quantized linears at their logical widths, or unchanged when it is not
+    quantized. ``read`` fetches a tensor's bytes (default: from its local file, bounded)."""
+    qc = quantization_config(ckpt)
+    if qc is None:
+        stray = next((n for n in sorted(ckpt.tensors) if n.endswith(PACKED_SUFFIXES)
+                      or _BNB_STATE.search(n)), None)
+        if stray:
+            raise BadInput(f"holds the quantized tensor {stray!r} but config.json has no "
+                           "quantization_config saying how it is packed; gac-check reads "
+                           f"{', '.join(METHODS)} checkpoints as they save themselves", ckpt.path)
+        return ckpt
+    if ckpt.container != "safetensors":
+        raise BadInput(f"config.json says it is quantized, but its weights are a "
+                       f"{ckpt.container} pickle; gac-check reads quantized checkpoints from "
+                       "safetensors only", ckpt.path)
+    method = qc.get("quant_method")
+    reader = _READERS.get(method) if isinstance(method, str) else None
+    if reader is None:
+        raise BadInput(f"config.json's quantization_config has quant_method {method!r}, which "
+                       f"gac-check does not read (it reads {', '.join(METHODS)}); refusing "
+                       "rather than judging packed tensors as dense", ckpt.path)
+    layout = Layout(ckpt, qc, read or local_bytes)
+    quant = reader(layout)
+    for name in ckpt.tensors:  # compressed-tensors' kv_cache_scheme, FP8 releases' KV scales
+        if name.endswith(KV_SCALES):
+            layout.aux(name, "KV-cache quantization scale")
+    return layout.result(quant)  # type: ignore[return-value]  # a replace() of ckpt
+
+
+# --- compressed-tensors --------------------------------------------------------------------
+
+def _compressed_tensors(layout: Layout) -> Quantization:
+    qc = layout.qc
+    fmt = qc.get("format")
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise layout.refuse("config.json's compressed-tensors quantization_config has no "
+                            "config_groups")
+    schemes = [g for g in groups.values() if isinstance(g, dict)]
+    if len(schemes) != len(groups):
+        raise layout.refuse("config.json's compressed-tensors config_groups hold a group that "
+                            "is not an object")
+    weights = [s.get("weights") for s in schemes]
+    if any(not isinstance(w, dict) for w in weights) or any(w != weights[0] for w in weights):
+        raise layout.refuse("config.json's compressed-tensors config_groups quantize weights "
+                            "in more than one way (or not at all); gac-check reads one weight "
+                            "scheme per checkpoint")
+    fmts = {s.get("format", fmt) for s in schemes}
+    if len(fmts) != 1 or next(iter(fmts)) not in CT_FORMATS:
+        raise layout.refuse(f"config.json's compressed-tensors format {sorted(map(str, fmts))} "
+                            f"is not one gac-check reads ({', '.join(CT_FORMATS)})")
+    fmt = next(iter(fmts))
+    w = weights[0]
+    strategy = w.get("strategy")
+    if strategy not in STRATEGIES:
+        raise layout.refuse(f"config.json's compressed-tensors weight strategy {strategy!r} is "
+                            f"not one gac-check reads ({', '.join(STRATEGIES)})")
+    wtype = w.get("type", "int")
+    if wtype not in ("int", "float"):
+        raise layout.refuse(f"config.json's compressed-tensors weight type {wtype!r} is not "
+                            "int or float")
+    bits = config_bits(w.get("num_bits"), layout, (2, 3, 4, 8) if wtype == "int" else (8,))
+    acts = [s.get("input_activations") for s in schemes]
+    act = acts[0] if isinstance(acts[0], dict) else None
+    activations = None
+    if act is not None:
+        activations = "float8_e4m3fn" if act.get("type") == "float" else "int8"
+    block = w.get("block_structure")
+    ignore = qc.get("ignore") or []
+    quant = Quantization(
+        "compressed-tensors", fmt, bits, wtype, strategy,
+        group_size=config_int(w.get("group_size"), "group_size", layout) if strategy == "group"
+        else None,
+        block=tuple(block) if strategy == "block" and isinstance(block, list) else None,
+        symmetric=bool(w.get("symmetric", True)),
+        act_order=w.get("actorder") not in (None, False),
+        activations=activations,
+        ignored=tuple(str(x) for x in ignore) if isinstance(ignore, list) else ())
+    if fmt == "pack-quantized":
+        _ct_packed(layout, quant)
+    else:
+        _ct_unpacked(layout, quant)
+    return quant
+
+
+CT_AUX = {"weight_scale": "quantization scale", "weight_zero_point": "quantization zero point",
+          "weight_g_idx": "activation-order group index", "weight_shape": "logical weight shape",
+          "input_scale": "activation scale", "input_zero_point": "activation zero point",
+          "weight_global_scale": "global weight scale", "input_global_scale":
+          "global activation scale", "output_scale": "output scale"}
+
+
+def _ct_packed(layout: Layout, quant: Quantization) -> None:
+    modules = layout.modules(".weight_packed")
+    layout.prefetch([m + ".weight_shape" for m in modules if layout.has(m + ".weight_shape")])
+    for m in modules:
+        packed = layout.t(m + ".weight_packed")
+        if not layout.has(m + ".weight_shape"):
+            raise layout.refuse(f"{m}.weight_packed has no {m}.weight_shape, the only record "
+                                "of its logical width")
+        out, width = _shape_of(layout, m + ".weight_shape")
+        cols = math.ceil(width * quant.bits / 32)
+        if packed.dtype != "int32" or packed.shape != (out, cols):
+            raise layout.refuse(f"{m}.weight_packed is {packed.dtype} {list(packed.shape)}, but "
+                                f"{m}.weight_shape [{out}, {width}] at {quant.bits} bits packs "
+                                f"to int32 [{out}, {cols}]")
+        _ct_scale(layout, quant, m, out, width)
+        group_note(quant, m, width, "input width")
+        pack = 32 // quant.bits
+        if width % pack:
+            quant.notes.append(f"{m}: input width {width} is not a multiple of the pack factor "
+                               f"{pack}: its last int32 word is partly padding")
+        layout.unknown_tensors(m, ("weight_packed", *CT_AUX))
+        for suffix, what in CT_AUX.items():
+            layout.aux(f"{m}.{suffix}", what)
+        dtype = _INT_DTYPE.get(quant.bits, f"int{quant.bits}")
+        layout.replace(m, (out, width), dtype, (m + ".weight_packed",))
+    quant.quantized = tuple(modules)
+
+
+def _ct_unpacked(layout: Layout, quant: Quantization) -> None:
+    """int-/float-/naive-quantized: ``weight`` keeps its logical shape beside its scale."""
+    modules = layout.modules(".weight_scale")
+    for m in modules:
+        if not layout.has(m + ".weight"):
+            raise layout.refuse(f"{m}.weight_scale has no {m}.weight beside it")
+        w = layout.t(m + ".weight")
+        if len(w.shape) != 2:
+            raise layout.refuse(f"{m}.weight is {list(w.shape)}, not a matrix")
+        _ct_scale(layout, quant, m, *w.shape)
+        group_note(quant, m, w.shape[1], "input width")
+        layout.unknown_tensors(m, ("weight", *CT_AUX))
+        for suffix, what in CT_AUX.items():
+            layout.aux(f"{m}.{suffix}", what)
+        layout.backing[m + ".weight"] = (m + ".weight",)
+    quant.quantized = tuple(modules)
+
+
+def _ct_scale(layout: Layout, quant: Quantization, m: str, out: int, width: int) -> None:
+    """``weight_scale``'s shape against the strategy: a scale that contradicts it means the
+    scheme is not the one the config says."""
+    if not layout.has(m + ".weight_scale"):
+        raise layout.refuse(f"{m} has no {m}.weight_scale")
+    shape = layout.t(m + ".weight_scale").shape
+    if quant.strategy == "group":
+        want: tuple[tuple[int, ...], ...] = ((out, math.ceil(width / quant.group_size)),)
+    elif quant.strategy == "channel":
+        want = ((out, 1), (out,))
+    elif quant.strategy == "tensor":
+        want = ((1,), (), (1, 1))
+    else:
+        b = quant.block or (128, 128)
+        want = ((math.ceil(out / b[0]), math.ceil(width / b[1])),)
+    if shape not in want:
+        raise layout.refuse(f"{m}.weight_scale is {list(shape)}; a {quant.granularity} scale "
+                            f"of a [{out}, {width}] weight is {list(want[0])}")
+
+
+def _shape_of(layout: Layout, name: str) -> tuple[int, int]:
+    """The two integers of a ``weight_shape`` tensor (int32 or int64, little-endian)."""
+    info = layout.t(name)
+    size = {"int64": 8, "int32": 4}.get(info.dtype)
+    if size is None or info.shape != (2,):
+        raise layout.refuse(f"{name} is {info.dtype} {list(info.shape)}, not the two integers "
+                            "of a weight shape")
+    raw = layout.data(name)
+    if len(raw) != 2 * size:
+        raise layout.refuse(f"{name} holds {len(raw)} bytes, not two {info.dtype} integers")
+    out, width = (int.from_bytes(raw[i:i + size], "little", signed=True) for i in (0, size))
+    if out < 1 or width < 1:
+        raise layout.refuse(f"{name} says [{out}, {width}], not a weight shape")
+    return out, width
+
+
+# --- GPTQ and AWQ --------------------------------------------------------------------------
+
+GPTQ_AUX = {"qzeros": "packed zero points", "scales": "group scales",
+            "g_idx": "group index per input column"}
+
+
+def _gptq(layout: Layout) -> Quantization:
+    qc = layout.qc
+    fmt = qc.get("checkpoint_format", qc.get("format", "gptq"))  # GPTQModel: "format"
+    if fmt not in ("gptq", "gptq_v2"):
+        raise layout.refuse(f"config.json's GPTQ checkpoint_format {fmt!r} is not gptq or "
+                            "gptq_v2 (Marlin- or BitBLAS-repacked weights are not read)")
+    bits = config_bits(qc.get("bits"), layout, (2, 4, 8))
+    group = config_int(qc.get("group_size", 128), "group_size", layout, allow=(-1,))
+    quant = Quantization("gptq", fmt, bits, "int", "group" if group > 0 else "channel",
+                         group_size=group if group > 0 else None,
+                         symmetric=bool(qc.get("sym", True)),
+                         act_order=bool(qc.get("desc_act", False)),
+                         ignored=tuple(qc.get("modules_to_not_convert") or ()))
+    pack = 32 // bits
+    modules = layout.modules(".qweight")
+    for m in modules:
+        q = layout.t(m + ".qweight")
+        if q.dtype != "int32" or len(q.shape) != 2:
+            raise layout.refuse(f"{m}.qweight is {q.dtype} {list(q.shape)}, not GPTQ's int32 "
+                                "[in * bits / 32, out]")
+        rows, out = q.shape
+        width = rows * pack
+        if layout.has(m + ".g_idx"):
+            g = layout.t(m + ".g_idx").shape
+            if len(g) != 1 or g[0] != width:
+                raise layout.refuse(f"{m}.g_idx is {list(g)}, but {m}.qweight [{rows}, {out}] "
+                                    f"packs {width} input columns")
+        groups = math.ceil(width / group) if group > 0 else 1
+        for name, shape in ((m + ".scales", (groups, out)),
+                            (m + ".qzeros", (groups, out // pack))):
+            if not layout.has(name):
+                raise layout.refuse(f"{m}.qweight has no {name}")
+            if layout.t(name).shape != shape:
+                raise layout.refuse(f"{name} is {list(layout.t(name).shape)}; GPTQ with group "
+                                    f"{group} on [{out}, {width}] stores {list(shape)}")
+        if out % pack:
+            raise layout.refuse(f"{m}: GPTQ cannot pack {out} output columns into qzeros "
+                                f"(not a multiple of {pack})")
+        group_note(quant, m, width, "input width")
+        layout.unknown_tensors(m, ("qweight", *GPTQ_AUX))
+        for suffix, what in GPTQ_AUX.items():
+            layout.aux(f"{m}.{suffix}", what)
+        layout.replace(m, (out, width), _INT_DTYPE[bits], (m + ".qweight",))
+    quant.quantized = tuple(modules)
+    return quant
+
+
+def _awq(layout: Layout) -> Quantization:
+    qc = layout.qc
+    version = str(qc.get("version", "gemm")).lower()
+    if version not in ("gemm", "gemv"):
+        raise layout.refuse(f"config.json's AWQ version {version!r} is not gemm or gemv "
+                            "(gemv_fast, marlin and exllama repackings are not read)")
+    bits = config_bits(qc.get("bits", qc.get("w_bit")), layout, (4,))
+    group = config_int(qc.get("group_size", qc.get("q_group_size")), "group_size", layout)
+    quant = Quantization("awq", version, bits, "int", "group", group_size=group,
+                         symmetric=not bool(qc.get("zero_point", True)),
+                         ignored=tuple(qc.get("modules_to_not_convert") or ()))
+    pack = 32 // bits
+    modules = layout.modules(".qweight")
+    for m in modules:
+        q = layout.t(m + ".qweight")
+        if q.dtype != "int32" or len(q.shape) != 2:
+            raise layout.refuse(f"{m}.qweight is {q.dtype} {list(q.shape)}, not AWQ's int32")
+        if not layout.has(m + ".scales") or not layout.has(m + ".qzeros"):
+            raise layout.refuse(f"{m}.qweight has no {m}.scales or {m}.qzeros beside it")
+        scales = layout.t(m + ".scales").shape
+        if version == "gemm":  # qweight [in, out/8], scales [in/group, out]
+            width, out = q.shape[0], q.shape[1] * pack
+            want = (width // group, out)
+            if scales != want:
+                raise layout.refuse(f"{m}.scales is {list(scales)}; AWQ GEMM with group {group} "
+                                    f"on [{out}, {width}] stores {list(want)}")
+        else:  # GEMV: qweight [out, in/8], scales [out, padded groups]
+            out, width = q.shape[0], q.shape[1] * pack
+            if len(scales) != 2 or scales[0] != out:
+                raise layout.refuse(f"{m}.scales is {list(scales)}; AWQ GEMV stores one row of "
+                                    f"scales per output ({out})")
+        group_note(quant, m, width, "input width")
+        layout.unknown_tensors(m, ("qweight", "qzeros", "scales"))
+        layout.aux(m + ".qzeros", "packed zero points")
+        layout.aux(m + ".scales", "group scales")
+        layout.replace(m, (out, width), _INT_DTYPE[bits], (m + ".qweight",))
+    quant.quantized = tuple(modules)
+    return quant
+
+
+# --- FP8 (fine-grained, DeepSeek / Qwen releases) ------------------------------------------
+
+def _fp8(layout: Layout) -> Quantization:
+    qc = layout.qc
+    block = qc.get("weight_block_size")
+    if block is not None and (not isinstance(block, list) or len(block) != 2
+                              or not all(type(b) is int and b > 0 for b in block)):
+        raise layout.refuse(f"config.json's weight_block_size {block!r} is not two positive "
+                            "integers")
+    act = qc.get("activation_scheme", "dynamic")
+    quant = Quantization("fp8", "block-fp8" if block else "fp8", 8, "float",
+                         "block" if block else "tensor", block=tuple(block) if block else None,
+                         activations="float8_e4m3fn",
+                         ignored=tuple(qc.get("modules_to_not_convert") or ()))
+    suffix = ".weight_scale_inv" if block else ".weight_scale"
+    modules = layout.modules(suffix)
+    for m in modules:
+        w = layout.t(m + ".weight") if layout.has(m + ".weight") else None
+        if w is None or len(w.shape) != 2:
+            raise layout.refuse(f"{m}{suffix} has no matrix {m}.weight beside it")
+        out, width = w.shape
+        scale = layout.t(m + suffix).shape
+        if block:
+            want = (math.ceil(out / block[0]), math.ceil(width / block[1]))
+            if scale != want:
+                raise layout.refuse(f"{m}{suffix} is {list(scale)}; block {block} on "
+                                    f"[{out}, {width}] stores {list(want)}")
+            for axis, n, b in (("output width", out, block[0]), ("input width", width, block[1])):
+                if n % b:
+                    quant.notes.append(f"{m}: {axis} {n} is not a multiple of the FP8 block "
+                                       f"{b}: its last block is partial")
+        elif scale == (out, 1) or scale == (out,):
+            quant.strategy = "channel"
+        layout.unknown_tensors(m, ("weight", suffix[1:], "input_scale", "activation_scale"))
+        layout.aux(m + suffix, "FP8 weight scale")
+        layout.aux(m + ".input_scale", "FP8 activation scale")
+        layout.aux(m + ".activation_scale", "FP8 activation scale")
+        layout.backing[m + ".weight"] = (m + ".weight",)
+    if act == "static":
+        quant.notes.append("activations are quantized with static scales (input_scale)")
+    quant.quantized = tuple(modules)
+    return quant
+
+
+# --- bitsandbytes --------------------------------------------------------------------------
+
+BNB4_AUX = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
+
+
+def _bitsandbytes(layout: Layout) -> Quantization:
+    qc = layout.qc
+    four, eight = bool(qc.get("load_in_4bit")), bool(qc.get("load_in_8bit"))
+    if four == eight:
+        raise layout.refuse("config.json's bitsandbytes quantization_config sets neither (or "
+                            "both) of load_in_4bit and load_in_8bit")
+    ignored = tuple(qc.get("llm_int8_skip_modules") or ())
+    if eight:
+        quant = Quantization("bitsandbytes", "int8", 8, "int", "channel", symmetric=True,
+                             ignored=ignored)
+        modules = layout.modules(".SCB")
+        for m in modules:
+            w = layout.t(m + ".weight") if layout.has(m + ".weight") else None
+            if w is None or len(w.shape) != 2 or w.dtype != "int8" \
+                    or layout.t(m + ".SCB").shape != (w.shape[0],):
+                raise layout.refuse(f"{m}.SCB is not the [out] row scale of an int8 matrix "
+                                    f"{m}.weight")
+            layout.unknown_tensors(m, ("weight", "SCB", "weight_format"))
+            layout.aux(m + ".SCB", "int8 row scale")
+            layout.aux(m + ".weight_format", "int8 weight layout tag")
+            layout.backing[m + ".weight"] = (m + ".weight",)
+        quant.quantized = tuple(modules)
+        return quant
+    kind = str(qc.get("bnb_4bit_quant_type", "fp4"))
+    quant = Quantization("bitsandbytes", kind, 4, kind, "block", ignored=ignored)
+    states = sorted(n for n in layout.ckpt.tensors if _BNB_STATE.search(n))
+    layout.prefetch(states)
+    for state in states:
+        m = state[: _BNB_STATE.search(state).start()]
+        found = _BNB_STATE.search(state).group(1)
+        if found not in ("nf4", "fp4"):
+            raise layout.refuse(f"{state}: bitsandbytes 4-bit type {found!r} is not nf4 or fp4")
+        doc = _bnb_state(layout, state)
+        shape = doc.get("shape")
+        if not (isinstance(shape, list) and len(shape) == 2
+                and all(type(x) is int and x > 0 for x in shape)):
+            raise layout.refuse(f"{state} holds shape {shape!r}, not a matrix's [out, in]")
+        w = layout.t(m + ".weight") if layout.has(m + ".weight") else None
+        stored = math.ceil(shape[0] * shape[1] / 2)
+        if w is None or w.dtype != "uint8" or w.numel != stored:
+            raise layout.refuse(f"{m}.weight is not the {stored} packed bytes of the "
+                                f"{shape} 4-bit matrix {state} describes")
+        if isinstance(doc.get("blocksize"), int):
+            quant.block = (1, doc["blocksize"])
+        quant.format = found
+        quant.weight_type = found
+        for aux in BNB4_AUX:
+            layout.aux(f"{m}.weight.{aux}", f"bitsandbytes 4-bit {aux.replace('_', ' ')}")
+        layout.aux(state, "bitsandbytes 4-bit quantization state (JSON)")
+        for name in layout.ckpt.tensors:
+            if name.startswith(m + ".weight.") and name not in layout.auxiliary:
+                raise layout.refuse(f"tensor {name!r} is not part of the bitsandbytes 4-bit "
+                                    "layout gac-check reads")
+        layout.replace(m, (shape[0], shape[1]), found, (m + ".weight",))
+    quant.quantized = tuple(n[: _BNB_STATE.search(n).start()] for n in states)
+    return quant
+
+
+def _bnb_state(layout: Layout, name: str) -> dict:
+    info = layout.t(name)
+    if info.dtype != "uint8" or len(info.shape) != 1:
+        raise layout.refuse(f"{name} is {info.dtype} {list(info.shape)}, not the uint8 bytes "
+                            "of a JSON quantization state")
+    raw = layout.data(name)
+    try:
+        doc = parse_json(raw.decode("utf-8"), info.file, what=f"{name} ")
+    except UnicodeDecodeError:
+        raise layout.refuse(f"{name} is not UTF-8 JSON") from None
+    if not isinstance(doc, dict):
+        raise layout.refuse(f"{name} does not hold a JSON object")
+    return doc
+
+
+_READERS: dict[str, Callable[[Layout], Quantization]] = {
+    "compressed-tensors": _compressed_tensors, "gptq": _gptq, "awq": _awq, "fp8": _fp8,
+    "bitsandbytes": _bitsandbytes,
+}
+
+__all__ = ["MAX_DATA_BYTES", "METHODS", "Quantization", "hub_reader", "local_bytes",
+           "quantization_config", "read_quantization"]

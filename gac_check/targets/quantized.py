@@ -1,0 +1,69 @@
+"""A target on a quantized checkpoint is judged with the checkpoint's own quantization.
+
+``--target vllm,tp=2`` on an llm-compressor W4A16 checkpoint deploys that W4A16, not an
+unquantized model: the engine picks its kernel from the checkpoint's scheme, and a 128-wide
+group that straddles a TP shard refuses to load whatever the target says. So the target's
+``quant`` and ``group`` come from :class:`gac_check.checkpoint.quantized.Quantization`, under
+the name the engine's pack gives that scheme; a ``quant=`` or ``group=`` that contradicts the
+checkpoint is bad input (a target cannot re-quantize a model), and a scheme the pack does not
+model is refused rather than judged as unquantized.
+
+Which pack name runs which scheme: vLLM loads GPTQ checkpoints through ``gptq_marlin`` and
+llm-compressor's ``pack-quantized`` WNA16 through ``CompressedTensorsWNA16``, and both choose
+their kernel with ``choose_mp_linear_kernel`` (vllm-project/vllm,
+``vllm/model_executor/layers/quantization/kernels/mixed_precision/__init__.py``), so a
+``pack-quantized`` checkpoint is judged by the pack's ``gptq`` rules; AWQ by ``awq``; FP8
+(compressed-tensors ``float-quantized`` or block FP8) by ``fp8``; INT8 W8A8 by ``int8``.
+llama.cpp converts and re-quantizes whatever it is given, so its targets keep their own
+``quant`` (a GGUF type).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from gac_check.checkpoint.quantized import Quantization
+from gac_check.errors import BadInput
+from gac_check.targets.spec import Target
+
+#: Engines that re-quantize on conversion: the checkpoint's scheme does not reach them.
+REQUANTIZING = ("llama.cpp",)
+
+
+def pack_names(q: Quantization) -> tuple[str, ...]:
+    """The names packs give this scheme, most specific first."""
+    if q.method == "bitsandbytes":
+        return ("bitsandbytes",)
+    if q.weight_type == "float" or (q.activations or "").startswith("float8"):
+        return ("fp8",)
+    if q.activations == "int8":
+        return ("int8",)
+    if q.method == "awq":
+        return ("awq", "int4_awq", "w4a16")
+    if q.bits == 8:
+        return ("gptq", "int8_wo")
+    return ("gptq", "int4_gptq", "w4a16")
+
+
+def for_checkpoint(target: Target, q: Quantization | None) -> Target:
+    """``target`` as it deploys a checkpoint quantized with ``q`` (unchanged when ``q`` is
+    None: a prediction for an unquantized model, or llama.cpp)."""
+    if q is None or target.engine in REQUANTIZING:
+        return target
+    names = pack_names(q)
+    quant = next((n for n in names if n in target.pack.quants), None)
+    if quant is None:
+        raise BadInput(f"--target {target.spec}: the checkpoint is {q.method} {q.scheme}, which "
+                       f"the {target.engine} rule pack does not model (it knows quant="
+                       f"{', '.join(target.pack.quants)}); gac-check will not judge it as "
+                       "unquantized")
+    group = q.group_size if q.strategy == "group" else (-1 if q.strategy == "channel"
+                                                        and quant != "fp8" else None)
+    if "quant" in target.given and target.quant != quant:
+        raise BadInput(f"--target {target.spec}: the checkpoint is already quantized ({q.method} "
+                       f"{q.scheme}, {q.granularity}), which {target.engine} runs as "
+                       f"quant={quant}; a target cannot re-quantize it: drop quant= or give "
+                       f"quant={quant}")
+    if "group" in target.given and group is not None and target.group != group:
+        raise BadInput(f"--target {target.spec}: the checkpoint's quantization group is "
+                       f"{group}, not {target.group}; drop group= or give group={group}")
+    return dataclasses.replace(target, quant=quant, group=group)

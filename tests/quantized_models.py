@@ -1,0 +1,268 @@
+"""Quantized checkpoints written in tests, in each format's documented layout, from a real tiny
+transformers Llama: compressed-tensors ``pack-quantized`` (packed by compressed-tensors' own
+``pack_to_int32``), ``float-quantized`` FP8, GPTQ (AutoGPTQ / GPTQModel's layout), AWQ GEMM,
+block FP8 (DeepSeek's), bitsandbytes NF4 and 8-bit as ``save_pretrained`` writes them, and a
+method nobody knows. The layouts and their sources: gac_check/checkpoint/quantized.py.
+
+The weights are quantized for real (symmetric round-to-nearest per group), so the packed
+integers are what the format's own unpacking turns back into a [out, in] matrix.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from gac_check.testing.models import LLAMA, build
+
+#: A Llama small enough to build in a second with widths group 128 can split: hidden 256,
+#: 4 heads of 64; ``intermediate`` is what each test prunes.
+BASE = {**LLAMA, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 256,
+        "intermediate_size": 688}
+
+
+def model(intermediate: int):
+    return build("llama", {**BASE, "intermediate_size": intermediate}, dtype=torch.float16)
+
+
+def linears(m) -> dict[str, torch.Tensor]:
+    """The quantized linears (every projection of every layer; lm_head stays dense)."""
+    return {name: mod.weight.detach() for name, mod in m.named_modules()
+            if isinstance(mod, torch.nn.Linear) and ".layers." in name}
+
+
+def _dense_rest(m, quantized: dict) -> dict[str, torch.Tensor]:
+    return {k: v.detach().contiguous() for k, v in m.state_dict().items()
+            if k.removesuffix(".weight") not in quantized}
+
+
+def _config(m, quantization_config: dict | None) -> dict:
+    cfg = m.config.to_dict()
+    cfg["torch_dtype"] = "float16"
+    cfg.pop("dtype", None)
+    if quantization_config is not None:
+        cfg["quantization_config"] = quantization_config
+    return cfg
+
+
+def _write(root: Path, tensors: dict[str, torch.Tensor], config: dict) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(root / "model.safetensors"))
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def dense(root: Path, intermediate: int) -> Path:
+    m = model(intermediate)
+    return _write(root, _dense_rest(m, {}), _config(m, None))
+
+
+def quantize_groups(w: torch.Tensor, group: int,
+                    bits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric round-to-nearest: (q in [-2^(b-1), 2^(b-1)-1] as int8 [out, in], scale
+    [out, ceil(in/group)]); the last group may be partial."""
+    out, width = w.shape
+    groups = math.ceil(width / group)
+    qmax = 2 ** (bits - 1) - 1
+    scale = torch.empty(out, groups, dtype=torch.float32)
+    q = torch.empty(out, width, dtype=torch.int8)
+    for g in range(groups):
+        part = w[:, g * group:(g + 1) * group].float()
+        s = part.abs().amax(dim=1).clamp(min=1e-8) / qmax
+        scale[:, g] = s
+        q[:, g * group:(g + 1) * group] = (part / s[:, None]).round().clamp(-qmax - 1, qmax)
+    return q, scale
+
+
+# --- compressed-tensors (llm-compressor) ----------------------------------------------------
+
+def ct_config(fmt: str, weights: dict, activations: dict | None = None) -> dict:
+    return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status":
+            "compressed", "ignore": ["lm_head"], "config_groups": {"group_0": {
+                "targets": ["Linear"], "weights": weights, "input_activations": activations,
+                "output_activations": None, "format": fmt}}}
+
+
+W4A16 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+         "group_size": 128, "actorder": None, "block_structure": None, "dynamic": False}
+
+
+def compressed_tensors_w4a16(root: Path, intermediate: int, group: int = 128) -> Path:
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        q, scale = quantize_groups(w, group)
+        tensors[f"{name}.weight_packed"] = pack_to_int32(q, 4)
+        tensors[f"{name}.weight_scale"] = scale.half()
+        tensors[f"{name}.weight_shape"] = torch.tensor(w.shape)
+    cfg = ct_config("pack-quantized", {**W4A16, "group_size": group})
+    return _write(root, tensors, _config(m, cfg))
+
+
+def compressed_tensors_fp8(root: Path, intermediate: int) -> Path:
+    """FP8_DYNAMIC: float8_e4m3fn weights, one scale per output channel, dynamic tokens."""
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        scale = w.float().abs().amax(dim=1, keepdim=True) / 448.0
+        tensors[f"{name}.weight"] = (w.float() / scale).to(torch.float8_e4m3fn)
+        tensors[f"{name}.weight_scale"] = scale.half()
+    cfg = ct_config("float-quantized",
+                    {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"},
+                    {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                     "dynamic": True})
+    return _write(root, tensors, _config(m, cfg))
+
+
+# --- GPTQ (AutoGPTQ / GPTQModel) --------------------------------------------------------------
+
+def _pack_rows(u: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """Unsigned values [rows, cols] -> int32 [rows * bits / 32, cols], 8 rows per word, the
+    lowest bits first (GPTQ's qweight)."""
+    per = 32 // bits
+    u = u.to(torch.int64).reshape(-1, per, u.shape[1])
+    word = sum(u[:, k, :] << (bits * k) for k in range(per))
+    return (word - (word >= 2 ** 31).to(torch.int64) * 2 ** 32).to(torch.int32)  # as int32 bits
+
+
+def gptq(root: Path, intermediate: int, group: int = 128, desc_act: bool = False) -> Path:
+    """GPTQModel's layout: qweight [in/8, out], qzeros [ceil(in/g), out/8], scales
+    [ceil(in/g), out], g_idx [in] (ceil groups where the width does not divide)."""
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        q, scale = quantize_groups(w, group)
+        out, width = w.shape
+        tensors[f"{name}.qweight"] = _pack_rows((q.int() + 8).t())
+        zeros = torch.full((scale.shape[1], out), 8, dtype=torch.int32)
+        tensors[f"{name}.qzeros"] = _pack_rows(zeros.t()).t().contiguous()
+        tensors[f"{name}.scales"] = scale.t().half().contiguous()
+        tensors[f"{name}.g_idx"] = (torch.arange(width) // group).to(torch.int32)
+    cfg = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": desc_act,
+           "sym": True, "checkpoint_format": "gptq"}
+    return _write(root, tensors, _config(m, cfg))
+
+
+def awq_gemm(root: Path, intermediate: int, group: int = 128) -> Path:
+    """AutoAWQ's WQLinear_GEMM: qweight [in, out/8], qzeros [in/g, out/8], scales [in/g, out]."""
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        q, scale = quantize_groups(w, group)
+        out, width = w.shape
+        tensors[f"{name}.qweight"] = _pack_rows(q.int() + 8).t().contiguous()  # [in, out/8]
+        zeros = torch.full((out, width // group), 8, dtype=torch.int32)
+        tensors[f"{name}.qzeros"] = _pack_rows(zeros).t().contiguous()
+        tensors[f"{name}.scales"] = scale.t().half().contiguous()
+    cfg = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+           "version": "gemm"}
+    return _write(root, tensors, _config(m, cfg))
+
+
+def block_fp8(root: Path, intermediate: int, block: int = 128) -> Path:
+    """DeepSeek-V3 / Qwen3 FP8: float8_e4m3fn weight, weight_scale_inv [ceil(out/b), ceil(in/b)]."""
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        out, width = w.shape
+        tensors[f"{name}.weight"] = w.float().clamp(-448, 448).to(torch.float8_e4m3fn)
+        tensors[f"{name}.weight_scale_inv"] = torch.ones(math.ceil(out / block),
+                                                         math.ceil(width / block))
+    cfg = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+           "weight_block_size": [block, block]}
+    return _write(root, tensors, _config(m, cfg))
+
+
+# --- bitsandbytes ---------------------------------------------------------------------------
+
+def bnb_nf4(root: Path, intermediate: int, blocksize: int = 64) -> Path:
+    """``save_pretrained`` of a 4-bit model: weight uint8 [ceil(out*in/2), 1] and the
+    QuantState packed beside it (absmax, quant_map, the JSON state as uint8)."""
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        n = w.numel()
+        tensors[f"{name}.weight"] = torch.zeros(math.ceil(n / 2), 1, dtype=torch.uint8)
+        tensors[f"{name}.weight.absmax"] = torch.ones(math.ceil(n / blocksize))
+        tensors[f"{name}.weight.quant_map"] = torch.linspace(-1, 1, 16)
+        state = {"quant_type": "nf4", "blocksize": blocksize, "dtype": "float16",
+                 "shape": list(w.shape)}
+        raw = json.dumps(state).encode()
+        tensors[f"{name}.weight.quant_state.bitsandbytes__nf4"] = torch.tensor(list(raw),
+                                                                               dtype=torch.uint8)
+    cfg = {"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
+           "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "float16"}
+    return _write(root, tensors, _config(m, cfg))
+
+
+def bnb_int8(root: Path, intermediate: int) -> Path:
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        scb = w.float().abs().amax(dim=1)
+        tensors[f"{name}.weight"] = (w.float() / scb[:, None] * 127).round().to(torch.int8)
+        tensors[f"{name}.SCB"] = scb
+        tensors[f"{name}.weight_format"] = torch.tensor(0, dtype=torch.uint8)
+    cfg = {"quant_method": "bitsandbytes", "load_in_8bit": True, "load_in_4bit": False}
+    return _write(root, tensors, _config(m, cfg))
+
+
+def mystery(root: Path, intermediate: int) -> Path:
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        tensors[f"{name}.qweight_mystery"] = torch.zeros(w.shape[0], w.shape[1] // 8,
+                                                         dtype=torch.int32)
+    return _write(root, tensors, _config(m, {"quant_method": "mystery", "bits": 4}))
+
+
+def awq_gemv(root: Path, intermediate: int, group: int = 128) -> Path:
+    """AutoAWQ's WQLinear_GEMV: qweight [out, in/8], scales [out, zeros_width * 8], qzeros
+    [out, zeros_width] with zeros_width = ceil(in / group / 8) (calculate_zeros_width)."""
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        q, _ = quantize_groups(w, group)
+        out, width = w.shape
+        zw = math.ceil(width // group / 8)
+        tensors[f"{name}.qweight"] = _pack_rows((q.int() + 8).t()).t().contiguous()
+        tensors[f"{name}.scales"] = torch.ones(out, zw * 8, dtype=torch.float16)
+        tensors[f"{name}.qzeros"] = torch.zeros(out, zw, dtype=torch.int32)
+    cfg = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+           "version": "gemv"}
+    return _write(root, tensors, _config(m, cfg))
+
+
+def compressed_tensors_w8a8(root: Path, intermediate: int) -> Path:
+    """INT8 W8A8 (llm-compressor's SmoothQuant + GPTQ recipe): int8 weights per channel,
+    dynamic per-token int8 activations."""
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        scale = w.float().abs().amax(dim=1, keepdim=True) / 127
+        tensors[f"{name}.weight"] = (w.float() / scale).round().to(torch.int8)
+        tensors[f"{name}.weight_scale"] = scale.half()
+    cfg = ct_config("int-quantized",
+                    {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+                    {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                     "dynamic": True})
+    return _write(root, tensors, _config(m, cfg))
+
+
+def compressed_tensors_w4a16_channel(root: Path, intermediate: int) -> Path:
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    m = model(intermediate)
+    tensors = _dense_rest(m, linears(m))
+    for name, w in linears(m).items():
+        q, scale = quantize_groups(w, w.shape[1])
+        tensors[f"{name}.weight_packed"] = pack_to_int32(q, 4)
+        tensors[f"{name}.weight_scale"] = scale.half()  # [out, 1]
+        tensors[f"{name}.weight_shape"] = torch.tensor(w.shape)
+    cfg = ct_config("pack-quantized", {**W4A16, "strategy": "channel", "group_size": None})
+    return _write(root, tensors, _config(m, cfg))
