@@ -7,21 +7,8 @@ citation); an estimate is marked "~", a shape no data cover "n/m" (not measured)
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-
 from gac_check.analysis import CheckResult
 from gac_check.contract.rules import Finding
-
-_LAYER = re.compile(r"(?<=\.)\d+(?=\.)")
-
-
-@dataclass
-class _Row:
-    pattern: str
-    first: Finding
-    layers: list[int] = field(default_factory=list)
-    pad: int = 0
 
 
 def render_text(result: CheckResult) -> str:
@@ -44,7 +31,7 @@ def render_text(result: CheckResult) -> str:
         if len(notes) > 20:
             lines.append(f"  ... and {len(notes) - 20} more")
     lines += _targets_summary(result)
-    lines += ["", _summary(result)]
+    lines += ["", result.summary().line]
     return "\n".join(lines)
 
 
@@ -67,21 +54,6 @@ def _dtype_source(result: CheckResult) -> str:
     return f" (from {choice.source})" if choice else ""
 
 
-def _fold(result: CheckResult) -> list[_Row]:
-    refusals = result.refusals
-    rows: dict[tuple, _Row] = {}
-    for f in result.findings:
-        pattern = _LAYER.sub("*", f.site.name, count=1) if f.site.layer is not None else f.site.name
-        key = (pattern, f.site.value, f.repair_to, tuple(r.id for r in f.rules),
-               tuple(_cells(result, f)))
-        row = rows.setdefault(key, _Row(pattern, f))
-        if f.site.layer is not None:
-            row.layers.append(f.site.layer)
-        if f.site.name not in refusals:
-            row.pad += result.padding_params(f)
-    return list(rows.values())
-
-
 def _cells(result: CheckResult, f: Finding) -> list[str]:
     """One cell per --target: the short verdict and kernel (``fast awq_marlin``)."""
     verdicts = result.contract.targets
@@ -95,7 +67,7 @@ def _target_widths(result: CheckResult) -> list[int]:
 
 
 def _findings_table(result: CheckResult) -> list[str]:
-    rows = _fold(result)
+    rows = result.groups
     # "0-2,4,7-11" is wider than the heading: the column grows, the columns after it stay put
     wide = max([10, *(len(_ranges(row.layers)) for row in rows)])
     widths = _target_widths(result)
@@ -148,11 +120,3 @@ def _ranges(layers: list[int]) -> str:
             parts.append(f"{start}-{a}" if a != start else str(a))
             start = b
     return ",".join(parts)
-
-
-def _summary(result: CheckResult) -> str:
-    n, bad = len(result.sites), len(result.findings)
-    errors = sum(f.severity == "error" for f in result.findings)
-    return (f"{bad} of {n} sites misaligned ({errors} errors, {bad - errors} warnings); "
-            f"zero-padding repair (--repair) adds {result.repair_overhead_fraction:.2%} "
-            "parameters")
