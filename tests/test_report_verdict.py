@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -135,3 +137,27 @@ def test_a_run_that_measured_nothing_is_skipped(counts, verdict):
     assert run_verdict(run)[0] == verdict
     page = Page(render_html([run]))
     assert page.texts("span", "verdict") == [verdict.upper()]
+
+
+#: An interpreter in which ``import torch`` (or transformers) fails, as in a CI job that
+#: installed gac-check without torch only to merge the other jobs' JSON.
+NO_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers"):
+            raise ImportError(f"{name} is not installed in this job")
+sys.meta_path.insert(0, NoTorch())
+from gac_check.cli.main import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_report_merge_runs_where_torch_is_not_installed(pruned, tmp_path):
+    report(pruned, tmp_path / "check.html", "--target", TARGET)
+    merged = tmp_path / "team.html"
+    run = subprocess.run([sys.executable, "-c", NO_TORCH, "report", "merge",
+                          tmp_path / "check.json", "-o", merged], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert Page(merged.read_text(encoding="utf-8")).texts("li", "target-verdict")
