@@ -2,19 +2,18 @@
 
 ``gac_check.check``, ``gac_check.repair`` and ``gac_check.realign`` (docs/api.md) are loaded
 on first use: the pytest plugin imports this package in every pytest session of every user,
-and a session that never checks a model must not pay for the checker's imports.
+and a session that never checks a model must not pay for the checker's imports. The namespace
+holds what docs/api.md documents and nothing else of its own (no ``annotations``, ``Any``).
 """
-from __future__ import annotations
+import typing as _typing
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from gac_check.api import CheckResult, FixResult, check, realign, repair
 
 __all__ = ["CheckResult", "FixResult", "check", "realign", "repair"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in __all__:
         from gac_check import api
 
@@ -23,4 +22,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    return sorted(__all__)

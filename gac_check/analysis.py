@@ -5,14 +5,15 @@ never disagree about what was checked against what.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from gac_check.checkpoint.index import Checkpoint, open_checkpoint
 from gac_check.contract.dtype_choice import DtypeChoice, choose_dtype
-from gac_check.contract.rules import Contract, Finding
+from gac_check.contract.rules import ERROR, WARNING, Contract, Finding, fails
 from gac_check.contract.select import assemble
 from gac_check.formats import Format, detect
 from gac_check.formats.architectures import find_family
@@ -21,6 +22,41 @@ from gac_check.sites import DimSite
 from gac_check.targets.gguf_file import GgufTypes, file_target, file_types
 from gac_check.targets.quantized import for_checkpoint
 from gac_check.targets.spec import Target, parse_target
+
+_LAYER = re.compile(r"(?<=\.)\d+(?=\.)")
+
+
+@dataclass
+class FindingGroup:
+    """Findings that differ only by their layer: one row of the CLI's table ("layers 0-31")."""
+
+    pattern: str  # the site's name with its layer number as ``*``
+    first: Finding
+    findings: list[Finding] = field(default_factory=list)
+    layers: list[int] = field(default_factory=list)
+    pad: int = 0  # parameters zero padding adds over the group (refused sites: none)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a gate reads without filtering severity strings: the verdict at ``fail_on`` (what
+    the CLI's exit code says), the counts, each target's model-level verdict, and ``line``,
+    the CLI's summary line."""
+
+    verdict: str  # "pass" | "fail"
+    fail_on: str
+    sites: int
+    misaligned: int
+    errors: int
+    warnings: int
+    refused: int  # sites --repair leaves as they are
+    repair_overhead_fraction: float
+    targets: dict[str, str]  # spec -> "fast" | "fallback" | "refused"
+    line: str
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
 
 
 @dataclass
@@ -81,6 +117,47 @@ class CheckResult:
     @property
     def repair_overhead_fraction(self) -> float:
         return self.repair_plan.overhead_fraction
+
+    def verdict(self, fail_on: str = ERROR) -> str:
+        """``"fail"`` when a finding is at or above ``fail_on`` (``error``, ``warning``,
+        ``never``), as the CLI's exit 1; else ``"pass"``."""
+        return "fail" if fails(self.findings, fail_on) else "pass"
+
+    def summary(self, fail_on: str = ERROR) -> Summary:
+        errors = sum(f.severity == ERROR for f in self.findings)
+        warnings = sum(f.severity == WARNING for f in self.findings)
+        verdicts = self.contract.targets
+        head = (f"{len(self.findings)} of {len(self.sites)} sites misaligned ({errors} errors, "
+                f"{warnings} warnings); ")
+        line = head + ("pad the Hugging Face model (--repair), then convert and quantize again"
+                       if self.gguf is not None  # --repair refuses a GGUF: fix the HF model
+                       else f"zero-padding repair (--repair) adds "
+                            f"{self.repair_overhead_fraction:.2%} parameters")
+        return Summary(self.verdict(fail_on), fail_on, len(self.sites), len(self.findings),
+                       errors, warnings, len(self.refusals), self.repair_overhead_fraction,
+                       {spec: s["verdict"] for spec, s in verdicts.summary().items()}
+                       if verdicts else {}, line)
+
+    @cached_property
+    def groups(self) -> list[FindingGroup]:
+        """The findings folded as the CLI's table folds them: one group per site pattern,
+        value, fix, rules and target verdicts, with the layers it holds (``findings`` keeps
+        one per site, as the JSON output does)."""
+        refusals = self.refusals
+        verdicts = self.contract.targets
+        out: dict[tuple, FindingGroup] = {}
+        for f in self.findings:
+            site = f.site
+            pattern = _LAYER.sub("*", site.name, count=1) if site.layer is not None else site.name
+            cells = tuple(v.short for v in verdicts.of(site)) if verdicts else ()
+            key = (pattern, site.value, f.repair_to, tuple(r.id for r in f.rules), cells)
+            group = out.setdefault(key, FindingGroup(pattern, f))
+            group.findings.append(f)
+            if site.layer is not None:
+                group.layers.append(site.layer)
+            if site.name not in refusals:
+                group.pad += self.padding_params(f)
+        return list(out.values())
 
 
 def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | None = None,

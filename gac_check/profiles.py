@@ -79,6 +79,16 @@ def cuda_profile() -> str | None:
     return _profile_of(torch.cuda.get_device_name(0))
 
 
+def profile_name(requested: object) -> str:
+    """``requested`` (``"H100"``, ``" a100 "``) as one of :data:`CHOICES`, ``auto`` kept as
+    it is; anything else is refused."""
+    value = str(requested).strip().lower()
+    if value not in CHOICES:
+        raise BadInput(f"unknown hardware profile {requested!r} (choose from "
+                       f"{', '.join(CHOICES)})")
+    return value
+
+
 def resolve_profile(requested: str) -> str:
     """Turn a ``--gpu`` value into a profile key.
 

@@ -199,7 +199,7 @@ def _generated(how: Hostile):
         if how.gzip:  # sent in large writes, so a client reads a bomb in 64 KB gulps
             crc, total = zlib.crc32(piece, crc), total + len(piece)
             packed += z.compress(piece)
-            if len(packed) >= 256 * 1024:
+            if len(packed) >= 64 * 1024:
                 yield bytes(packed)
                 packed.clear()
         else:

@@ -5,8 +5,10 @@ answers) plays an attacker's endpoint: it trickles, stalls, floods, gzip-bombs, 
 fails, lists names no file may have, and answers a pinned commit with another. The real CLI
 runs as a subprocess, measured: wall time, the bytes the server sent, the child's peak
 resident memory (``wait4``), and what it left in the cache. Each case must end in the right
-answer or one line and exit 2, in seconds, for a few MB. Limits are set low through the CLI's
-own options (``--hub-timeout 1``) so the tests stay fast on a busy runner.
+answer or one line and exit 2, for a few MB. Only the tests about time (a trickle, a stall, a
+slow model) set ``--hub-timeout 1`` and hold the wall clock to :data:`SECONDS`; every other test
+runs with :data:`PATIENT` seconds per read, so that a loaded runner (load 8 on 2 cores) slowing
+the server's generated answer never turns a cap or a message into a timeout.
 """
 from __future__ import annotations
 
@@ -30,8 +32,12 @@ from tests.hub_server import Hostile, HubServer
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 GIB = 1 << 30
 MIB = 1 << 20
-#: How long any one case may take, start-up (imports) included, on a busy 2-core runner.
-SECONDS = 20.0
+#: How long a case about time may take, start-up (imports) included, on a busy 2-core runner:
+#: under the 60 s a hostile answer lasts (tests.hub_server.MAX_HOSTILE_SECONDS), which is what a
+#: client without its own deadline would wait.
+SECONDS = 45.0
+#: ``--hub-timeout`` for the tests whose point is not time: a budget no loaded runner meets.
+PATIENT = 60
 #: What a server streaming a gigabyte may have pushed before the client hung up: the client
 #: reads at most its cap (its peak RSS shows it), but the kernel's socket buffers take more
 #: (5 MB seen on loopback; tcp_rmem may grow to 32 MB): far from the gigabyte, never flaky.
@@ -80,7 +86,10 @@ def hub(models, tmp_path):
 
 def gac(hub: HubServer, *args: object, timeout: float = 120, **env: str) -> Run:
     """The CLI against ``hub``, measured: seconds, and peak RSS from ``wait4`` (this child's
-    alone, which ``RUSAGE_CHILDREN`` would not give)."""
+    alone, which ``RUSAGE_CHILDREN`` would not give); ``--hub-timeout`` :data:`PATIENT` unless
+    the test sets its own."""
+    if "--hub-timeout" not in args:
+        args = (*args, "--hub-timeout", PATIENT)
     child = {k: v for k, v in os.environ.items()
              if not k.startswith("HF_") and k not in PROXY_VARS and k != "GAC_DEBUG"}
     child |= {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(hub.home), "NO_PROXY": "*",
@@ -102,13 +111,18 @@ def gac(hub: HubServer, *args: object, timeout: float = 120, **env: str) -> Run:
 
 
 def refusal(run: Run) -> str:
-    """The one stderr line of a refusal: exit 2, nothing on stdout, within the time bound."""
+    """The one stderr line of a refusal: exit 2, nothing on stdout."""
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stdout == ""
     lines = run.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("gac-check: "), run.stderr
-    assert run.seconds < SECONDS, run.seconds
     return lines[0]
+
+
+def timely_refusal(run: Run) -> str:
+    """A refusal that the client's own deadline made, well before a hostile answer ends."""
+    assert run.seconds < SECONDS, run.seconds
+    return refusal(run)
 
 
 def left_in_cache(hub: HubServer) -> dict[str, int]:
@@ -140,7 +154,7 @@ def small(run: Run, baseline: Run) -> None:
                          ids=["trickle", "silent"])
 def test_a_listing_sent_slowly_or_never_times_out(hub, how) -> None:
     hub.hostile["info"] = how
-    line = refusal(gac(hub, "hf://org/m", "--hub-timeout", "1"))
+    line = timely_refusal(gac(hub, "hf://org/m", "--hub-timeout", "1"))
     assert "never checked here before" in line
     assert ("took longer than 3 s" in line) if how.rate else ("did not answer within 1 s" in line)
 
@@ -148,7 +162,7 @@ def test_a_listing_sent_slowly_or_never_times_out(hub, how) -> None:
 def test_a_header_range_sent_slowly_times_out(hub) -> None:
     hub.hostile["model.safetensors"] = Hostile(
         status=206, rate=4, size=16384, headers={"Content-Range": "bytes 0-16383/999999"})
-    line = refusal(gac(hub, "hf://org/m", "--hub-timeout", "1"))
+    line = timely_refusal(gac(hub, "hf://org/m", "--hub-timeout", "1"))
     assert "model.safetensors: " in line and "took longer than 3 s" in line
     assert not any(k.endswith(".header") for k in left_in_cache(hub))
 
@@ -207,7 +221,7 @@ def test_a_sidecar_listed_small_and_served_huge_is_skipped_not_fatal(hub, baseli
     assert "rank.json: is longer than the 10 bytes" in notes[0]
     read = int(re.search(r"fetched ([\d,]+) bytes", notes[1]).group(1).replace(",", ""))
     assert read < 256 * 1024  # what the client took in: the model's headers, not the sidecar
-    assert hub.bytes_sent < baseline_bytes(hub) + PUSHED and run.seconds < SECONDS
+    assert hub.bytes_sent < baseline_bytes(hub) + PUSHED
     small(run, baseline)
     assert not any("rank" in k for k in left_in_cache(hub))
 
@@ -242,7 +256,6 @@ def test_many_sidecars_cost_a_bounded_number_of_requests(hub, baseline, count, s
     assert run.stdout.splitlines()[1:] == baseline.stdout.splitlines()[1:]
     assert f"skipped {count + 1 - 16} more" in run.stderr  # + the model's generation_config
     assert len(hub.log) <= 30 and hub.bytes_sent < 3 * MIB
-    assert run.seconds < SECONDS
 
 
 # ------------------------------------------------------------ wrong answers, messages

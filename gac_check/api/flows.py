@@ -19,9 +19,11 @@ from gac_check.analysis import CheckResult
 from gac_check.api.sources import checkpoint_of, is_remote_checkpoint, local_dir
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.outdir import check_output_dir
+from gac_check.contract.dtype_choice import dtype_name
 from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
 from gac_check.padding.plan import STRATEGIES, plan
+from gac_check.profiles import profile_name
 from gac_check.targets.spec import Target
 
 if TYPE_CHECKING:  # a check imports neither writer
@@ -39,8 +41,11 @@ def check(model: object, gpu: str = "auto", dtype: str | None = None, target: Ta
 
     ``model`` is a model directory, a Hub model (``hf://ORG/NAME[@REVISION]``, headers only),
     a ``torch.nn.Module`` (its ``.config``, or ``config=``), a state dict with ``config=`` (a
-    dict or a transformers config), or an already indexed checkpoint.
+    dict or a transformers config), or an already indexed checkpoint. ``gpu`` and ``dtype`` are
+    taken in any case and in the usual short spellings (``"H100"``, ``"fp16"``,
+    ``torch.float16``) and checked against their canonical names; an unknown one is BadInput.
     """
+    gpu, dtype = _names(gpu, dtype)
     ckpt = checkpoint_of(model, config)
     targets = (target,) if isinstance(target, str | Target) else tuple(target)
     try:
@@ -51,6 +56,11 @@ def check(model: object, gpu: str = "auto", dtype: str | None = None, target: Ta
         from gac_check.checkpoint.remote import renamed
 
         raise renamed(exc, ckpt) from None
+
+
+def _names(gpu: str, dtype: object) -> tuple[str, str | None]:
+    """``gpu`` and ``dtype`` as the CLI spells them, or BadInput before any work."""
+    return profile_name(gpu), None if dtype is None else dtype_name(dtype)
 
 
 @dataclass
@@ -84,6 +94,7 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
 
     if strategy not in STRATEGIES:
         raise BadInput(f"--strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    gpu, dtype = _names(gpu, dtype)
     before = check(local_dir(model_dir, "--repair"), gpu, dtype, target)
     ckpt = before.checkpoint
     if ckpt.quantization is not None:
@@ -120,6 +131,7 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     from gac_check.ranks.factors import rank_alignment  # torch: only for a realign
     from gac_check.ranks.factors import realign as write_realigned
 
+    gpu, dtype = _names(gpu, dtype)
     model_dir = local_dir(model_dir, "--realign")
     base_dir = Path(base) if base is not None else None
     check_output_dir(Path(out), force, model_dir, *([base_dir] if base_dir else []))

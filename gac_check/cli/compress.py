@@ -30,7 +30,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
 def main(argv: Sequence[str], parser_class: type[argparse.ArgumentParser]) -> int:
     args = build_parser(parser_class).parse_args(argv)
     from gac_check.models.compress import compress_dir  # torch and transformers: only here
+    from gac_check.threads import set_torch_threads
 
+    set_torch_threads()
     ranks = compress_dir(args.src, args.out, args.ratio, args.force)
     distinct = sorted(set(ranks.values()))
     print(f"compressed {len(ranks)} linears at ratio {args.ratio}: ranks {distinct} -> {args.out}")

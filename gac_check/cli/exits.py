@@ -5,12 +5,11 @@ line on stderr, nothing written); 3: an internal error, so a crash is never read
 """
 from __future__ import annotations
 
+from gac_check.contract.rules import Finding, fails
+
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
-def exit_code(findings: list, fail_on: str) -> int:
+def exit_code(findings: list[Finding], fail_on: str) -> int:
     """The exit-code contract: 1 only for findings at or above ``--fail-on``."""
-    if fail_on == "never":
-        return EXIT_OK
-    levels = ("error",) if fail_on == "error" else ("error", "warning")
-    return EXIT_FINDINGS if any(f.severity in levels for f in findings) else EXIT_OK
+    return EXIT_FINDINGS if fails(findings, fail_on) else EXIT_OK

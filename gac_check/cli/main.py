@@ -13,12 +13,12 @@ from importlib import import_module
 from pathlib import Path
 
 from gac_check.cli.exits import EXIT_BAD_INPUT, EXIT_INTERNAL
+from gac_check.contract.dtype_choice import DTYPES
 from gac_check.errors import BadInput
 from gac_check.plugin.options import add_gpu_option, add_target_option
 from gac_check.profiles import resolve_profile
 from gac_check.report.outputs import DEFAULT_REPORT
 
-DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn", "int8")
 #: ``gac-check COMMAND ...``: each command is one module under gac_check/cli with
 #: ``main(argv, parser_class)``. The first argument names it; anything else is a MODEL, so a
 #: model directory that happens to be called like a command is written ``./report``.

@@ -8,12 +8,14 @@ from gac_check.api.flows import realign
 from gac_check.cli.exits import exit_code
 from gac_check.cli.fixing import plan_fix_outputs, write_fix_outputs
 from gac_check.report.realign import render_realign
+from gac_check.threads import set_torch_threads
 
 
 def run_realign(args: argparse.Namespace) -> int:
     """Realign, then gate on the re-check of OUT (like --repair), which ``--report`` and
     ``--junit`` describe."""
     outputs = plan_fix_outputs(args, args.realign)
+    set_torch_threads()
     fix = realign(args.model_dir, args.realign, args.base, args.gpu, args.dtype, args.budget,
                   args.strategy, args.force, args.calib, args.targets,
                   progress=args.output != "json")

@@ -14,8 +14,28 @@ from dataclasses import dataclass
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.quantized import Quantization
 from gac_check.checkpoint.torchzip import DTYPE_ITEMSIZE
+from gac_check.errors import BadInput
 
 FLOAT_PREFIXES = ("float", "bfloat")
+#: The dtypes a model can be judged in (``--dtype``; the rules know no other).
+DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn", "int8")
+#: Other spellings the Python API takes for them (torch's and the engines' short names).
+DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "f16": "float16", "bf16": "bfloat16",
+                 "fp32": "float32", "float": "float32", "f32": "float32",
+                 "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "float8": "float8_e4m3fn",
+                 "i8": "int8"}
+
+
+def dtype_name(value: object) -> str:
+    """``value`` (``"fp16"``, ``"Float16"``, ``torch.float16``) as one of :data:`DTYPES`;
+    anything else is refused, since rules judged in a dtype they do not know would pass what
+    they never checked."""
+    name = str(value).strip().lower().removeprefix("torch.")
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise BadInput(f"unknown dtype {value!r} (choose from {', '.join(DTYPES)}; also "
+                       f"{', '.join(DTYPE_ALIASES)})")
+    return name
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from gac_check.targets.verdicts import FAST, SiteVerdicts
 
 ERROR, WARNING = "error", "warning"
 SEVERITY_RANK = {WARNING: 1, ERROR: 2}
+#: ``--fail-on``: the least severity that fails a gate ("never": none does).
+FAIL_ON = ("error", "warning", "never")
 
 GEMM_ROLES = frozenset({Role.RANK, Role.INTERMEDIATE, Role.KV_LATENT, Role.HIDDEN, Role.VOCAB})
 #: FlashAttention-2 compiled head_dim buckets; other sizes run the next one with predication.
@@ -110,6 +112,14 @@ class SlowdownSource(Protocol):
 
     def figure(self, role: Role, value: int, to: int, dtype: str,
                target_of: Callable[[int], int]) -> Slowdown: ...
+
+
+def fails(findings: list[Finding], fail_on: str = ERROR) -> bool:
+    """Whether ``findings`` fail a gate at ``fail_on``: the CLI's exit 1, the API's "fail"."""
+    if fail_on not in FAIL_ON:
+        raise ValueError(f"fail_on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
+    least = SEVERITY_RANK.get(fail_on)
+    return least is not None and any(SEVERITY_RANK[f.severity] >= least for f in findings)
 
 
 @dataclass

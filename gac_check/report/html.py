@@ -7,6 +7,7 @@ in it comes from a checkpoint a stranger wrote, so autoescaping is on for the wh
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
@@ -55,6 +56,13 @@ class CheckView:
     counts: dict[str, int]
     targets: dict[str, dict] = field(default_factory=dict)  # summary.targets
     matrix: list[MatrixRow] = field(default_factory=list)
+    #: the verdict box's lines: each target's worst verdict and why, the command that fixes
+    #: what padding can fix, and which rule set the repair's cost
+    target_lines: list[str] = field(default_factory=list)
+    fix_command: str | None = None
+    cost_reason: str | None = None
+    #: the same model on the same contract already drawn for an earlier run of a merge
+    repeat_of: str | None = None
 
 
 @dataclass
@@ -62,17 +70,20 @@ class RunView:
     label: str
     colour: str
     run: dict
-    verdict: str  # "pass" | "warn" | "fail"
+    verdict: str  # "pass" | "warn" | "fail" | "skipped"
     reasons: list[str]
     checks: list[CheckView]
 
 
 def render_html(runs: list[dict], title: str | None = None) -> str:
     views = [_run_view(i, run) for i, run in enumerate(runs)]
+    _mark_repeats(views)
+    models = list(dict.fromkeys(c.model for v in views for c in v.checks))
     template = _environment().get_template("report.html.j2")
     perf_rows = [(v, rec) for v in views for rec in v.run["perf"]]
     return template.render(
-        title=title or "gac-check alignment report: " + ", ".join(v.label for v in views),
+        title=title or "gac-check alignment report: " + ", ".join(
+            models or [v.label for v in views]),
         runs=views,
         overall=_overall(views),
         colours=charts.COLOURS,
@@ -104,8 +115,82 @@ def _check_view(label: str, check: dict) -> CheckView:
     for s in check["sites"]:
         counts[charts.site_state(s)] += 1
     model = model_name(check["model_dir"])
-    return CheckView(label, model, check, grid, wide, _groups(check["sites"]), counts,
-                     check["summary"].get("targets") or {}, _matrix(check["sites"]))
+    groups = _groups(check["sites"])
+    targets = check["summary"].get("targets") or {}
+    return CheckView(label, model, check, grid, wide, groups, counts, targets,
+                     _matrix(check["sites"]), _target_lines(check["sites"], targets),
+                     fix_command(check), _cost_reason(check, groups))
+
+
+def _mark_repeats(views: list[RunView]) -> None:
+    """In a merge, a model checked on the same contract by several runs (one per GPU job, all
+    of the same checkpoint) is drawn once; the later runs point to the first."""
+    seen: dict[tuple, str] = {}
+    for v in views:
+        for c in v.checks:
+            hw = c.check["hardware"]
+            key = (c.check["model_dir"], hw.get("profile"), hw.get("dtype"),
+                   tuple(c.targets), tuple((s["name"], s["value"]) for s in c.check["sites"]))
+            if key in seen:
+                c.repeat_of = seen[key]
+            else:
+                seen[key] = v.label
+
+
+def _target_lines(sites: list[dict], targets: dict[str, dict]) -> list[str]:
+    """One line per --target: its worst verdict over the model, the counts, and the first
+    reason for that verdict (what the engine says when it refuses)."""
+    lines = []
+    for spec, t in targets.items():
+        worst = t["verdict"]
+        why = next((c.get("why") or c.get("cannot_pad") for s in sites
+                    for c in s.get("targets") or [] if c["target"] == spec
+                    and c["verdict"] == worst and (c.get("why") or c.get("cannot_pad"))), None)
+        what = {"refused": "the engine refuses to load the model",
+                "fallback": "some layers run a slower kernel",
+                "fast": "every layer runs a fast kernel"}.get(worst, worst)
+        counts = f"{t.get('fast', 0)} fast, {t.get('fallback', 0)} fallback, " \
+                 f"{t.get('refused', 0)} refused sites"
+        lines.append(f"{spec}: {worst.upper()}: {what} ({counts})" + (f": {why}" if why else ""))
+    return lines
+
+
+def fix_command(check: dict) -> str | None:
+    """The one command that fixes what zero padding can fix exactly, or None where nothing
+    misaligned is exactly repairable."""
+    fixable = [s for s in check["sites"] if not s.get("aligned") and not s.get("refusal")
+               and s.get("repair_to") and s["repair_to"] > s["value"]]
+    if not fixable:
+        return None
+    hw = check["hardware"]
+    model = check["model_dir"]
+    out = model_name(model).split("@")[0].rsplit("/", 1)[-1] + "-repaired"
+    words = ["gac-check", model, "--repair", out, "--gpu", hw["profile"]]
+    if hw.get("dtype"):
+        words += ["--dtype", hw["dtype"]]
+    for spec in check["summary"].get("targets") or {}:
+        words += ["--target", spec]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _cost_reason(check: dict, groups: list[FindingGroup]) -> str | None:
+    """Which rule set the repair's cost: the costliest padding and, where a target's kernel
+    needs more than the hardware's rule, that target and what its engine needs."""
+    costly = [g for g in groups if not g.refusal and g.repair_to and g.padding_params]
+    if not costly:
+        return None
+    g = max(costly, key=lambda g: g.padding_params)
+    params = check["summary"].get("params") or 0
+    share = f" ({g.padding_params / params:.2%} of the model)" if params else ""
+    cells = [c for s in check["sites"] if s["name"] in g.names for c in s.get("targets") or []
+             if c.get("fix_to") == g.repair_to and c["verdict"] != "fast"]
+    head = (f"the largest padding is {g.kind} {g.value} → {g.repair_to} in "
+            f"{len(g.names)} site(s), +{g.padding_params:,} parameters{share}")
+    if not cells:
+        return f"{head}: {check['hardware']['profile']}'s rules ({', '.join(g.rules)})"
+    cell = cells[0]
+    return (f"{head}: {cell['target']} forces it ({cell['verdict']} below "
+            f"{g.repair_to}: {cell.get('why') or cell.get('cannot_pad') or ''})")
 
 
 def _matrix(sites: list[dict]) -> list[MatrixRow]:
@@ -194,11 +279,17 @@ def run_verdict(run: dict) -> tuple[str, list[str]]:
         failing = True
     if failing:
         return "fail", reasons
+    counts = run["tests"].get("counts", {})
+    if counts and not run["perf"] and not any(n for k, n in counts.items() if k != "skipped"):
+        return "skipped", [*reasons, f"all {counts.get('skipped', 0)} test(s) were skipped: "
+                           "nothing was measured"]
     return ("warn" if reasons else "pass"), reasons
 
 
 def _overall(views: list[RunView]) -> str:
     verdicts = {v.verdict for v in views}
+    if verdicts == {"skipped"}:
+        return "skipped"
     return next(x for x in ("fail", "warn", "pass") if x in verdicts or x == "pass")
 
 

@@ -7,22 +7,9 @@ citation); an estimate is marked "~", a shape no data cover "n/m" (not measured)
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-
 from gac_check.analysis import CheckResult
 from gac_check.contract.rules import Finding
 from gac_check.report.gguf_types import gguf_lines
-
-_LAYER = re.compile(r"(?<=\.)\d+(?=\.)")
-
-
-@dataclass
-class _Row:
-    pattern: str
-    first: Finding
-    layers: list[int] = field(default_factory=list)
-    pad: int = 0
 
 
 def render_text(result: CheckResult) -> str:
@@ -54,7 +41,7 @@ def render_text(result: CheckResult) -> str:
     lines += _targets_summary(result)
     if result.gguf is not None:
         lines += gguf_lines(result.gguf)
-    lines += ["", _summary(result)]
+    lines += ["", result.summary().line]
     return "\n".join(lines)
 
 
@@ -77,21 +64,6 @@ def _dtype_source(result: CheckResult) -> str:
     return f" (from {choice.source})" if choice else ""
 
 
-def _fold(result: CheckResult) -> list[_Row]:
-    refusals = result.refusals
-    rows: dict[tuple, _Row] = {}
-    for f in result.findings:
-        pattern = _LAYER.sub("*", f.site.name, count=1) if f.site.layer is not None else f.site.name
-        key = (pattern, f.site.value, f.repair_to, tuple(r.id for r in f.rules),
-               tuple(_cells(result, f)))
-        row = rows.setdefault(key, _Row(pattern, f))
-        if f.site.layer is not None:
-            row.layers.append(f.site.layer)
-        if f.site.name not in refusals:
-            row.pad += result.padding_params(f)
-    return list(rows.values())
-
-
 def _cells(result: CheckResult, f: Finding) -> list[str]:
     """One cell per --target: the short verdict and kernel (``fast awq_marlin``)."""
     verdicts = result.contract.targets
@@ -105,7 +77,7 @@ def _target_widths(result: CheckResult) -> list[int]:
 
 
 def _findings_table(result: CheckResult) -> list[str]:
-    rows = _fold(result)
+    rows = result.groups
     # "0-2,4,7-11" is wider than the heading: the column grows, the columns after it stay put
     wide = max([10, *(len(_ranges(row.layers)) for row in rows)])
     widths = _target_widths(result)
@@ -158,14 +130,3 @@ def _ranges(layers: list[int]) -> str:
             parts.append(f"{start}-{a}" if a != start else str(a))
             start = b
     return ",".join(parts)
-
-
-def _summary(result: CheckResult) -> str:
-    n, bad = len(result.sites), len(result.findings)
-    errors = sum(f.severity == "error" for f in result.findings)
-    head = f"{bad} of {n} sites misaligned ({errors} errors, {bad - errors} warnings); "
-    if result.gguf is not None:  # --repair refuses a GGUF: the fix is made on the HF model
-        return head + ("pad the Hugging Face model (--repair), then convert and quantize "
-                       "again")
-    return head + (f"zero-padding repair (--repair) adds {result.repair_overhead_fraction:.2%} "
-                   "parameters")
