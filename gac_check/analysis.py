@@ -15,6 +15,7 @@ from gac_check.contract.dtype_choice import DtypeChoice, choose_dtype
 from gac_check.contract.rules import Contract, Finding
 from gac_check.contract.select import assemble
 from gac_check.formats import Format, detect
+from gac_check.formats.accounting import Accounting, account, require_accounted
 from gac_check.formats.architectures import find_family
 from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
@@ -32,6 +33,8 @@ class CheckResult:
     findings: list[Finding]
     #: how the contract's dtype was chosen (config.json, weights, --dtype) and any disagreement
     dtype_choice: DtypeChoice | None = None
+    #: where every tensor went (a site, auxiliary, a kind with no dimension): none unread
+    accounting: Accounting | None = None
 
     @cached_property
     def family(self) -> str | None:
@@ -90,6 +93,9 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | No
     ckpt = model_dir if isinstance(model_dir, Checkpoint) else open_checkpoint(model_dir)
     fmt = detect(ckpt)
     sites = fmt.sites(ckpt)
+    found = find_family(ckpt, strict=False)
+    accounting = account(ckpt, sites, found[0].name if found else None)
+    require_accounted(accounting, ckpt)
     choice = choose_dtype(ckpt, dtype)
     contract = assemble(gpu, choice.dtype, targets, sites)
-    return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice)
+    return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice, accounting)

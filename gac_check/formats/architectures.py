@@ -397,6 +397,8 @@ def _vocab_site(ckpt: Checkpoint, fam: Family) -> DimSite | None:
     if not head and not (causal and embed):
         return None
     axes = [TensorAxis(t, 0, AxisKind.PRODUCER) for t in (head, embed) if t]
+    if head and len(shapes.get("lm_head.bias", ())) == 1:  # OPT under SliceGPT, Phi-2
+        axes.append(TensorAxis("lm_head.bias", 0, AxisKind.BIAS))
     value = shapes[axes[0].tensor][0]
     site = DimSite("vocab", Role.VOCAB, value, axes, config_field=("vocab_size",),
                    inexact=VOCAB_INEXACT)
