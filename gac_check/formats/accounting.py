@@ -23,12 +23,13 @@ did not read) all go through :func:`account`.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.errors import BadInput
+from gac_check.formats.architectures import find_family
 from gac_check.sites import DimSite, Role, natural_key
 
 #: The classes a tensor can be accounted in, in the order they are tried.
@@ -142,9 +143,17 @@ class Accounting:
         return frozenset(n for n, c in self.classes.items() if c == "in_sites")
 
 
-def account(ckpt: Checkpoint, sites: list[DimSite], family: str | None = None) -> Accounting:
+def site_axes(sites: Iterable[DimSite]) -> frozenset[tuple[str, int]]:
+    """Every (tensor, axis) a site says carries its dimension: what a check reads, and what
+    ``--repair``'s completeness guard knows not to suspect."""
+    return frozenset((ax.tensor, ax.axis) for s in sites for ax in s.axes)
+
+
+def account(ckpt: Checkpoint, sites: list[DimSite]) -> Accounting:
     """Put every tensor of ``ckpt`` in its class, given the sites its format built."""
-    on_axes = frozenset(ax.tensor for s in sites for ax in s.axes) & ckpt.tensors.keys()
+    found = find_family(ckpt, strict=False)
+    family = found[0].name if found else None
+    on_axes = frozenset(t for t, _ in site_axes(sites)) & ckpt.tensors.keys()
     hidden = next((s.value for s in sites if s.role is Role.HIDDEN and s.name == "hidden"), None)
     ctx = _Context(on_axes, ckpt.shapes, hidden, family)
     classes: dict[str, str] = {}
