@@ -264,9 +264,13 @@ def test_the_json_says_what_was_read(tmp_path: Path) -> None:
     assert summary["params_accounted"] == {"read": total, "in_sites": total - apart,
                                            "auxiliary": 0, "no_dimension": apart}
     assert summary["params"] == total
-    text = helpers.gac(tmp_path / "bert", "--gpu", "gpu")
+    text = helpers.gac(tmp_path / "bert", "--gpu", "gpu", "--report", tmp_path / "r.html")
     assert (f"read: all {len(shapes)} tensors ({total:,} parameters): {len(shapes) - 4} in "
             "sites, 0 auxiliary, 4 with no dimension") in text.stdout
+    html = (tmp_path / "r.html").read_text()
+    assert (f"Read {len(shapes)} tensors ({total:,} parameters), every one accounted for: "
+            f"{len(shapes) - 4} in sites ({total - apart:,}), 0 auxiliary (0), 4 with no "
+            f"dimension of their own ({apart:,})") in html
 
 
 def test_auxiliary_tensors_are_accounted_as_such(tmp_path: Path) -> None:
