@@ -58,7 +58,7 @@ class Kind:
 
 
 _INDEX_BUFFERS = ("position_ids", "token_type_ids")
-_INTEGER = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
+_INTEGER = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 #: BERT's lookup tables: indexed by position or segment, never multiplied.
 _BERT_TABLES = ("embeddings.position_embeddings.weight", "embeddings.token_type_embeddings.weight")
 #: BERT's hidden x hidden heads outside the encoder layers (the pooler, the masked-LM transform).
@@ -136,11 +136,6 @@ class Accounting:
     @property
     def unknown(self) -> list[str]:
         return sorted((n for n, c in self.classes.items() if c == "unknown"), key=natural_key)
-
-    @property
-    def read(self) -> frozenset[str]:
-        """The tensors a site names: the ones whose widths were judged."""
-        return frozenset(n for n, c in self.classes.items() if c == "in_sites")
 
 
 def site_axes(sites: Iterable[DimSite]) -> frozenset[tuple[str, int]]:
