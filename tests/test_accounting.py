@@ -89,6 +89,24 @@ def _gac_compressed(root: Path) -> Path:
     return root / "asvd"
 
 
+def _svdllm_opt(root: Path) -> Path:
+    """SVD-LLM's OPT layout as tests/test_roundtrip_compressors.py writes it: fc1/fc2 as
+    ``fc1_u_proj``/``fc1_v_proj`` pairs (the bias on the u factor), a pickled state dict."""
+    dense = transformers.OPTForCausalLM(slicegpt.config_of("opt", 64))
+    state = {k: v.detach() for k, v in dense.state_dict().items()}
+    for i in range(dense.config.num_hidden_layers):
+        for fc in ("fc1", "fc2"):
+            base = f"model.decoder.layers.{i}.{fc}"
+            w = state.pop(f"{base}.weight")
+            state[f"{base}_u_proj.weight"] = w[:, :37].contiguous()
+            state[f"{base}_v_proj.weight"] = torch.randn(37, w.shape[1])
+            state[f"{base}_u_proj.bias"] = state.pop(f"{base}.bias")
+    root.mkdir()
+    torch.save(state, root / "model.pt")
+    dense.config.save_pretrained(root)
+    return root
+
+
 #: Every fixture and format the suite builds, by a name that says which.
 CORPUS: dict[str, Builder] = {
     **{f"dense-{f}": _saved(lambda f=f: helpers.tiny(f)) for f in FAMILIES},
@@ -108,6 +126,7 @@ CORPUS: dict[str, Builder] = {
     "llm-pruner-hf-prune": lambda root: compressors.build_llm_pruner(root, gqa=False).path,
     "llm-pruner-llama3": lambda root: compressors.build_llm_pruner(root, gqa=True).path,
     "svd-llm-pickled": lambda root: compressors.build_svdllm(root).path,
+    "svd-llm-opt": _svdllm_opt,
     "asvd": lambda root: compressors.build_asvd(root).path,
     "asvd-gac-compress": _gac_compressed,
     "palu": lambda root: compressors.build_palu(root).path,
