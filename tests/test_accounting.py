@@ -112,6 +112,8 @@ CORPUS: dict[str, Builder] = {
     **{f"dense-{f}": _saved(lambda f=f: helpers.tiny(f)) for f in FAMILIES},
     "dense-bert-masked-lm": _saved(lambda: helpers.tiny_bert(masked_lm=True)),
     "dense-llama-tied": _saved(lambda: helpers.tiny_llama(tie_word_embeddings=True)),
+    "dense-qwen3": _saved(lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        **helpers.QWEN2, head_dim=16))),
     **{f"dense-{f}": _saved(_stock(f)) for f in ("opt", "phi", "phi3")},
     **{f"layout-{w}": _layout(w) for w in ("single", "sharded", "torch")},
     **{f"in-memory-{f}": _in_memory(lambda f=f: helpers.tiny(f)) for f in FAMILIES},

@@ -319,6 +319,9 @@ def _attention_sites(cfg: dict, shapes: Shapes, fam: Family, base: str, i: int,
         axes = (q.producer_axes(shapes, hd) + k.producer_axes(shapes, hd)
                 + v.producer_axes(shapes, hd))
     axes += o.consumer_axes(shapes, hd)
+    for norm in (f"{module}.q_norm.weight", f"{module}.k_norm.weight"):  # Qwen3: per head
+        if shapes.get(norm) == (hd,):
+            axes.append(TensorAxis(norm, 0, AxisKind.NORM))
     inexact = ROPE_INEXACT if fam.rope else (
         f"{fam.name}'s config derives head_dim from hidden_size / num_attention_heads, so a "
         "padded head_dim cannot be recorded in a stock config"
