@@ -16,6 +16,7 @@ from gac_check.contract.dtype_choice import DtypeChoice, choose_dtype
 from gac_check.contract.rules import ERROR, WARNING, Contract, Finding, fails
 from gac_check.contract.select import assemble
 from gac_check.formats import Format, detect
+from gac_check.formats.accounting import Accounting, account, require_accounted
 from gac_check.formats.architectures import find_family
 from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
@@ -72,6 +73,8 @@ class CheckResult:
     dtype_choice: DtypeChoice | None = None
     #: a GGUF file's stored tensor types against its ftype's mix (None for other containers)
     gguf: GgufTypes | None = None
+    #: where every tensor went (a site, auxiliary, a kind with no dimension): none unread
+    accounting: Accounting | None = None
 
     @cached_property
     def family(self) -> str | None:
@@ -172,13 +175,16 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | No
     ckpt = model_dir if isinstance(model_dir, Checkpoint) else open_checkpoint(model_dir)
     fmt = detect(ckpt)
     sites = fmt.sites(ckpt)
+    accounting = account(ckpt, sites)
+    require_accounted(accounting, ckpt)
     if ckpt.gguf is not None:
-        return _check_gguf(ckpt, fmt, sites, gpu, dtype, targets)
+        return _check_gguf(ckpt, fmt, sites, gpu, dtype, targets, accounting)
     choice = choose_dtype(ckpt, dtype)
     deployed = [for_checkpoint(t if isinstance(t, Target) else parse_target(t),
                                ckpt.quantization) for t in targets]
     contract = assemble(gpu, choice.dtype, deployed, sites)
-    return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice)
+    return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice,
+                       accounting=accounting)
 
 
 #: What a GGUF file's sites are judged in on a GPU without --dtype.
@@ -188,7 +194,8 @@ GGUF_DTYPE = DtypeChoice(
 
 
 def _check_gguf(ckpt: Checkpoint, fmt: Format, sites: list[DimSite], gpu: str,
-                dtype: str | None, targets: Sequence[Target | str]) -> CheckResult:
+                dtype: str | None, targets: Sequence[Target | str],
+                accounting: Accounting) -> CheckResult:
     """A GGUF file is judged on llama.cpp at its own ftype (added when not given), and each
     of its tensors' stored types against that ftype's mix."""
     assert ckpt.gguf is not None
@@ -196,4 +203,5 @@ def _check_gguf(ckpt: Checkpoint, fmt: Format, sites: list[DimSite], gpu: str,
     choice = DtypeChoice(dtype, "--dtype") if dtype else GGUF_DTYPE
     contract = assemble(gpu, choice.dtype, judged, sites)
     types = file_types(ckpt.gguf, judged[0])
-    return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice, types)
+    return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice, types,
+                       accounting)

@@ -17,6 +17,7 @@ from torch import nn
 
 from gac_check.checkpoint.index import open_checkpoint
 from gac_check.formats import FORMATS, detect
+from gac_check.formats.accounting import account
 from gac_check.sites import AxisKind, DimSite, Role
 from tests.helpers import llm_pruner, save_llm_pruner, save_torch_state, slicegpt, tiny
 
@@ -24,9 +25,13 @@ HD = 16  # head_dim of every tiny model
 
 
 def check(path: Path):
+    """Detect and read ``path``; every tensor of every checkpoint here must be accounted for
+    (tests/test_accounting.py walks the builders the other tests share)."""
     ckpt = open_checkpoint(path)
     fmt = detect(ckpt)
     sites = fmt.sites(ckpt)
+    unread = account(ckpt, sites).unknown
+    assert unread == [], f"{path}: unread {unread[:5]}"
     return ckpt, fmt, sites, {s.name: s for s in sites}
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from gac_check.errors import BadInput
 from tests import compressors as C
 from tests import helpers, slicegpt
 
@@ -244,10 +245,27 @@ def test_slicegpt_missing_shortcut_is_refused(tmp_path):
 
 def test_repair_refuses_an_axis_no_site_pads(tmp_path):
     """The plan is checked against the tensors, not the adapter: a tensor the adapter does not
-    know that carries a padded stream's width refuses the repair, naming the tensor."""
+    know that carries a padded stream's width refuses the repair, naming the tensor. The check
+    refuses it first (no site reads it: tests/test_accounting.py); planned past the check, the
+    writer's completeness guard refuses it too, naming the axis."""
+    from gac_check.checkpoint.index import open_checkpoint
+    from gac_check.contract.select import assemble
+    from gac_check.formats import detect
+    from gac_check.padding.plan import plan
+    from gac_check.padding.write import apply
+
     root = edited_slicegpt(tmp_path, "opt", lambda state: {
         **state, "model.decoder.layers.0.extra_scale": torch.ones(179, dtype=torch.float16)})
-    refused_repair(root, tmp_path, "model.decoder.layers.0.extra_scale axis 0")
+    refused_repair(root, tmp_path, "1 tensor gac-check did not read, first "
+                   "model.decoder.layers.0.extra_scale (float16 [179])")
+    ckpt = open_checkpoint(root)
+    sites = detect(ckpt).sites(ckpt)
+    repair_plan = plan(sites, assemble("gpu", "float16", (), sites), shapes=ckpt.shapes,
+                       config=ckpt.config)
+    with pytest.raises(BadInput, match=r"model\.decoder\.layers\.0\.extra_scale axis 0 also "
+                       "holds its size 179"):
+        apply(repair_plan, ckpt, tmp_path / "out", show_progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_repair_refuses_a_family_not_tested_with_its_loader(tmp_path):

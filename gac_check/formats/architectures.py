@@ -319,6 +319,9 @@ def _attention_sites(cfg: dict, shapes: Shapes, fam: Family, base: str, i: int,
         axes = (q.producer_axes(shapes, hd) + k.producer_axes(shapes, hd)
                 + v.producer_axes(shapes, hd))
     axes += o.consumer_axes(shapes, hd)
+    for norm in (f"{module}.q_norm.weight", f"{module}.k_norm.weight"):  # Qwen3: per head
+        if shapes.get(norm) == (hd,):
+            axes.append(TensorAxis(norm, 0, AxisKind.NORM))
     inexact = ROPE_INEXACT if fam.rope else (
         f"{fam.name}'s config derives head_dim from hidden_size / num_attention_heads, so a "
         "padded head_dim cannot be recorded in a stock config"
@@ -397,6 +400,8 @@ def _vocab_site(ckpt: Checkpoint, fam: Family) -> DimSite | None:
     if not head and not (causal and embed):
         return None
     axes = [TensorAxis(t, 0, AxisKind.PRODUCER) for t in (head, embed) if t]
+    if head and len(shapes.get("lm_head.bias", ())) == 1:  # OPT under SliceGPT, Phi-2
+        axes.append(TensorAxis("lm_head.bias", 0, AxisKind.BIAS))
     value = shapes[axes[0].tensor][0]
     site = DimSite("vocab", Role.VOCAB, value, axes, config_field=("vocab_size",),
                    inexact=VOCAB_INEXACT)

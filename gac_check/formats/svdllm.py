@@ -16,11 +16,10 @@ from gac_check.sites import AxisKind, DimSite, Role, TensorAxis, layer_of, natur
 U_SUFFIX, V_SUFFIX = "_u_proj.weight", "_v_proj.weight"
 
 
-def _factors(module: str) -> tuple[str, str] | None:
-    """``...self_attn.v_proj`` -> (``...self_attn.v_u_proj.weight``, ``...v_v_proj.weight``)."""
-    if not module.endswith("_proj"):
-        return None
-    stem = module[: -len("_proj")]
+def _factors(module: str) -> tuple[str, str]:
+    """``...self_attn.v_proj`` -> (``...self_attn.v_u_proj.weight``, ``...v_v_proj.weight``);
+    a linear not named ``*_proj`` (OPT's ``fc1``) -> ``fc1_u_proj`` / ``fc1_v_proj``."""
+    stem = module.removesuffix("_proj")
     return stem + U_SUFFIX, stem + V_SUFFIX
 
 
@@ -44,7 +43,7 @@ class SVDLLM(Format):
     def linear(self, ckpt: Checkpoint, module: str) -> Linear | None:
         shapes = ckpt.shapes
         names = _factors(module)
-        if names and all(n in shapes for n in names):
+        if all(n in shapes for n in names):
             u, v = names
             bias = u.removesuffix(".weight") + ".bias"
             return Linear(module, shapes[u][0], shapes[v][1], ((u, 0),), ((v, 1),),
@@ -57,7 +56,7 @@ class SVDLLM(Format):
             module = self._pair(ckpt, name) if name.endswith(U_SUFFIX) else None
             if module is None:
                 continue
-            u, v = _factors(module)  # type: ignore[misc]
+            u, v = _factors(module)
             rank = ckpt.tensors[u].shape[1]
             axes = [TensorAxis(v, 0, AxisKind.PRODUCER), TensorAxis(u, 1, AxisKind.CONSUMER)]
             sites.append(DimSite(f"{module}:rank", Role.RANK, rank, axes,

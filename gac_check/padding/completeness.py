@@ -60,14 +60,18 @@ def unpadded_axes(repair_plan: RepairPlan,
     return missing
 
 
-def require_complete(repair_plan: RepairPlan, shapes: Mapping[str, tuple[int, ...]]) -> None:
+def require_complete(repair_plan: RepairPlan, shapes: Mapping[str, tuple[int, ...]],
+                     auxiliary: Mapping[str, str] | None = None) -> None:
     """Refuse (BadInput, exit 2) a plan that would leave a dimension padded in some tensors
-    and not in others."""
+    and not in others. ``auxiliary`` (:attr:`Checkpoint.auxiliary`, what the accounting
+    read as a layout's scales or indices) names what such a tensor is."""
     missing = unpadded_axes(repair_plan, shapes)
     if missing:
         tensor, axis, site = missing[0]
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise BadInput(f"cannot repair {site}: {tensor} axis {axis} also holds its size "
+        what = (auxiliary or {}).get(tensor)
+        shown = f"{tensor} ({what})" if what else tensor
+        raise BadInput(f"cannot repair {site}: {shown} axis {axis} also holds its size "
                        f"{shapes[tensor][axis]} but the repair would not pad it{more}; "
                        "gac-check does not understand this architecture well enough to pad "
                        "it safely")

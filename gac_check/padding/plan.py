@@ -20,6 +20,7 @@ from itertools import product
 
 from gac_check.contract.rules import ERROR, WARNING, Contract
 from gac_check.errors import BadInput
+from gac_check.formats.accounting import site_axes
 from gac_check.sites import AxisKind, DimSite, Role
 
 STRATEGIES = {"minimal": (ERROR,), "optimal": (ERROR, WARNING)}
@@ -231,9 +232,8 @@ def plan(sites: Iterable[DimSite], contract: Contract, strategy: str = "minimal"
                     if r.site.name in conflicts]
         repairs = [r for r in repairs if r.site.name not in conflicts]
     params = sum(math.prod(s) for s in shapes.values())
-    claimed = frozenset((ax.tensor, ax.axis) for s in sites for ax in s.axes)
     return RepairPlan(strategy, contract.profile, contract.dtype, repairs, refused, params,
-                      _tensor_edits(repairs, shapes), config_edits, claimed)
+                      _tensor_edits(repairs, shapes), config_edits, site_axes(sites))
 
 
 def _refusal(site: DimSite, shapes: Mapping[str, tuple[int, ...]]) -> str | None:

@@ -119,7 +119,7 @@ def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
     out = Path(out_dir)
     check_output_dir(out, force, ckpt.path)
     _check_plan_fits(repair_plan, ckpt)
-    require_complete(repair_plan, ckpt.shapes)
+    require_complete(repair_plan, ckpt.shapes, ckpt.auxiliary)
     notes = list(extra_notes)
     progress = progress or Progress(sum(_nbytes(t) for t in ckpt.tensors.values()),
                                     after=PROGRESS_AFTER if show_progress else math.inf)

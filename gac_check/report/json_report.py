@@ -11,6 +11,10 @@ With ``--target``, every site carries ``targets``: one object per target given (
 ``verdict``: fast, fallback or refused, ``kernel``, ``fix_to``: the smallest size that makes
 it fast or null where padding cannot, ``source``: the pack rule's citation; also ``why`` and
 ``cannot_pad``), and ``summary.targets`` maps each spec to its model-level verdict with counts.
+
+``summary.tensors`` and ``summary.params_accounted`` say what the check read: every tensor
+(``read``) and where it went (``in_sites``, ``auxiliary``, ``no_dimension``), in tensors and in
+parameters; a check that read less than everything refuses instead of reporting.
 """
 from __future__ import annotations
 
@@ -71,8 +75,16 @@ def to_json(result: CheckResult) -> dict:
             "params": ckpt.params,
             "quantization": (f"{ckpt.quantization.method} {ckpt.quantization.scheme}"
                              if ckpt.quantization else None),
+            **_accounted(result),
             "repair_overhead_fraction": result.repair_overhead_fraction,
             "targets": verdicts.summary() if verdicts else {},
         },
         **extra,
     }
+
+
+def _accounted(result: CheckResult) -> dict:
+    books = result.accounting
+    if books is None:  # a result built by hand, not by the check
+        return {}
+    return {"tensors": books.tensors.as_dict(), "params_accounted": books.params.as_dict()}

@@ -18,6 +18,7 @@ def render_text(result: CheckResult) -> str:
         f"gac-check {ckpt.source}",
         f"  format: {result.format.description} ({ckpt.container}), {ckpt.params:,} parameters"
         + (" (logical)" if ckpt.quantization else ""),
+        *_read(result),
         f"  checked against: {contract.profile} contract ({contract.source} rules), "
         f"dtype {contract.dtype}" + _dtype_source(result),
         "",
@@ -43,6 +44,17 @@ def render_text(result: CheckResult) -> str:
         lines += gguf_lines(result.gguf)
     lines += ["", result.summary().line]
     return "\n".join(lines)
+
+
+def _read(result: CheckResult) -> list[str]:
+    """What the check read: every tensor, and where each went (docs/formats.md, Accounting)."""
+    books = result.accounting
+    if books is None:
+        return []
+    t = books.tensors
+    return [f"  read: all {t.read:,} tensors ({books.params.read:,} parameters): "
+            f"{t.in_sites:,} in sites, {t.auxiliary:,} auxiliary, {t.no_dimension:,} with no "
+            "dimension"]
 
 
 def _targets_summary(result: CheckResult) -> list[str]:
