@@ -18,6 +18,7 @@ from gac_check.formats import Format, detect
 from gac_check.formats.architectures import find_family
 from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
+from gac_check.targets.loadability import ModelKind
 from gac_check.targets.spec import Target
 
 
@@ -91,5 +92,13 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | No
     fmt = detect(ckpt)
     sites = fmt.sites(ckpt)
     choice = choose_dtype(ckpt, dtype)
-    contract = assemble(gpu, choice.dtype, targets, sites)
+    contract = assemble(gpu, choice.dtype, targets, sites, model_kind(ckpt, fmt))
     return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice)
+
+
+def model_kind(ckpt: Checkpoint, fmt: Format) -> ModelKind:
+    """What a deployment target needs to know beyond the widths: the compressor's layout,
+    config.json's architectures, and whether the weights are a pickled whole model."""
+    archs = ckpt.config.get("architectures")
+    archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
+    return ModelKind(fmt.name, archs, ckpt.pickled_model is not None)
