@@ -282,6 +282,27 @@ class SiteVerdicts:
                 return v
         return None
 
+    def refused_after(self, sites: list[DimSite],
+                      sizes: dict[str, int]) -> list[tuple[DimSite, Target, str]]:
+        """The sites a target would still refuse once each is padded to ``sizes`` (the rest
+        as they are), with why: what a repair must not write. A target that does not build
+        the model refuses every site (its reason is :attr:`loads`)."""
+        sm = SM_OF_PROFILE.get(self.profile)
+        out = []
+        for site in sites:
+            for tv in self.of(site):
+                t = tv.target
+                value = sizes.get(site.name, site.value)
+                if value == site.value or not self.loads[t.spec].loads:
+                    if tv.verdict == REFUSED:
+                        out.append((site, t, "; ".join(x for x in (tv.why, tv.cannot_pad) if x)))
+                    continue
+                outs = judge_uses(t, site_uses(site, self.shape, t), value, sm)
+                bad = next((o for o in outs if o.verdict == REFUSED), None)
+                if bad is not None:
+                    out.append((site, t, f"at {value}: {bad.why}"))
+        return out
+
     def summary(self) -> dict[str, dict]:
         """``summary.targets``: each spec's model-level verdict with counts."""
         return {t.spec: {**model_verdict([v for vs in self.by_site.values() for v in vs
