@@ -139,6 +139,7 @@ def test_html_report_says_the_target_does_not_load(tmp_path):
     helpers.gac(built.path, "--gpu", "h100", "--target", "vllm", "--report", report)
     html = report.read_text()
     assert "does not load" in html and "ALinear @ BLinear" in html
+    assert "Not modelled by these verdicts" in html
 
 
 def test_per_layer_widths_name_the_widths_not_a_kernel_on_every_layer(tmp_path):
