@@ -230,6 +230,18 @@ def test_uniform_pads_past_the_widest_to_what_the_target_runs_fast(tmp_path):
         torch.testing.assert_close(stock(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
 
 
+def test_uniform_without_a_target_still_pads_to_one_width(tmp_path):
+    model = per_layer_llama([256, 200, 171, 256])
+    src, out = tmp_path / "src", tmp_path / "out"
+    model.save_pretrained(src)
+    proc = helpers.gac(src, "--gpu", "h100", "--repair", out, "--uniform")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stock = LlamaForCausalLM.from_pretrained(out).eval()
+    ids = torch.arange(12)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(stock(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_uniform_is_only_for_repair(tmp_path):
     proc = helpers.gac(tmp_path, "--uniform")
     assert proc.returncode == 2 and "--uniform is only used with --repair" in proc.stderr
