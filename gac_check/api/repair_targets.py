@@ -20,6 +20,7 @@ from gac_check.errors import BadInput
 from gac_check.padding.plan import STRATEGIES, RepairPlan, plan
 from gac_check.sites import Role
 from gac_check.targets.loadability import LAYERS, layer_widths
+from gac_check.targets.shards import model_shape
 
 
 @dataclass
@@ -34,27 +35,26 @@ class TargetedPlan:
 
 def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> TargetedPlan:
     """The plan ``--repair`` carries out; :class:`BadInput` (nothing written) where a target
-    would still refuse OUT, with what would help."""
+    would still refuse OUT, with what would help. ``uniform`` pads every layer's MLP to one
+    width (with or without targets)."""
     ckpt, verdicts = before.checkpoint, before.contract.targets
+    blocked = [v for v in verdicts.loads.values() if not v.loads] if verdicts else []
+    for load in blocked:
+        if load.blocker != LAYERS or not _mlp_only(before):
+            raise BadInput(f"--repair: {load.target.spec} would still refuse OUT: "
+                           f"{load.why}; no padding changes that. To serve it: "
+                           f"{load.remedy}. Nothing was written (drop --target "
+                           f"{load.target.spec} to repair for the rest)", ckpt.path)
+    if blocked and not uniform:
+        raise BadInput(f"--repair: {', '.join(v.target.spec for v in blocked)} would still "
+                       f"refuse OUT: {blocked[0].why}; re-run the compressor with the same "
+                       "width in every layer, or add --uniform to pad every layer to the "
+                       f"widest ({_uniform_cost(before, strategy)}; exact zero padding). "
+                       "Nothing was written", ckpt.path)
     widths: dict[str, int] = {}
     contract = before.contract
-    if verdicts is not None:
-        blocked = [v for v in verdicts.loads.values() if not v.loads]
-        for load in blocked:
-            if load.blocker != LAYERS or not _mlp_only(before):
-                raise BadInput(f"--repair: {load.target.spec} would still refuse OUT: "
-                               f"{load.why}; no padding changes that. To serve it: "
-                               f"{load.remedy}. Nothing was written (drop --target "
-                               f"{load.target.spec} to repair for the rest)", ckpt.path)
-        if blocked and uniform:
-            widths, contract = _uniform(before, strategy)
-        elif blocked:
-            cost = _uniform_cost(before, strategy)
-            raise BadInput(f"--repair: {', '.join(v.target.spec for v in blocked)} would still "
-                           f"refuse OUT: {blocked[0].why}; re-run the compressor with the same "
-                           "width in every layer, or add --uniform to pad every layer to the "
-                           f"widest ({cost}; exact zero padding). Nothing was written",
-                           ckpt.path)
+    if uniform and len(layer_widths(model_shape(before.sites))["intermediate"]) > 1:
+        widths, contract = _uniform(before, strategy)
     repair_plan = plan(before.sites, contract, strategy, shapes=ckpt.shapes,
                        config=ckpt.config, widths=widths)
     if contract.targets is not None:
@@ -71,7 +71,7 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
 
 def _mlp_only(before: CheckResult) -> bool:
     """Whether the layers differ only in their MLP widths (head counts cannot be padded)."""
-    widths = layer_widths(before.contract.targets.shape)  # type: ignore[union-attr]
+    widths = layer_widths(model_shape(before.sites))
     return len(widths["heads"]) <= 1 and len(widths["head_dim"]) <= 1
 
 
