@@ -21,6 +21,7 @@ from gac_check.formats.architectures import find_family
 from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
 from gac_check.targets.gguf_file import GgufTypes, file_target, file_types
+from gac_check.targets.loadability import ModelKind
 from gac_check.targets.quantized import for_checkpoint
 from gac_check.targets.spec import Target, parse_target
 
@@ -182,7 +183,7 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | No
     choice = choose_dtype(ckpt, dtype)
     deployed = [for_checkpoint(t if isinstance(t, Target) else parse_target(t),
                                ckpt.quantization) for t in targets]
-    contract = assemble(gpu, choice.dtype, deployed, sites)
+    contract = assemble(gpu, choice.dtype, deployed, sites, model_kind(ckpt, fmt))
     return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice,
                        accounting=accounting)
 
@@ -201,7 +202,15 @@ def _check_gguf(ckpt: Checkpoint, fmt: Format, sites: list[DimSite], gpu: str,
     assert ckpt.gguf is not None
     judged = file_target(ckpt.gguf, tuple(targets))
     choice = DtypeChoice(dtype, "--dtype") if dtype else GGUF_DTYPE
-    contract = assemble(gpu, choice.dtype, judged, sites)
+    contract = assemble(gpu, choice.dtype, judged, sites, model_kind(ckpt, fmt))
     types = file_types(ckpt.gguf, judged[0])
     return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice, types,
                        accounting)
+
+
+def model_kind(ckpt: Checkpoint, fmt: Format) -> ModelKind:
+    """What a deployment target needs to know beyond the widths: the compressor's layout,
+    config.json's architectures, and whether the weights are a pickled whole model."""
+    archs = ckpt.config.get("architectures")
+    archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
+    return ModelKind(fmt.name, archs, ckpt.pickled_model is not None)

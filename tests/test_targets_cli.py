@@ -43,9 +43,14 @@ def test_stock_70b_is_fast_everywhere_and_exits_0(llama70):
     code, doc = run_json(llama70, "--gpu", "h100", "--target", "vllm,tp=8,quant=awq",
                          "--target", "vllm,tp=4,quant=gptq", "--target", "vllm,quant=fp8")
     assert code == 0
-    assert doc["summary"]["targets"] == {
+    counts = {spec: {k: v[k] for k in ("verdict", "fast", "fallback", "refused")}
+              for spec, v in doc["summary"]["targets"].items()}
+    assert counts == {
         spec: {"verdict": "fast", "fast": len(doc["sites"]), "fallback": 0, "refused": 0}
         for spec in ("vllm,tp=8,quant=awq", "vllm,tp=4,quant=gptq", "vllm,quant=fp8")}
+    for v in doc["summary"]["targets"].values():  # it loads, and says what is not modelled
+        assert v["load"]["loads"] is True and v["load"]["why"] is None
+        assert any("not modelled" in note for note in v["not_modelled"])
     for site in doc["sites"]:
         assert [v["target"] for v in site["targets"]] == ["vllm,tp=8,quant=awq",
                                                           "vllm,tp=4,quant=gptq",

@@ -81,8 +81,10 @@ def test_repair_to_targets_is_fast_on_recheck_and_minimal(width, targets, gpu, d
     (176, "vllm,tp=2,quant=awq", 256), (176, "vllm,tp=3", 180), (170, "vllm,quant=int8", 176),
 ])
 def test_cli_repair_pads_to_the_target_size_and_the_recheck_is_fast(tmp_path, width, spec, fix):
+    # a vocabulary of 192 loads at tp=3 (vLLM pads it to a multiple of 64, then divides it;
+    # 96 would be refused there, and so would the repair)
     model = helpers.tiny_llama(intermediate_size=width, num_attention_heads=6, hidden_size=96,
-                               num_key_value_heads=6)
+                               num_key_value_heads=6, vocab_size=192)
     src = tmp_path / "src"
     model.save_pretrained(src)
     out = tmp_path / "out"
@@ -96,14 +98,17 @@ def test_cli_repair_pads_to_the_target_size_and_the_recheck_is_fast(tmp_path, wi
     assert mlp and all(v["verdict"] == "fast" for v in mlp)
 
 
-def test_repair_reports_what_padding_cannot_fix(tmp_path):
-    """Heads that do not divide by TP cannot be padded exactly: the repair says so, with the
-    TP sizes that would load, and the re-check still gates (exit 1)."""
+def test_repair_refuses_what_the_target_would_still_refuse(tmp_path):
+    """Heads that do not divide by TP cannot be padded exactly, so vLLM at tp=4 would refuse
+    OUT: the repair refuses before writing anything, saying why and which TP sizes load."""
     model = helpers.tiny_llama(intermediate_size=176, num_attention_heads=6, hidden_size=96,
                                num_key_value_heads=6)
     src = tmp_path / "src"
     model.save_pretrained(src)
+    before = helpers.tree_digest(src)
     proc = helpers.gac(src, "--gpu", "h100", "--target", "vllm,tp=4", "--repair",
                        tmp_path / "out")
-    assert proc.returncode == 1, proc.stderr
-    assert "loads at tp=1/2" in proc.stdout and "heads" in proc.stdout
+    assert proc.returncode == 2, proc.stderr
+    assert "vllm,tp=4 would still refuse OUT" in proc.stderr and "heads" in proc.stderr
+    assert "loads at tp=1/2" in proc.stderr and "Nothing was written" in proc.stderr
+    assert not (tmp_path / "out").exists() and helpers.tree_digest(src) == before

@@ -22,7 +22,7 @@ from gac_check.checkpoint.outdir import check_output_dir
 from gac_check.contract.dtype_choice import dtype_name
 from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
-from gac_check.padding.plan import STRATEGIES, plan
+from gac_check.padding.plan import STRATEGIES
 from gac_check.profiles import profile_name
 from gac_check.targets.spec import Target
 
@@ -81,14 +81,18 @@ class FixResult(Generic[Report]):
 
 def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
            strategy: str = "minimal", dtype: str | None = None, force: bool = False,
-           target: Targets = (), *, progress: bool = True) -> FixResult[RepairReport]:
+           target: Targets = (), *, uniform: bool = False,
+           progress: bool = True) -> FixResult[RepairReport]:
     """Check ``model_dir`` against ``gpu``'s contract and write its exact zero-padded repair
     to ``out``, then re-check ``out``.
 
     Refuses exactly what the checker refuses (BadInput before anything is written), and an
     existing ``out`` unless ``force``. With ``target``, each site is padded to the smallest
-    size that is also fast on every target, where zero padding is exact.
+    size that is also fast on every target, where zero padding is exact, and a repair that a
+    target would still refuse is refused before anything is written; ``uniform`` pads every
+    layer's MLP to the widest, so a target that reads one width loads OUT.
     """
+    from gac_check.api.repair_targets import plan_for_targets
     from gac_check.padding.support import gguf_instead, unsupported
     from gac_check.padding.write import apply
 
@@ -104,13 +108,15 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     if why:
         raise BadInput(why, ckpt.path)
     check_output_dir(Path(out), force, ckpt.path)
-    repair_plan = plan(before.sites, before.contract, strategy, shapes=ckpt.shapes,
-                       config=ckpt.config)
+    targeted = plan_for_targets(before, strategy, uniform)
     choice = before.dtype_choice
+    notes = [choice.note] if choice and choice.note else []
+    if targeted.widths:
+        notes.append(f"--uniform: every layer's MLP padded to {max(targeted.widths.values())}, "
+                     "so an engine that builds every layer from one width loads OUT")
     recheck = Recheck(gpu, before)
-    report = apply(repair_plan, ckpt, out, force=force, recheck=recheck,
-                   extra_notes=[choice.note] if choice and choice.note else [],
-                   show_progress=progress)
+    report = apply(targeted.plan, ckpt, out, force=force, recheck=recheck,
+                   extra_notes=notes, show_progress=progress)
     return FixResult(before, report, recheck.moved_to(report.out))
 
 

@@ -131,6 +131,9 @@ tree.""")
                      "file beside --report FILE.html named FILE.json that is no earlier run's")
     fix.add_argument("--repair", type=Path, metavar="OUT",
                      help="write the exact zero-padded repair of the model to OUT")
+    fix.add_argument("--uniform", action="store_true",
+                     help="--repair: pad every layer's MLP to the widest, so an engine that "
+                     "builds every layer from one width (vLLM, SGLang, llama.cpp) loads OUT")
     fix.add_argument("--realign", type=Path, metavar="OUT",
                      help="write a model with aligned ranks re-selected under the same "
                      "parameter budget (exact multi-choice knapsack)")
@@ -198,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
     args.targets = [parse_target(t) for t in args.targets]  # and an unknown --target
     if args.base and not args.realign:
         raise BadInput("--base is only used with --realign")
+    if args.uniform and not args.repair:
+        raise BadInput("--uniform is only used with --repair")
     if args.repair and args.realign:
         raise BadInput("--repair and --realign write different models; choose one")
     if args.repair or args.realign:  # they rewrite one local directory: refuse the rest

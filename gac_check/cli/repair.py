@@ -15,7 +15,7 @@ def run_repair(args: argparse.Namespace) -> int:
     ``--report``/``--junit`` describe that re-check, with what each site was before."""
     outputs = plan_fix_outputs(args, args.repair)
     fix = repair(args.model_dir, args.repair, args.gpu, args.strategy, args.dtype, args.force,
-                 args.targets, progress=args.output != "json")
+                 args.targets, uniform=args.uniform, progress=args.output != "json")
     print(json.dumps(fix.report.to_json(), indent=2) if args.output == "json"
           else render_repair(fix.report))
     write_fix_outputs(outputs, "repair", fix, args.fail_on)

@@ -13,20 +13,22 @@ from gac_check.contract.measured import measured_rules
 from gac_check.contract.rules import Contract, cpu_rules, gpu_rules
 from gac_check.profiles import resolve_profile
 from gac_check.sites import DimSite
+from gac_check.targets.loadability import ModelKind
 from gac_check.targets.spec import Target, parse_target
 from gac_check.targets.verdicts import judge_all
 
 
 def assemble(gpu: str, dtype: str, targets: Sequence[Target | str] = (),
-             sites: Sequence[DimSite] = ()) -> Contract:
+             sites: Sequence[DimSite] = (), kind: ModelKind | None = None) -> Contract:
     """Everything findings are judged against, in one place, top to bottom: the hardware
     profile ``--gpu`` names (``auto`` resolved once, here), its rules for ``dtype`` (measured
-    where a sweep exists), and each deployment target's verdicts on the model's ``sites``."""
+    where a sweep exists), and each deployment target's verdicts on the model's ``sites``
+    (first whether its engine builds a model of this ``kind`` at all)."""
     profile = resolve_profile(gpu)
     contract = for_hardware(profile, dtype)
     parsed = tuple(t if isinstance(t, Target) else parse_target(t) for t in targets)
     if parsed:
-        contract.targets = judge_all(list(sites), parsed, profile, dtype)
+        contract.targets = judge_all(list(sites), parsed, profile, dtype, kind)
     return contract
 
 

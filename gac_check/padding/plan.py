@@ -6,7 +6,9 @@ axis (one per head in a q_proj, one per group in a PaLU VT). Several sites on on
 compose through a single index map per axis, computed from all their segments, so padding
 group 0 of a VT never shifts the rows group 1 is read from. What is exact and why is in
 docs/design.md ("Exactness"); a site whose adapter says padding is not exact
-(``DimSite.inexact``) is refused with that reason, and the rest are repaired.
+(``DimSite.inexact``) is refused with that reason, and the rest are repaired. A low-rank
+rank or latent whose padded factors would hold more parameters than the dense matrix they
+stand for is refused too, with both costs: no fix is dearer than dense without saying so.
 
 Planning is pure (sites, contract and shapes in; a :class:`RepairPlan` out), so the check can
 report exactly the repair ``--repair`` would carry out; :mod:`gac_check.padding.write` writes it.
@@ -200,25 +202,29 @@ class RepairPlan:
 
 
 def plan(sites: Iterable[DimSite], contract: Contract, strategy: str = "minimal", *,
-         shapes: Mapping[str, tuple[int, ...]], config: Mapping | None = None) -> RepairPlan:
+         shapes: Mapping[str, tuple[int, ...]], config: Mapping | None = None,
+         widths: Mapping[str, int] | None = None) -> RepairPlan:
     """Which sites to pad to which size, and exactly how every tensor and config value changes.
 
     ``minimal`` pads to the smallest size clearing the contract's error rules, ``optimal`` to
-    the smallest clearing its warnings too. A site is refused when zero padding is not exact
-    (``site.inexact``), when its axes do not fit the tensors, or when config.json records one
-    value for several sites that would not all get the same new value.
+    the smallest clearing its warnings too; ``widths`` are sizes the caller decided for some
+    sites (``--uniform``: every layer's MLP at one width), which config.json then records. A
+    site is refused when zero padding is not exact (``site.inexact``), when its axes do not
+    fit the tensors, when its padded factors would cost more than the dense matrix, or when
+    config.json records one value for several sites that would not all get the same new value.
     """
     if strategy not in STRATEGIES:
         raise BadInput(f"--strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
     sites = list(sites)
     severities = STRATEGIES[strategy]
+    widths = dict(widths or {})
     repairs: list[SiteRepair] = []
     refused: list[Refusal] = []
     for site in sites:
-        target = contract.target(site, severities)
+        target = widths.get(site.name) or contract.target(site, severities)
         if target <= site.value:
             continue
-        reason = _refusal(site, shapes)
+        reason = _refusal(site, shapes) or dearer_than_dense(site, target, shapes)
         if reason:
             refused.append(Refusal(site, target, reason))
         else:
@@ -228,6 +234,7 @@ def plan(sites: Iterable[DimSite], contract: Contract, strategy: str = "minimal"
     config_edits: list[ConfigEdit] = []
     if config is not None:
         config_edits, conflicts = _config_edits(sites, repairs, config)
+        config_edits += _uniform_config_edits(sites, widths, config, config_edits)
         refused += [Refusal(r.site, r.target, conflicts[r.site.name]) for r in repairs
                     if r.site.name in conflicts]
         repairs = [r for r in repairs if r.site.name not in conflicts]
@@ -252,6 +259,54 @@ def _refusal(site: DimSite, shapes: Mapping[str, tuple[int, ...]]) -> str | None
             return (f"{ax.tensor} axis {ax.axis} has {shape[ax.axis]} entries but the site "
                     f"spans {end}; tensors and site disagree")
     return None
+
+
+def dense_cost(site: DimSite, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, int] | None:
+    """For a low-rank rank or latent: the dense matrix's parameters (out x in) and what one
+    unit of rank costs in the two factors (in + out); None for any other site."""
+    if site.role not in (Role.RANK, Role.KV_LATENT):
+        return None
+    prod = [ax for ax in site.axes if ax.kind is AxisKind.PRODUCER]
+    cons = [ax for ax in site.axes if ax.kind is AxisKind.CONSUMER]
+    if len(prod) != 1 or len(cons) != 1 or any(ax.tensor not in shapes for ax in prod + cons):
+        return None
+    n_in = math.prod(n for i, n in enumerate(shapes[prod[0].tensor]) if i != prod[0].axis)
+    n_out = math.prod(n for i, n in enumerate(shapes[cons[0].tensor]) if i != cons[0].axis)
+    return n_out * n_in, n_in + n_out
+
+
+def dearer_than_dense(site: DimSite, target: int,
+                      shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why padding a rank to ``target`` is refused when the padded factors would hold more
+    parameters than the dense matrix they approximate (None when they hold no more)."""
+    cost = dense_cost(site, shapes)
+    if cost is None:
+        return None
+    dense, per_unit = cost
+    factors = target * per_unit
+    if factors <= dense:
+        return None
+    return (f"padding the {site.role.value} {site.value} -> {target} would store {factors:,} "
+            f"parameters in the two factors, more than the dense matrix's {dense:,}: store "
+            "the product of the factors as one dense weight (exact), or pad less (another "
+            "--target or none) and accept the slower kernel")
+
+
+def _uniform_config_edits(sites: list[DimSite], widths: Mapping[str, int],
+                          config: Mapping, done: list[ConfigEdit]) -> list[ConfigEdit]:
+    """With one width decided for every layer, config.json's single width records it, even
+    where it recorded none of the layers' old widths (LLM-Pruner keeps the dense size)."""
+    out: list[ConfigEdit] = []
+    for site in sites:
+        new = widths.get(site.name)
+        field_ = site.config_field
+        if new is None or not field_ or len(field_) != 1:
+            continue
+        old = config.get(field_[0])
+        if (isinstance(old, int) and not isinstance(old, bool) and old != new
+                and not any(e.path == field_ for e in done + out)):
+            out.append(ConfigEdit(field_, None, old, new))
+    return out
 
 
 def _segments(rep: SiteRepair) -> Iterable[tuple[str, int, int, int]]:

@@ -146,8 +146,8 @@ def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
                               container_out, files, 0.0, notes,
                               sidecar_changes=sidecar_changes)
         if repair_plan.refused:
-            notes.append(f"{len(repair_plan.refused)} misaligned sites were refused (not exact "
-                         "in the stock architecture) and remain misaligned")
+            notes.append(f"{len(repair_plan.refused)} misaligned sites were refused (for the "
+                         "reasons above) and remain misaligned")
         if recheck is not None:
             report.remaining = recheck(tmp)
         report.seconds = time.perf_counter() - t0

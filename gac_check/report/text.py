@@ -68,6 +68,13 @@ def _targets_summary(result: CheckResult) -> list[str]:
         out.append(f"  {spec:<28} {v['verdict']:<8} {v['fast']} fast, {v['fallback']} "
                    f"fallback, {v['refused']} refused  ({t.engine} {t.version}, tp={t.tp}, "
                    f"quant={t.quant}" + (f", group={t.group}" if t.group else "") + ")")
+        load = verdicts.loads.get(spec)
+        if load is not None and not load.loads:
+            out += [f"    does not load: {load.why} [{load.source}]",
+                    f"    to serve it: {load.remedy}"]
+    engines = {t.engine: t.pack for t in verdicts.targets}
+    out += ["", "not modelled by these verdicts (docs/targets.md, \"Not modelled yet\"):"]
+    out += [f"  {engine}: {note}" for engine, pack in engines.items() for note in pack.notes]
     return out
 
 

@@ -5,6 +5,10 @@ the smallest exact padding that makes it fast.
 Each of the site's uses (:mod:`gac_check.targets.shards`) is judged by every selection of the
 target's pack that applies to it: the first candidate, in the engine's order, whose conditions
 hold is what runs. The site's verdict is the worst over its uses.
+
+Loadability comes first (:mod:`gac_check.targets.loadability`): on a target whose engine has
+no model class for the model, every site is ``refused`` with that reason and what would make
+the model servable, whatever kernel it would have run.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 
 from gac_check.sites import DimSite
 from gac_check.targets import gguf
+from gac_check.targets.loadability import Loadability, ModelKind, judge_load
 from gac_check.targets.packs import Candidate, Pack, Selection, Source
 from gac_check.targets.shards import ModelShape, Use, model_shape, uses
 from gac_check.targets.spec import Target
@@ -248,6 +253,8 @@ class SiteVerdicts:
     profile: str
     shape: ModelShape
     by_site: dict[str, list[TargetVerdict]] = field(default_factory=dict)
+    #: whether each target's engine builds the model at all (by spec)
+    loads: dict[str, Loadability] = field(default_factory=dict)
     _memo: dict[tuple, int | None] = field(default_factory=dict, repr=False)
 
     def of(self, site: DimSite) -> list[TargetVerdict]:
@@ -282,10 +289,34 @@ class SiteVerdicts:
         return (v for v in values
                 if all(worst(judge_uses(t, su, v, sm)) == FAST for t, su in per))
 
+    def refused_after(self, sites: list[DimSite],
+                      sizes: dict[str, int]) -> list[tuple[DimSite, Target, str]]:
+        """The sites a target would still refuse once each is padded to ``sizes`` (the rest
+        as they are), with why: what a repair must not write. A target that does not build
+        the model refuses every site (its reason is :attr:`loads`)."""
+        sm = SM_OF_PROFILE.get(self.profile)
+        out = []
+        for site in sites:
+            for tv in self.of(site):
+                t = tv.target
+                value = sizes.get(site.name, site.value)
+                if value == site.value or not self.loads[t.spec].loads:
+                    if tv.verdict == REFUSED:
+                        out.append((site, t, "; ".join(x for x in (tv.why, tv.cannot_pad) if x)))
+                    continue
+                outs = judge_uses(t, site_uses(site, self.shape, t), value, sm)
+                bad = next((o for o in outs if o.verdict == REFUSED), None)
+                if bad is not None:
+                    out.append((site, t, f"at {value}: {bad.why}"))
+        return out
+
     def summary(self) -> dict[str, dict]:
         """``summary.targets``: each spec's model-level verdict with counts."""
-        return {t.spec: model_verdict([v for vs in self.by_site.values() for v in vs
-                                       if v.target is t]) for t in self.targets}
+        return {t.spec: {**model_verdict([v for vs in self.by_site.values() for v in vs
+                                          if v.target is t]),
+                         "load": self.loads[t.spec].as_dict() if t.spec in self.loads else None,
+                         "not_modelled": list(t.pack.notes)}
+                for t in self.targets}
 
 
 def _context(site: DimSite, shape: ModelShape, targets: tuple[Target, ...]) -> tuple:
@@ -302,19 +333,30 @@ def _context(site: DimSite, shape: ModelShape, targets: tuple[Target, ...]) -> t
 
 
 def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
-              dtype: str = "bfloat16") -> SiteVerdicts:
+              dtype: str = "bfloat16", kind: ModelKind | None = None) -> SiteVerdicts:
+    """Every site on every target; on a target that does not build the model (``kind``: the
+    format, architecture and container), every site is refused with the reason."""
     shape = model_shape(sites, dtype)
     out = SiteVerdicts(targets, profile, shape)
+    out.loads = {t.spec: judge_load(kind or ModelKind(), shape, t) for t in targets}
     seen: dict[tuple, TargetVerdict] = {}
     for site in sites:
         verdicts = []
         for t in targets:  # each target's verdict depends on the layer only for llama.cpp
-            key = (t.spec, _context(site, shape, (t,)))
+            load = out.loads[t.spec]
+            key = (t.spec, _context(site, shape, (t,)) if load.loads else None)
             if key not in seen:
-                seen[key] = judge(site, shape, t, profile)
+                seen[key] = judge(site, shape, t, profile) if load.loads else not_loaded(load)
             verdicts.append(seen[key])
         out.by_site[site.name] = verdicts
     return out
+
+
+def not_loaded(load: Loadability) -> TargetVerdict:
+    """A site of a model the target does not build: refused with the model's reason (no
+    kernel runs it, and no padding of one site helps)."""
+    return TargetVerdict(load.target, REFUSED, None, f"the model does not load: {load.why}",
+                         load.source, cannot_pad=f"to serve it: {load.remedy}")
 
 
 def model_verdict(verdicts: list[TargetVerdict]) -> dict:

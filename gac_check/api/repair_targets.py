@@ -1,0 +1,100 @@
+"""``--repair --target``: what a repair pads to for the targets, and what it refuses to write.
+
+A repair is worth writing only if the targets it was asked for will serve OUT. So, before a
+byte is written, the plan is judged as OUT would be: a target whose engine does not build
+the model (a compressor's custom modules, a pickled whole model, an unknown architecture) or
+that would still refuse a padded site refuses the repair, saying why. Layers of different MLP
+widths are the one load blocker padding can remove: ``--uniform`` pads every layer to the
+widest (exact zero padding, then to what every target runs fast), and without it the refusal
+offers it with its cost.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from gac_check.analysis import CheckResult, model_kind
+from gac_check.contract.rules import Contract
+from gac_check.contract.select import assemble
+from gac_check.errors import BadInput
+from gac_check.padding.plan import STRATEGIES, RepairPlan, plan
+from gac_check.sites import Role
+from gac_check.targets.loadability import LAYERS, layer_widths
+from gac_check.targets.shards import model_shape
+
+
+@dataclass
+class TargetedPlan:
+    """The repair plan, and the contract OUT will be judged by (the uniform one with
+    ``--uniform``: every layer at one width)."""
+
+    plan: RepairPlan
+    contract: Contract
+    widths: dict[str, int]
+
+
+def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> TargetedPlan:
+    """The plan ``--repair`` carries out; :class:`BadInput` (nothing written) where a target
+    would still refuse OUT, with what would help. ``uniform`` pads every layer's MLP to one
+    width (with or without targets)."""
+    ckpt, verdicts = before.checkpoint, before.contract.targets
+    blocked = [v for v in verdicts.loads.values() if not v.loads] if verdicts else []
+    for load in blocked:
+        if load.blocker != LAYERS or not _mlp_only(before):
+            raise BadInput(f"--repair: {load.target.spec} would still refuse OUT: "
+                           f"{load.why}; no padding changes that. To serve it: "
+                           f"{load.remedy}. Nothing was written (drop --target "
+                           f"{load.target.spec} to repair for the rest)", ckpt.path)
+    if blocked and not uniform:
+        raise BadInput(f"--repair: {', '.join(v.target.spec for v in blocked)} would still "
+                       f"refuse OUT: {blocked[0].why}; re-run the compressor with the same "
+                       "width in every layer, or add --uniform to pad every layer to the "
+                       f"widest ({_uniform_cost(before, strategy)}; exact zero padding). "
+                       "Nothing was written", ckpt.path)
+    widths: dict[str, int] = {}
+    contract = before.contract
+    if uniform and len(layer_widths(model_shape(before.sites))["intermediate"]) > 1:
+        widths, contract = _uniform(before, strategy)
+    repair_plan = plan(before.sites, contract, strategy, shapes=ckpt.shapes,
+                       config=ckpt.config, widths=widths)
+    if contract.targets is not None:
+        sizes = {r.site.name: r.target for r in repair_plan.repairs}
+        still = contract.targets.refused_after(before.sites, sizes)
+        if still:
+            site, target, why = still[0]
+            more = f" (and {len(still) - 1} more)" if len(still) > 1 else ""
+            raise BadInput(f"--repair: {target.spec} would still refuse OUT at {site.name}"
+                           f"{more}: {why}. Nothing was written (drop --target {target.spec} "
+                           "to repair for the rest)", ckpt.path)
+    return TargetedPlan(repair_plan, contract, widths)
+
+
+def _mlp_only(before: CheckResult) -> bool:
+    """Whether the layers differ only in their MLP widths (head counts cannot be padded)."""
+    widths = layer_widths(model_shape(before.sites))
+    return len(widths["heads"]) <= 1 and len(widths["head_dim"]) <= 1
+
+
+def _uniform(before: CheckResult, strategy: str) -> tuple[dict[str, int], Contract]:
+    """Every layer's MLP width: the widest, then the smallest size at or above it that the
+    contract and every target take, judged on the model as it will be (one width)."""
+    mlp = [s for s in before.sites if s.role is Role.INTERMEDIATE]
+    widest = max(s.value for s in mlp)
+    sites = [dataclasses.replace(s, value=widest) if s.role is Role.INTERMEDIATE else s
+             for s in before.sites]
+    contract = assemble(before.contract.profile, before.contract.dtype, before.targets, sites,
+                        model_kind(before.checkpoint, before.format))
+    to = max(contract.target(s, STRATEGIES[strategy]) for s in sites
+             if s.role is Role.INTERMEDIATE)
+    return {s.name: to for s in mlp}, contract
+
+
+def _uniform_cost(before: CheckResult, strategy: str) -> str:
+    widths, _ = _uniform(before, strategy)
+    ckpt = before.checkpoint
+    sites = {s.name: s for s in before.sites}
+    added = sum((to - sites[n].value) * sites[n].params_per_unit(dict(ckpt.shapes))
+                for n, to in widths.items())
+    to = next(iter(widths.values()))
+    share = added / ckpt.params if ckpt.params else 0.0
+    return f"to {to}: +{added:,} parameters, {share:.2%}"

@@ -1,0 +1,183 @@
+"""Loadability first: whether a target's engine has a model class for this model at all.
+
+Kernel verdicts assume the engine builds the model; many compressed checkpoints never get that
+far. An engine loads a checkpoint by building its own model class for the architecture
+config.json names and copying each weight into the parameter of that name, with every layer
+built from config.json's one width. So it refuses, before any kernel is chosen:
+
+- a compressor's custom modules (ASVD's BLinear/ALinear, SVD-LLM's u/v factors, PaLU's latent
+  K/V, SliceGPT's shortcut matrices): no parameter of the stock class has those names;
+- a pickled whole model (the loaders read state dicts with ``torch.load(weights_only=True)``);
+- an architecture its registry does not list at that release (where the registry was read in
+  full: ``registries.json``);
+- layers of different widths or head counts (per-layer pruning).
+
+Each refusal says what would make the model servable. The data, with a citation per engine,
+is ``gac_check/targets/registries.json`` (docs/targets.md, "Loadability").
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from gac_check.targets.packs import PackError, Source, _source
+from gac_check.targets.shards import ModelShape
+from gac_check.targets.spec import Target
+
+SCHEMA = "gac-check-registry/1"
+#: the blockers, in the order they are checked (the first one found is reported)
+CUSTOM, CONTAINER, ARCHITECTURE, LAYERS = "custom modules", "container", "architecture", "layers"
+UNIFORM_REMEDY = ("pad every layer to the widest (--repair OUT --uniform: exact zero padding), "
+                  "or re-run the compressor with the same width in every layer")
+HEADS_REMEDY = ("re-run the compressor with the same head count in every layer (head counts "
+                "cannot be padded exactly)")
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """What a target needs to know about the model beyond its widths: the layout a compressor
+    wrote (the format's name), config.json's architectures and whether the weights are a
+    pickled whole model."""
+
+    format: str = "dense"
+    architectures: tuple[str, ...] = ()
+    pickled_model: bool = False
+
+
+@dataclass(frozen=True)
+class Loadability:
+    """Whether ``target`` builds the model; when not, why, what it prints and what would help."""
+
+    target: Target
+    loads: bool = True
+    blocker: str | None = None
+    why: str = ""
+    remedy: str = ""
+    source: Source | None = None
+
+    def as_dict(self) -> dict:
+        return {"loads": self.loads, "blocker": self.blocker, "why": self.why or None,
+                "remedy": self.remedy or None,
+                "source": self.source.as_dict() if self.source else None}
+
+
+@dataclass(frozen=True)
+class Registry:
+    """One engine's model registry as read: architectures by release (where read in full)
+    and the loader's refusals, each with its citation."""
+
+    engine: str
+    architectures: dict[str, frozenset[str]]
+    registry: Source
+    refusals: dict[str, tuple[str, Source]]
+
+    def listed(self, version: str, versions: tuple[str, ...]) -> tuple[frozenset[str], str] | None:
+        """The architectures of the newest read release at or before ``version`` (the oldest
+        read one for an older version), and that release; None where none was read."""
+        if not self.architectures:
+            return None
+        read = sorted(self.architectures, key=lambda v: versions.index(v)
+                      if v in versions else -1)
+        at = [v for v in read if v in versions and versions.index(v) <= versions.index(version)]
+        ref = at[-1] if at else read[0]
+        return self.architectures[ref], ref
+
+
+@cache
+def _data() -> dict:
+    raw = json.loads(resources.files("gac_check.targets").joinpath("registries.json")
+                     .read_text(encoding="utf-8"))
+    if raw.get("schema") != SCHEMA:
+        raise PackError(f"registries.json: schema must be {SCHEMA!r}")
+    return raw
+
+
+@cache
+def registry(engine: str) -> Registry | None:
+    raw = _data()["engines"].get(engine)
+    if raw is None:
+        return None
+    where = f"registries.json {engine}"
+    refusals = {key: (raw[key]["message"], _source(raw[key].get("source"), f"{where} {key}"))
+                for key in ("unknown_weights", "pickled_model", "per_layer")}
+    return Registry(engine, {v: frozenset(a) for v, a in (raw.get("architectures") or {}).items()},
+                    _source(raw.get("registry"), f"{where} registry"), refusals)
+
+
+def custom_modules() -> dict[str, dict[str, str]]:
+    """The compressors' layouts no engine has a model class for: what they are, what helps."""
+    return _data()["custom_modules"]
+
+
+def judge_load(kind: ModelKind, shape: ModelShape, target: Target) -> Loadability:
+    """Whether ``target``'s engine builds this model, the first blocker found otherwise."""
+    reg = registry(target.engine)
+    if reg is None:
+        return Loadability(target)
+    custom = custom_modules().get(kind.format)
+    if custom is not None:
+        message, source = reg.refusals["unknown_weights"]
+        return Loadability(target, False, CUSTOM,
+                           f"{target.engine} has no model class for {custom['modules']} "
+                           f"({message.format(module='...', architecture=_arch(kind))})",
+                           custom["remedy"], source)
+    if kind.pickled_model:
+        message, source = reg.refusals["pickled_model"]
+        return Loadability(target, False, CONTAINER,
+                           f"the weights are a pickled whole model: {message}",
+                           "save the model with save_pretrained (safetensors) and judge that",
+                           source)
+    listed = reg.listed(target.version, target.pack.versions)
+    arch = _arch(kind)
+    if listed is not None and kind.architectures and arch not in listed[0]:
+        return Loadability(target, False, ARCHITECTURE,
+                           f"{target.engine} {listed[1]} has no model class for architecture "
+                           f"{arch} (not in its model registry)",
+                           "serve it on an engine that has a class for it, or convert it to "
+                           "an architecture the engine lists", reg.registry)
+    widths = layer_widths(shape)
+    if len(widths["heads"]) > 1 or len(widths["head_dim"]) > 1:
+        message, source = reg.refusals["per_layer"]
+        return Loadability(target, False, LAYERS,
+                           f"the layers have different head counts or head sizes "
+                           f"({_list(widths['heads'])} heads); {message}", HEADS_REMEDY, source)
+    if len(widths["intermediate"]) > 1:
+        message, source = reg.refusals["per_layer"]
+        return Loadability(target, False, LAYERS,
+                           f"the layers have different MLP widths "
+                           f"({_per_layer(shape)}); {message}", UNIFORM_REMEDY,
+                           source)
+    return Loadability(target)
+
+
+def layer_widths(shape: ModelShape) -> dict[str, list[int]]:
+    """The distinct per-layer values of each width, in layer order."""
+    out: dict[str, list[int]] = {"heads": [], "head_dim": [], "intermediate": []}
+    for i in sorted(shape.layers):
+        lay = shape.layers[i]
+        for key, value in (("heads", (lay.heads, lay.kv_heads)), ("head_dim", lay.head_dim),
+                           ("intermediate", lay.intermediate)):
+            if value is not None and value != (None, None) and value not in out[key]:
+                out[key].append(value)  # type: ignore[arg-type]
+    return out
+
+
+def _per_layer(shape: ModelShape) -> str:
+    """The MLP width of each layer (up to 8 layers), else how many widths and their range."""
+    values = [shape.layers[i].intermediate for i in sorted(shape.layers)
+              if shape.layers[i].intermediate is not None]
+    if len(values) <= 8:
+        return "[" + ", ".join(map(str, values)) + "]"
+    distinct = sorted(set(values))
+    return f"{len(distinct)} widths over {len(values)} layers, {distinct[0]} to {distinct[-1]}"
+
+
+def _arch(kind: ModelKind) -> str:
+    return kind.architectures[0] if kind.architectures else "(none in config.json)"
+
+
+def _list(values: list) -> str:
+    return "[" + ", ".join("/".join(map(str, v)) if isinstance(v, tuple) else str(v)
+                           for v in values) + "]"
