@@ -132,7 +132,7 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     target runs it fast (else the matrix is stored dense). Other formats are refused with what
     to run instead, and everything the headers can refuse is refused before any SVD.
     """
-    from gac_check.api.refusals import require_feasible, require_realignable
+    from gac_check.api.refusals import require_feasible, require_loadable, require_realignable
     from gac_check.ranks.candidates import rank_menus
     from gac_check.ranks.factors import rank_alignment  # torch: only for a realign
     from gac_check.ranks.factors import realign as write_realigned
@@ -147,6 +147,7 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
                        before.checkpoint.path)
     align = rank_alignment(before.contract, strategy)
     require_realignable(before, align)
+    require_loadable(before)
     menus = rank_menus(before.sites, before.checkpoint.shapes, before.contract, align,
                        base_dir is not None)
     require_feasible(before, budget, menus)

@@ -48,6 +48,17 @@ def require_realignable(result: CheckResult, align: int) -> None:
                        result.checkpoint.path)
 
 
+def require_loadable(result: CheckResult) -> None:
+    """--realign keeps the input's layout, so a target whose engine has no model class for it
+    refuses OUT as it refuses the input: refused before any SVD, saying what would serve it."""
+    verdicts = result.contract.targets
+    for load in verdicts.loads.values() if verdicts else ():
+        if not load.loads:
+            raise BadInput(f"--realign: {load.target.spec} would refuse OUT as it refuses the "
+                           f"input: {load.why}; re-selected ranks keep the layout. To serve "
+                           f"it: {load.remedy}. Nothing was written", result.checkpoint.path)
+
+
 def require_feasible(result: CheckResult, budget: str, menus: list[RankMenu]) -> None:
     """Refuse, from the headers alone, what would otherwise fail after minutes of SVDs: a
     budget that is no fraction in (0, 1], or one no choice on the menus fits (every matrix
