@@ -9,6 +9,8 @@ smoke's times are noise); what each stage wrote is.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,13 +23,17 @@ from gac_check.evidence.budget import STOPPED, Budget, StageClock
 from gac_check.evidence.sizes import GPU, SMOKE, layers_for
 from tests.helpers import gac
 
-FILES = {"results.json", "evidence.log", "junit.xml", "report.html", "report.json"}
+ROOT = Path(__file__).resolve().parents[1]
+FILES = {"results.json", "results.md", "evidence.log", "junit.xml", "report.html",
+         "report.json"}
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("evidence") / "out"
-    res = gac("evidence", "--smoke", "--out", out, timeout=600)
+    # 60 minutes: the stages' budgets never bind on a loaded runner (stopping is tested
+    # below, on clocks already spent, not by racing the wall clock)
+    res = gac("evidence", "--smoke", "--minutes", "60", "--out", out, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     return out
 
@@ -90,6 +96,13 @@ def test_smoke_slow_paths_and_the_report(smoke):
     assert "q_proj" in html and "intermediate" in html
 
 
+def test_smoke_results_md_holds_the_tables_with_provenance(smoke):
+    md = (smoke / "results.md").read_text()
+    assert "command: `gac-check evidence --smoke --out" in md and "software: python" in md
+    assert "| lowrank-realign |" in md and "| prefill | a ~15%-smaller model" in md
+    assert "| gemm K 65 vs 72 |" in md
+
+
 def test_without_a_gpu_and_without_smoke_it_is_one_line_and_exit_2(tmp_path):
     res = gac("evidence", "--out", tmp_path / "out")
     assert res.returncode == 2
@@ -144,3 +157,15 @@ def test_each_stage_stops_at_its_budget_and_says_so(tmp_path):
         log.close()
     assert clock.summary()["status"] == STOPPED
     assert "stopped at budget" in (tmp_path / "log").read_text()
+
+
+def test_a_missing_package_is_named_in_one_line_before_anything_runs(tmp_path):
+    """tqdm hidden from the import system (``sys.modules[name] = None``: find_spec and import
+    both fail), as on a machine that lacks it."""
+    code = ("import sys; sys.modules['tqdm'] = None; from gac_check.cli.main import main; "
+            f"sys.exit(main(['evidence', '--smoke', '--out', {str(tmp_path / 'out')!r}]))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "missing here: tqdm;" in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()

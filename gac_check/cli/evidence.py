@@ -26,7 +26,7 @@ EXAMPLES = """examples:
   gac-check evidence --gpu auto --minutes 8 --out evidence-h100   # on a GPU machine
   gac-check evidence --smoke --out /tmp/ev                        # any machine, seconds
 
-OUT gets at most eight files: <key>.json (the baseline), results.json, junit.xml,
+OUT gets seven files: <key>.json (the baseline), results.json, results.md, junit.xml,
 report.html, report.json and evidence.log. docs/measuring.md says how to commit them."""
 
 

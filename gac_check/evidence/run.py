@@ -7,6 +7,7 @@ What lands in OUT (at most eight files, each far below 16 MiB):
 * ``results.json``: provenance, each stage's budget and status, every figure of stages b-e;
 * ``junit.xml``: the perf suites run against that baseline;
 * ``report.html`` and its run document ``report.json``;
+* ``results.md``: the same figures as the tables benchmarks/RESULTS.md takes, with provenance;
 * ``evidence.log``: every stage's lines and the pytest output.
 
 A stage that fails is recorded with its error and the next one runs: the figures a later
@@ -25,12 +26,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gac_check.bench.device import Device
-from gac_check.evidence import baseline, latency, provenance, report, slowpaths, suites
+from gac_check.evidence import baseline, latency, markdown, provenance, report, slowpaths, suites
 from gac_check.evidence.budget import Budget, StageClock
 from gac_check.evidence.sizes import GPU, SMOKE, layers_for
 
 SCHEMA = "gac-check-evidence/1"
-LOG, RESULTS, JUNIT, HTML = "evidence.log", "results.json", "junit.xml", "report.html"
+LOG, RESULTS, JUNIT, HTML, MARKDOWN = ("evidence.log", "results.json", "junit.xml",
+                                       "report.html", "results.md")
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,10 @@ def run(req: Request) -> dict:
             os.environ["GAC_BASELINES_DIR"] = old_dir
     doc["clocks_after"] = provenance.clocks() if req.device.kind == "cuda" else None
     doc["seconds"] = round(time.monotonic() - budget.start, 1)
-    doc["files"] = sorted(p.name for p in req.out.iterdir() if p.is_file()) + (
-        [] if (req.out / RESULTS).exists() else [RESULTS])
+    doc["files"] = sorted({p.name for p in req.out.iterdir() if p.is_file()}
+                          | {RESULTS, MARKDOWN})
     (req.out / RESULTS).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (req.out / MARKDOWN).write_text(markdown.render(doc))
     return doc
 
 
