@@ -169,3 +169,22 @@ def test_a_missing_package_is_named_in_one_line_before_anything_runs(tmp_path):
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "missing here: tqdm;" in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_group_starts_no_chunk_after_its_deadline(tmp_path):
+    from gac_check.bench import sweep
+
+    group = baseline.plan(cpu(), smoke=True).groups[0]
+    with open(tmp_path / "log", "w") as log:
+        assert sweep.run_group(group, "cpu", "test", log=log, deadline=time.monotonic() - 1) == []
+    assert "stopped at budget after 0 of" in (tmp_path / "log").read_text()
+
+
+def test_a_pytest_run_that_could_not_run_is_the_stages_error(tmp_path):
+    """A usage error (here: a test path that does not exist; on the GPU machine it was an
+    option the uninstalled plugin did not know) is no evidence: the stage says so."""
+    clock = StageClock("suites", 600.0, time.monotonic() + 600)
+    with open(tmp_path / "log", "w") as log:
+        got = suites.run("cpu", ("suites/no_such_file.py",), ("suites/no_such_file.py",),
+                         tmp_path, tmp_path / "j.xml", clock, log)
+    assert got["record"]["exit"] == 4 and "pytest exit 4" in got["error"], got

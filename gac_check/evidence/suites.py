@@ -21,6 +21,8 @@ from gac_check.evidence.budget import StageClock
 ROOT = Path(__file__).resolve().parents[2]
 #: the record run's share of the stage; the gated run gets the rest
 RECORD_SHARE = 0.4
+#: pytest's exit codes for a session that ran its tests: all passed, some failed
+PYTEST_RAN = (0, 1)
 #: how long pytest may take to write its reports after SIGINT before it is killed
 GRACE_S = 30
 
@@ -32,15 +34,24 @@ def run(profile: str, record_tests: tuple[str, ...], perf_tests: tuple[str, ...]
         return {"error": f"no suites/ beside the package ({ROOT}): run from the source tree"}
     env = {**os.environ, "GAC_BASELINES_DIR": str(out), "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--gpu", profile]
+    # --gac-gpu, not its alias --gpu: the alias is claimed in a hook that runs only for a
+    # plugin installed as an entry point, and the GPU machine runs the tree uninstalled, where
+    # the root conftest.py loads the plugin (found by tests/test_evidence_offline.py)
+    base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--gac-gpu",
+            profile]
     record_until = min(clock.deadline,
                        clock.started + RECORD_SHARE * clock.budget_s)
     recorded = _pytest([*base, *record_tests, "--gac-update-baselines"], env, record_until,
                        log)
     gated = _pytest([*base, *perf_tests, f"--junitxml={junit}"], env, clock.deadline, log)
     clock.stopped = recorded["interrupted"] or gated["interrupted"]
-    return {"record": recorded, "gate": gated, "junit": junit.name if junit.exists() else None,
-            "counts": counts(junit)}
+    out = {"record": recorded, "gate": gated, "junit": junit.name if junit.exists() else None,
+           "counts": counts(junit)}
+    broken = [f"{name} run: pytest exit {r['exit']}" for name, r in (("record", recorded),
+              ("gate", gated)) if r["exit"] not in PYTEST_RAN and not r["interrupted"]]
+    if broken:  # usage error, internal error, nothing collected: no evidence, say so
+        out["error"] = "; ".join(broken) + " (evidence.log has pytest's words)"
+    return out
 
 
 def _pytest(argv: list[str], env: dict, deadline: float, log) -> dict:
