@@ -98,7 +98,8 @@ def test_smoke_slow_paths_and_the_report(smoke):
 
 def test_smoke_results_md_holds_the_tables_with_provenance(smoke):
     md = (smoke / "results.md").read_text()
-    assert "command: `gac-check evidence --smoke --out" in md and "software: python" in md
+    assert "command: `gac-check evidence --smoke --minutes 60 --out" in md
+    assert "software: python" in md
     assert "| lowrank-realign |" in md and "| prefill | a ~15%-smaller model" in md
     assert "| gemm K 65 vs 72 |" in md
 

@@ -27,8 +27,8 @@ def _kv(d: dict) -> str:
 
 def _ms(form: dict, phase: str) -> tuple[str, str]:
     t = form.get(phase)
-    if not t:
-        return "not timed", ""
+    if not t or "median_s" not in t:
+        return "not timed", (t or {}).get("error", "")[:80]
     return f"{t['median_s'] * 1e3:.3f}", f"{t['tokens_per_s']:,.0f}"
 
 

@@ -82,6 +82,9 @@ def _time(pair: Pair, kind: str) -> dict:
     except workloads.Unsupported as exc:
         row.update(status="refused", reason=str(exc))
         return row
+    except RuntimeError as exc:  # accepted by the dispatcher's checks, failed in the kernel
+        row.update(status="failed", reason=str(exc)[:300])
+        return row
     row.update(status="timed", slow_s=slow.median_s, fast_s=fast.median_s,
                slower=slow.median_s / fast.median_s,
                work_ratio=pair.slow.flops / pair.fast.flops,
