@@ -67,5 +67,6 @@ def test_the_smoke_runs_with_only_the_gpu_machines_packages_and_no_network(gpu_m
               if isinstance(doc[n], dict) and "error" in doc[n]}
     assert errors == {}, errors
     assert {s["status"] for s in doc["stages"].values()} == {"complete"}, doc["stages"]
-    assert doc["suites"]["counts"]["failures"] == 0 and doc["suites"]["counts"]["tests"] >= 1
+    counts = doc["suites"]["counts"]  # ran; the gate's verdict is a timing, not asserted
+    assert counts["tests"] >= 1 and counts["errors"] == 0 and counts["skipped"] == 0, counts
     assert len(list(out.iterdir())) <= 8

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from importlib.util import find_spec
 from pathlib import Path
 
+from gac_check.cli.exits import EXIT_FINDINGS, EXIT_OK
 from gac_check.errors import BadInput, HardwareMissing
 from gac_check.profiles import CHOICES
 
@@ -67,7 +68,9 @@ def main(argv: Sequence[str], parser_class: type[argparse.ArgumentParser]) -> in
     for line in summary_lines(doc):
         print(line)
     print(f"wrote {', '.join(doc['files'])} to {args.out}", file=sys.stderr)
-    return 0
+    whole = all(s["status"] == "complete" for s in doc["stages"].values()) and not any(
+        isinstance(doc.get(n), dict) and "error" in doc[n] for n in doc["stages"])
+    return EXIT_OK if whole else EXIT_FINDINGS  # like baseline record: what ran is saved
 
 
 def _device(args: argparse.Namespace):
