@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 DEMO_DIR ?= demo-out
 
-.PHONY: demo test test-slow lint bench clean llamacpp-wheel
+.PHONY: demo test test-slow lint bench clean llamacpp-wheel evidence
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,14 @@ llamacpp-wheel: $(STAMP)
 	  CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DLLAVA_BUILD=OFF" \
 	  $(PY) -m pip wheel --no-deps "$(LLAMA_CPP_PYTHON)" -w $(WHEELS)
 	$(PY) -m pip install --quiet --find-links $(WHEELS) -e ".[oracle]"
+
+# On a lent GPU machine (docs/measuring.md, "GPU evidence in one call"): no virtualenv and no
+# network there, so no $(STAMP): the copied tree runs on that machine's own python3.
+EVIDENCE_OUT ?= evidence-out
+EVIDENCE_MINUTES ?= 8
+evidence:
+	PYTHONUNBUFFERED=1 PYTHONPATH=. $(PYTHON) -m gac_check.cli evidence --gpu auto \
+	  --minutes $(EVIDENCE_MINUTES) --out $(EVIDENCE_OUT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -133,13 +133,18 @@ def record_plan(device: str, dtype: str = "float32") -> RecordPlan:
 
 
 def run_group(group: Group, device: str, command: str, chunk: int = 32,
-              log=sys.stderr) -> list[baselines.Measurement]:
+              log=sys.stderr, deadline: float | None = None) -> list[baselines.Measurement]:
     """Measure a group's cases; a refused backend is logged and left out (that is data too:
-    the forced-backend families then show which sizes each backend takes)."""
+    the forced-backend families then show which sizes each backend takes). No chunk starts
+    after ``deadline`` (a ``time.monotonic()`` value): a budgeted run keeps what it measured."""
     out: list[baselines.Measurement] = []
     refused: list[str] = []
     starts = range(0, len(group.works), chunk)
     for start in steps(starts, group.name, total=len(starts)):
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"{group.name}: stopped at budget after {start} of {len(group.works)} cases",
+                  file=log)
+            break
         batch = []
         for work in group.works[start:start + chunk]:
             try:

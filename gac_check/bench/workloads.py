@@ -280,21 +280,7 @@ def model_forward(config, b: int, s: int, dtype: str, phase: str = "prefill") ->
 
         torch.manual_seed(SEED)
         model = AutoModelForCausalLM.from_config(config).to(device, torch_dtype(dtype)).eval()
-        gen = torch.Generator().manual_seed(SEED)
-        ids = torch.randint(0, config.vocab_size, (b, s), generator=gen).to(device)
-        if phase == "prefill":
-            return Prepared(lambda: model(input_ids=ids, use_cache=False))
-        with torch.inference_mode():
-            cache = kv_cache(model(input_ids=ids, use_cache=True))
-        nxt = ids[:, -1:]
-        cache_arg = {cache_keyword(model): cache}
-
-        def step():
-            out = model(input_ids=nxt, use_cache=True, **cache_arg)
-            cache.crop(-1)  # drop the token just appended (transformers 5: negative = count)
-            return out
-
-        return Prepared(step)
+        return forward_call(model, b, s, phase)
 
     p = _config_params(config)
     layers = config.num_hidden_layers
@@ -304,6 +290,30 @@ def model_forward(config, b: int, s: int, dtype: str, phase: str = "prefill") ->
                       * p["head_dim"]) + 2.0 * tokens * p["hidden"] * config.vocab_size
     return Workload("model", {**p, "layers": layers, "vocab": config.vocab_size,
                               "phase": phase, "B": b, "S": s, "dtype": dtype}, flops, prepare)
+
+
+def forward_call(model, b: int, s: int, phase: str) -> Prepared:
+    """The call to time on a loaded causal LM (already on its device, in its dtype): prefill
+    of ``b`` x ``s`` random tokens, or one decode step of ``b`` tokens against an ``s``-token
+    KV cache, cropped back after every call so every sample sees the same length."""
+    import torch
+
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(0, model.config.vocab_size, (b, s), generator=gen).to(device)
+    if phase == "prefill":
+        return Prepared(lambda: model(input_ids=ids, use_cache=False))
+    with torch.inference_mode():
+        cache = kv_cache(model(input_ids=ids, use_cache=True))
+    nxt = ids[:, -1:]
+    cache_arg = {cache_keyword(model): cache}
+
+    def step():
+        out = model(input_ids=nxt, use_cache=True, **cache_arg)
+        cache.crop(-1)  # drop the token just appended (transformers 5: negative = count)
+        return out
+
+    return Prepared(step)
 
 
 def reference_workload(device: str) -> Workload:

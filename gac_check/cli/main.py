@@ -23,12 +23,14 @@ from gac_check.report.outputs import DEFAULT_REPORT
 #: ``main(argv, parser_class)``. The first argument names it; anything else is a MODEL, so a
 #: model directory that happens to be called like a command is written ``./report``.
 COMMANDS = {"report": "gac_check.cli.report", "baseline": "gac_check.cli.baseline",
-            "compress": "gac_check.cli.compress", "demo": "gac_check.cli.demo"}
+            "compress": "gac_check.cli.compress", "demo": "gac_check.cli.demo",
+            "evidence": "gac_check.cli.evidence"}
 USAGE = """%(prog)s MODEL [MODEL ...] [options]         check (--repair OUT, --realign OUT)
        %(prog)s report merge RUN.json ... -o FILE.html
        %(prog)s baseline record|published|contract ...
        %(prog)s compress SRC OUT [--ratio R]
-       %(prog)s demo [OUT]"""
+       %(prog)s demo [OUT]
+       %(prog)s evidence --out DIR [--minutes 8] [--smoke]"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                  (published), or derive the measured contract and its drift (contract)
   compress       the reference low-rank compressor (truncated SVD, ASVD's layout)
   demo           compress, check, repair and realign the bundled real MiniLM
+  evidence       on a lent GPU, every measurement gac-check publishes, within --minutes
 
 A model directory named like a command is written ./NAME. Exit codes: 0 nothing at or above
 --fail-on, 1 findings, 2 bad input or usage, 3 internal error. Manual: docs/ in the source
