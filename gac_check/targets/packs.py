@@ -111,6 +111,11 @@ class Candidate:
     refuse: bool = False
     message: str | None = None
     uncertain: str | None = None
+    #: a configuration gac-check does not offer (FP8 activations, 8-bit weights, an optional
+    #: package): listed to keep the engine's order, never taken for a stock deployment
+    only_if: str | None = None
+    #: what a padding kernel pads at load and on every call: quantity -> multiple
+    pads: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -208,7 +213,15 @@ def _candidate(raw: dict, where: str, versions: tuple[str, ...]) -> Candidate:
         source=_source(raw.get("source"), where), sm_min=gpu.get("sm_min"),
         sm_max=gpu.get("sm_max"), since=span.get("from"), until=span.get("to"),
         refuse=bool(raw.get("refuse", False)), message=raw.get("message"),
-        uncertain=raw.get("uncertain"))
+        uncertain=raw.get("uncertain"), only_if=raw.get("only_if"),
+        pads=tuple(_pads(raw.get("pads") or {}, where)))
+
+
+def _pads(raw: dict, where: str) -> list[tuple[str, int]]:
+    for quantity, multiple in raw.items():
+        if quantity not in QUANTITIES or not isinstance(multiple, int) or multiple < 1:
+            raise PackError(f"{where}: pads needs quantity: positive multiple")
+    return sorted(raw.items())
 
 
 def parse_pack(raw: dict, name: str = "pack") -> Pack:
@@ -241,6 +254,11 @@ def parse_pack(raw: dict, name: str = "pack") -> Pack:
     tp = raw.get("tp") or {}
     for key, rule in tp.items():
         _source(rule.get("source") if isinstance(rule, dict) else None, f"{name} tp.{key}")
+    widen = (tp.get("vocab_padding") or {}).get("times_tp_when_indivisible")
+    if widen is not None:
+        _source(widen.get("source"), f"{name} tp.vocab_padding.times_tp_when_indivisible")
+        if widen.get("from") not in versions:
+            raise PackError(f"{name}: times_tp_when_indivisible.from is not in the versions")
     types = {}
     for tname, t in (raw.get("types") or {}).items():
         types[tname] = GgufType(tname, int(t["block"]), t.get("fallback"),

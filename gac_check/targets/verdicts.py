@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gac_check.sites import DimSite
+from gac_check.sites import DimSite, Role
 from gac_check.targets import gguf
 from gac_check.targets.packs import Candidate, Pack, Selection, Source
-from gac_check.targets.shards import ModelShape, Use, model_shape, uses
+from gac_check.targets.shards import ModelShape, Use, model_shape, pad_to_multiple, uses
 from gac_check.targets.spec import Target
 
 FAST, FALLBACK, REFUSED = "fast", "fallback", "refused"
@@ -101,7 +101,7 @@ def select(pack: Pack, sel: Selection, target: Target, q: dict[str, int],
     first_fast_why = None
     gpu_why = None  # a fast kernel this GPU cannot run explains a fallback only if no other
     for c in sel.candidates:
-        if not _version_ok(pack, c, target.version):
+        if not _version_ok(pack, c, target.version) or c.only_if:
             continue
         why = _failed(c, q, sm)
         if why is None:
@@ -109,8 +109,9 @@ def select(pack: Pack, sel: Selection, target: Target, q: dict[str, int],
                 return Outcome(REFUSED, None, c.message or c.kernel, c.source, sel.id, sel.gate)
             if c.fast:
                 return Outcome(FAST, c.kernel, "", c.source, sel.id, sel.gate)
-            return Outcome(FALLBACK, c.kernel, first_fast_why or gpu_why or "", c.source, sel.id,
-                           sel.gate)
+            why = "; ".join(w for w in (first_fast_why or gpu_why, _padding(c, q),
+                                         c.uncertain and f"uncertain: {c.uncertain}") if w)
+            return Outcome(FALLBACK, c.kernel, why, c.source, sel.id, sel.gate)
         if c.fast and not _gpu_ok(c, sm):
             gpu_why = gpu_why or why
         elif c.fast and first_fast_why is None:
@@ -121,6 +122,18 @@ def select(pack: Pack, sel: Selection, target: Target, q: dict[str, int],
         message or first_fast_why or "")
     return Outcome(REFUSED if sel.otherwise_verdict == REFUSED else FALLBACK,
                    sel.otherwise_kernel, why, sel.otherwise_source, sel.id, sel.gate)
+
+
+#: The GEMM side a per-shard quantity is: what a padding kernel's message calls it.
+GEMM_SIDE = {"shard_in": "K", "shard_out": "N"}
+
+
+def _padding(c: Candidate, q: dict[str, int]) -> str:
+    """What a padding kernel pads, in this use's numbers: ``it pads K 2750 -> 2752``."""
+    done = [f"{GEMM_SIDE.get(name, name)} {q[name]} -> {pad_to_multiple(q[name], m)}"
+            for name, m in c.pads if name in q and q[name] % m]
+    return (f"it pads {', '.join(done)}: the weight once at load, and on every call the "
+            "activations (K) or the output it slices back (N)") if done else ""
 
 
 def judge_uses(target: Target, site_uses: list[Use], value: int,
@@ -166,12 +179,19 @@ def worst(outcomes: list[Outcome]) -> str:
 
 def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
     if target.pack.gguf_types:  # llama.cpp: the GGUF tensors whose rows the site sets
-        return [Use("tensor", tu.tensor, lambda v: {}, tu)
-                for tu in gguf.tensor_uses(target.pack, target.quant, site, shape)]
+        out = [Use("tensor", tu.tensor, lambda v: {}, tu)
+               for tu in gguf.tensor_uses(target.pack, target.quant, site, shape)]
+        if site.role is Role.INTERMEDIATE:  # one feed_forward_length per file (the loader)
+            out.append(Use("model", "layers", lambda v: {"uniform_layers": int(shape.uniform)}))
+        return out
     tp_rules = target.pack.tp
     kv_rule = (tp_rules.get("kv_heads") or {}).get("rule", "replicate")
-    vocab_pad = int((tp_rules.get("vocab_padding") or {}).get("multiple", 1))
-    return uses(site, shape, target.tp, target.group, kv_rule, vocab_pad)
+    padding = tp_rules.get("vocab_padding") or {}
+    widen = padding.get("times_tp_when_indivisible")
+    widen_here = bool(widen) and (target.pack.version_index(target.version)
+                                  >= target.pack.version_index(widen["from"]))
+    return uses(site, shape, target.tp, target.group, kv_rule, int(padding.get("multiple", 1)),
+                widen_here)
 
 
 NO_RULE = "no rule of this engine's pack constrains this dimension"
