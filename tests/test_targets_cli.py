@@ -43,7 +43,8 @@ def test_stock_70b_is_fast_everywhere_and_exits_0(llama70):
     code, doc = run_json(llama70, "--gpu", "h100", "--target", "vllm,tp=8,quant=awq",
                          "--target", "vllm,tp=4,quant=gptq", "--target", "vllm,quant=fp8")
     assert code == 0
-    assert doc["summary"]["targets"] == {
+    assert {spec: {k: s[k] for k in ("verdict", "fast", "fallback", "refused")}
+            for spec, s in doc["summary"]["targets"].items()} == {
         spec: {"verdict": "fast", "fast": len(doc["sites"]), "fallback": 0, "refused": 0}
         for spec in ("vllm,tp=8,quant=awq", "vllm,tp=4,quant=gptq", "vllm,quant=fp8")}
     for site in doc["sites"]:
@@ -72,6 +73,58 @@ def test_pruned_width_fails_at_tp8_awq_and_the_json_says_what_fixes_it(pruned):
     site = next(s for s in doc["sites"] if s["role"] == "intermediate")
     assert site["severity"] == "error" and "target:vllm,tp=8,quant=awq" in site["rules"]
     assert site["repair_to"] == 27648
+
+
+def test_json_says_what_each_target_resolved_to_and_which_pack(llama70):
+    """Issue 28 item 6: per target the resolved release, tp, quant, group and the pack's hash;
+    per site every projection's rule, kernel and shard width, and each rule's caveat."""
+    import hashlib
+
+    from gac_check.targets.packs import packs
+    _, doc = run_json(llama70, "--gpu", "h100", "--target", "vllm,tp=8,quant=awq",
+                      "--target", "sglang@v0.4.6.post5,tp=2")
+    vllm = doc["summary"]["targets"]["vllm,tp=8,quant=awq"]
+    assert {k: vllm[k] for k in ("engine", "version", "tp", "quant", "group", "kv")} == {
+        "engine": "vllm", "version": "v0.33.0", "tp": 8, "quant": "awq", "group": 128,
+        "kv": "auto"}
+    pack_file = Path(packs()["vllm"].sha256 and __import__("gac_check").__file__).parent
+    raw = (pack_file / "targets" / "packs" / "vllm.json").read_bytes()
+    assert vllm["pack"] == {"file": "vllm.json", "newest": "v0.33.0",
+                            "sha256": hashlib.sha256(raw).hexdigest()}
+    assert doc["summary"]["targets"]["sglang@v0.4.6.post5,tp=2"]["version"] == "v0.4.6.post5"
+    mlp = next(s for s in doc["sites"] if s["role"] == "intermediate")["targets"][0]
+    by_use = {u["use"]: u for u in mlp["uses"]}
+    assert by_use["gate_up_proj"]["shard_out"] == 2 * 28672 // 8  # fused, per rank
+    assert by_use["down_proj"]["shard_in"] == 28672 // 8
+    assert by_use["down_proj"]["kernel"] == "machete" and by_use["down_proj"]["rule"]
+    assert mlp["uncertain"] == [] and all("uncertain" in u for u in mlp["uses"])
+
+
+def test_json_carries_a_rules_uncertain_flag(tmp_path):
+    """A GPTQ group straddling the shard: Machete takes it, the scales' misalignment is read,
+    not run, and the verdict says so."""
+    model = sparse_llama(tmp_path / "m", **{**L70, "intermediate": 11008, "hidden": 4096,
+                                             "heads": 32, "vocab": 32000})
+    _, doc = run_json(model, "--gpu", "h100", "--target", "vllm,tp=4,quant=gptq")
+    mlp = next(s for s in doc["sites"] if s["role"] == "intermediate")["targets"][0]
+    assert mlp["verdict"] == "fallback" and mlp["kernel"] == "machete"
+    assert mlp["uncertain"] and "not run" in mlp["uncertain"][0]
+    down = next(u for u in mlp["uses"] if u["use"] == "down_proj")
+    assert down["uncertain"] and down["shard_in"] == 2752
+
+
+@pytest.mark.parametrize("target, fail_on, code", [
+    ("vllm,quant=fp8", "refused", 0),  # 27000 % 16: CUTLASS pads (fallback), nothing refused
+    ("vllm,quant=fp8", "fallback", 1),
+    ("vllm,tp=8,quant=awq", "refused", 1),
+    ("vllm,tp=8,quant=awq", "fallback", 1),
+    ("vllm", "refused", 0),  # the GPU contract's findings do not gate under refused/fallback
+    ("vllm", "fallback", 0),
+    ("vllm", "warning", 1),  # ... which they do under warning (27000: gemm-optimal-32B)
+])
+def test_fail_on_refused_and_fallback_gate_on_the_targets_alone(pruned, target, fail_on, code):
+    proc = helpers.gac(pruned, "--gpu", "h100", "--target", target, "--fail-on", fail_on)
+    assert proc.returncode == code, proc.stdout[-2000:]
 
 
 def test_fail_on_never_reports_without_gating(pruned):

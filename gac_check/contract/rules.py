@@ -56,6 +56,9 @@ class Rule:
     #: finer figures by the largest power of two dividing the value (odd sizes are worst)
     slowdown_by_pow2: tuple[tuple[int, float], ...] = ()
     source: str = "published"
+    #: a deployment target's verdict (fallback or refused) where the rule is one: what
+    #: ``--fail-on refused`` and ``--fail-on fallback`` gate on
+    verdict: str | None = None
 
     def violated_by(self, value: int) -> bool:
         if self.max_value is not None and value > self.max_value:
@@ -141,7 +144,7 @@ class Contract:
                      + (f" to {v.kernel}" if v.kernel and v.verdict != "refused" else "")
                      + (f": {v.why}" if v.why else "")
                      + (f"; {v.cannot_pad}" if v.cannot_pad else ""),
-                     source=str(v.source) if v.source else "target")
+                     source=str(v.source) if v.source else "target", verdict=v.verdict)
                 for v in self.targets.of(site) if v.verdict != FAST]
 
     def target(self, site: DimSite, severities: tuple[str, ...] = (ERROR,)) -> int:

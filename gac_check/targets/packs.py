@@ -8,8 +8,9 @@ every rule and refuses one without a citation, so a pack can never ship an unsou
 """
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 
@@ -168,6 +169,8 @@ class Pack:
     multi_gpu: bool = True
     #: GGUF extras: fallback_by_version, no_fallback, output_head, requires_imatrix, bump_70b
     gguf: dict = field(default_factory=dict)
+    #: sha256 of the pack file as shipped: which rules a verdict came from (the check JSON)
+    sha256: str = ""
 
     @property
     def default_version(self) -> str:
@@ -292,8 +295,9 @@ def packs() -> dict[str, Pack]:
     for entry in sorted(resources.files("gac_check.targets").joinpath("packs").iterdir(),
                         key=lambda e: e.name):
         if entry.name.endswith(".json"):
-            pack = parse_pack(json.loads(entry.read_text(encoding="utf-8")), entry.name)
-            out[pack.engine] = pack
+            data = entry.read_bytes()
+            pack = parse_pack(json.loads(data.decode("utf-8")), entry.name)
+            out[pack.engine] = replace(pack, sha256=hashlib.sha256(data).hexdigest())
     return out
 
 

@@ -8,7 +8,7 @@ hold is what runs. The site's verdict is the worst over its uses.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gac_check.sites import DimSite, Role
 from gac_check.targets import gguf
@@ -34,6 +34,19 @@ class Outcome:
     source: Source
     selection: str
     gate: bool = False
+    use: str = ""  # the linear, attention or tensor judged (qkv_proj, down_proj, ffn_down)
+    uncertain: str | None = None  # the deciding rule's own caveat, from the pack
+    #: the per-shard widths the rule read (shard_in, shard_out, head_dim, vocab_per_rank, ...)
+    shard: tuple[tuple[str, int], ...] = ()
+
+    def as_dict(self) -> dict:
+        return {"use": self.use, "rule": self.selection, "verdict": self.verdict,
+                "kernel": self.kernel, "uncertain": self.uncertain, **dict(self.shard)}
+
+
+#: The per-use quantities the check JSON reports (what a reader needs to see the shard).
+DETAIL = ("in", "out", "shard_in", "shard_out", "head_dim", "heads_per_rank",
+          "kv_heads_per_rank", "vocab", "vocab_per_rank")
 
 
 @dataclass
@@ -51,11 +64,15 @@ class TargetVerdict:
     cannot_pad: str | None = None
     fast_at: int | None = None
     kernels: list[str] = field(default_factory=list)
+    #: every use's outcome (failing gates and the kernels chosen): the per-projection detail
+    uses: list[Outcome] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"target": self.target.spec, "verdict": self.verdict, "kernel": self.kernel,
                 "fix_to": self.fix_to, "source": self.source.as_dict() if self.source else None,
-                "why": self.why, "cannot_pad": self.cannot_pad}
+                "why": self.why, "cannot_pad": self.cannot_pad,
+                "uncertain": sorted({o.uncertain for o in self.uses if o.uncertain}),
+                "uses": [o.as_dict() for o in self.uses]}
 
     @property
     def short(self) -> str:
@@ -106,12 +123,15 @@ def select(pack: Pack, sel: Selection, target: Target, q: dict[str, int],
         why = _failed(c, q, sm)
         if why is None:
             if c.refuse:
-                return Outcome(REFUSED, None, c.message or c.kernel, c.source, sel.id, sel.gate)
+                return Outcome(REFUSED, None, c.message or c.kernel, c.source, sel.id, sel.gate,
+                               uncertain=c.uncertain)
             if c.fast:
-                return Outcome(FAST, c.kernel, "", c.source, sel.id, sel.gate)
+                return Outcome(FAST, c.kernel, "", c.source, sel.id, sel.gate,
+                               uncertain=c.uncertain)
             why = "; ".join(w for w in (first_fast_why or gpu_why, _padding(c, q),
                                          c.uncertain and f"uncertain: {c.uncertain}") if w)
-            return Outcome(FALLBACK, c.kernel, why, c.source, sel.id, sel.gate)
+            return Outcome(FALLBACK, c.kernel, why, c.source, sel.id, sel.gate,
+                           uncertain=c.uncertain)
         if c.fast and not _gpu_ok(c, sm):
             gpu_why = gpu_why or why
         elif c.fast and first_fast_why is None:
@@ -142,13 +162,15 @@ def judge_uses(target: Target, site_uses: list[Use], value: int,
     out = []
     for use in site_uses:
         if use.component == "tensor":
-            out.append(_gguf_outcome(pack, target, use.tensor, value))  # type: ignore[arg-type]
+            o = _gguf_outcome(pack, target, use.tensor, value)  # type: ignore[arg-type]
+            out.append(replace(o, use=use.name))
             continue
         q = use.quantities(value)
+        shard = tuple((k, q[k]) for k in DETAIL if k in q)
         for sel in pack.selections:
             if (sel.component == use.component and sel.applies(target.quant, target.kv, use.name)
                     and _version_ok(pack, sel, target.version)):
-                out.append(select(pack, sel, target, q, sm))
+                out.append(replace(select(pack, sel, target, q, sm), use=use.name, shard=shard))
     return out
 
 
@@ -210,7 +232,8 @@ def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> Tar
                     next(o for o in outcomes if o.verdict == verdict))
     kernel = decisive.kernel if verdict != FAST else "+".join(dict.fromkeys(kernels)) or None
     tv = TargetVerdict(target, verdict, kernel, decisive.why if verdict != FAST else "",
-                       decisive.source, kernels=kernels)
+                       decisive.source, kernels=kernels,
+                       uses=[o for o in outcomes if not o.gate or o.verdict != FAST])
     if verdict == FAST:
         tv.fix_to = site.value
         return tv
@@ -296,9 +319,11 @@ class SiteVerdicts:
         return None
 
     def summary(self) -> dict[str, dict]:
-        """``summary.targets``: each spec's model-level verdict with counts."""
-        return {t.spec: model_verdict([v for vs in self.by_site.values() for v in vs
-                                       if v.target is t]) for t in self.targets}
+        """``summary.targets``: each spec's model-level verdict with counts, and what it was
+        judged as (the resolved release, tp, quant, group, and the pack's hash)."""
+        return {t.spec: {**model_verdict([v for vs in self.by_site.values() for v in vs
+                                          if v.target is t]), **resolved(t)}
+                for t in self.targets}
 
 
 def _context(site: DimSite, shape: ModelShape, targets: tuple[Target, ...]) -> tuple:
@@ -328,6 +353,16 @@ def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
             verdicts.append(seen[key])
         out.by_site[site.name] = verdicts
     return out
+
+
+def resolved(target: Target) -> dict:
+    """What a spec resolved to: the engine release (the newest read where none was given),
+    tp, quant, group and KV dtype, and which pack (its newest release and its sha256)."""
+    pack = target.pack
+    return {"engine": target.engine, "version": target.version, "tp": target.tp,
+            "quant": target.quant, "group": target.group, "kv": target.kv,
+            "pack": {"file": f"{pack.engine}.json", "newest": pack.default_version,
+                     "sha256": pack.sha256}}
 
 
 def model_verdict(verdicts: list[TargetVerdict]) -> dict:
