@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 DEMO_DIR ?= demo-out
 
-.PHONY: demo test test-slow lint bench clean llamacpp-wheel engine-sources
+.PHONY: demo test test-slow lint bench clean llamacpp-wheel engine-sources vllm-oracle
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,13 @@ llamacpp-wheel: $(STAMP)
 # directory; ~2 minutes and ~3 GB of transient downloads when empty, seconds when cached).
 engine-sources: $(STAMP)
 	$(PY) tests/engine_sources.py
+
+# The vLLM oracle (tests/test_targets_vllm_oracle.py, slow tier) runs vLLM's own selection code
+# on this CPU: the newest release wheel unpacked without its compiled extensions and its
+# pure-Python dependencies (never torch) under .cache/vllm-oracle (CI caches it; ~290 MB,
+# 46 s here when empty).
+vllm-oracle: $(STAMP)
+	$(PY) tests/vllm_oracle.py --setup .cache/vllm-oracle
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -228,7 +228,12 @@ def test_awq_straddle_is_refused_by_the_awq_method_not_by_the_kernel_list():
     # on sm90 (uint4 with zero points, group -1/64/128, in % 64, out % 128)
     ("vllm,tp=8,quant=awq", "h100", 28672, "machete"),
     ("vllm,tp=8,quant=awq", "a100", 28672, "awq_marlin"),
-    ("vllm,tp=8,quant=awq,group=32", "h100", 28672, "awq_marlin"),  # Machete: no group 32
+    # Machete takes no group 32; from v0.33.0 Humming outranks Marlin on sm90
+    # (prioritize_humming, found by the oracle: tests/test_targets_vllm_oracle.py)
+    ("vllm,tp=8,quant=awq,group=32", "h100", 28672, "humming"),
+    ("vllm@v0.30.0,tp=8,quant=awq,group=32", "h100", 28672, "awq_marlin"),
+    ("vllm,tp=8,quant=gptq,group=32", "h100", 28672, "humming"),
+    ("vllm,tp=8,quant=gptq,group=32", "a100", 28672, "marlin"),
 ])
 def test_awq_on_sm90_runs_machete(target, gpu, width, kernel):
     v = verdict("intermediate", width, target, gpu)
