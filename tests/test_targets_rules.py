@@ -257,6 +257,24 @@ def test_kernels_the_stock_install_never_takes_stay_in_the_list_but_are_skipped(
     assert all(c.only_if for c in sel.candidates if c.kernel in ("allspark", "conch"))
 
 
+@pytest.mark.parametrize("width, tp, expected", [
+    # vllm#42384: block-FP8 (128 x 128) weights: each rank's gate/up part and down_proj's
+    # input must be a multiple of the block (validate_fp8_block_shape)
+    (18432, 8, "fast"),  # 2304 per rank = 18 blocks
+    (18432, 16, "fast"),  # 1152 = 9 blocks
+    (18432, 32, "refused"),  # 576 per rank: 4.5 blocks
+    (11008, 1, "fast"),  # 86 blocks, unsharded
+    (11000, 1, "refused"),  # merged gate_up at tp=1: the gate part must be whole blocks too
+    (11008, 4, "refused"),  # 2752 per rank % 128 = 64
+    (11264, 4, "fast"),  # 2816 = 22 blocks
+])
+def test_vllm_block_fp8_needs_whole_blocks_per_rank(width, tp, expected):
+    v = verdict("intermediate", width, f"vllm,tp={tp},quant=fp8_block", "h100")
+    assert v.verdict == expected, v.why
+    if expected == "refused":
+        assert "block" in v.why and v.source.issue == "vllm-project/vllm#42384"
+
+
 def test_llm_compressor_1489_bf16_gptq_with_marlin_misaligned_input_is_refused():
     """in = 8256 (% 128 = 64), group 64, bf16, H100, v0.8.5: Machete takes only groups -1/128
     there, Marlin needs in % 128, ExLlama fp16 activations: no kernel."""

@@ -124,6 +124,7 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
     if role is Role.INTERMEDIATE:
         def gate_up(v: int) -> dict[str, int]:
             q = {**base, "part_out": v, "out": 2 * v}
+            _put(q, "part_shard_out", split(v, tp))  # one of gate, up on one rank
             return _put(q, "shard_out", split(2 * v, tp) if v % tp == 0 else None)
 
         def down(v: int) -> dict[str, int]:
