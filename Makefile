@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 DEMO_DIR ?= demo-out
 
-.PHONY: demo test test-slow lint bench clean llamacpp-wheel evidence
+.PHONY: demo test test-slow lint bench clean llamacpp-wheel engine-sources vllm-oracle evidence
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,21 @@ EVIDENCE_MINUTES ?= 8
 evidence:
 	PYTHONUNBUFFERED=1 PYTHONPATH=. $(PYTHON) -m gac_check.cli evidence --gpu auto \
 	  --minutes $(EVIDENCE_MINUTES) --out $(EVIDENCE_OUT)
+
+# The citation test (tests/test_targets_citations.py, slow tier) reads every file the rule packs
+# cite, at the cited release, from the engines' released artifacts on PyPI (vLLM's and SGLang's
+# wheels, transformers' wheel, llama-cpp-python's sdist for llama.cpp): downloaded without
+# dependencies, only the cited files kept under .cache/engine-sources (CI caches that
+# directory; ~2 minutes and ~3 GB of transient downloads when empty, seconds when cached).
+engine-sources: $(STAMP)
+	$(PY) tests/engine_sources.py
+
+# The vLLM oracle (tests/test_targets_vllm_oracle.py, slow tier) runs vLLM's own selection code
+# on this CPU: the newest release wheel unpacked without its compiled extensions and its
+# pure-Python dependencies (never torch) under .cache/vllm-oracle (CI caches it; ~290 MB,
+# 46 s here when empty).
+vllm-oracle: $(STAMP)
+	$(PY) tests/vllm_oracle.py --setup .cache/vllm-oracle
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -59,7 +59,8 @@ def test_stock_70b_is_fast_everywhere_and_exits_0(llama70):
             assert set(v) >= {"target", "verdict", "kernel", "fix_to", "source"}
             assert v["fix_to"] == site["value"]
     mlp = verdicts(doc, "intermediate")
-    assert [v["kernel"] for v in mlp[:3]] == ["awq_marlin", "machete", "cutlass_scaled_mm"]
+    # AWQ on sm90 runs Machete from v0.24.0 (AutoAWQMarlinLinearMethod -> choose_mp_linear_kernel)
+    assert [v["kernel"] for v in mlp[:3]] == ["machete", "machete", "cutlass_scaled_mm"]
 
 
 def test_pruned_width_fails_at_tp8_awq_and_the_json_says_what_fixes_it(pruned):
@@ -78,6 +79,58 @@ def test_pruned_width_fails_at_tp8_awq_and_the_json_says_what_fixes_it(pruned):
     assert site["repair_to"] == 27648
 
 
+def test_json_says_what_each_target_resolved_to_and_which_pack(llama70):
+    """Issue 28 item 6: per target the resolved release, tp, quant, group and the pack's hash;
+    per site every projection's rule, kernel and shard width, and each rule's caveat."""
+    import hashlib
+
+    from gac_check.targets.packs import packs
+    _, doc = run_json(llama70, "--gpu", "h100", "--target", "vllm,tp=8,quant=awq",
+                      "--target", "sglang@v0.4.6.post5,tp=2")
+    vllm = doc["summary"]["targets"]["vllm,tp=8,quant=awq"]
+    assert {k: vllm[k] for k in ("engine", "version", "tp", "quant", "group", "kv")} == {
+        "engine": "vllm", "version": "v0.33.0", "tp": 8, "quant": "awq", "group": 128,
+        "kv": "auto"}
+    pack_file = Path(packs()["vllm"].sha256 and __import__("gac_check").__file__).parent
+    raw = (pack_file / "targets" / "packs" / "vllm.json").read_bytes()
+    assert vllm["pack"] == {"file": "vllm.json", "newest": "v0.33.0",
+                            "sha256": hashlib.sha256(raw).hexdigest()}
+    assert doc["summary"]["targets"]["sglang@v0.4.6.post5,tp=2"]["version"] == "v0.4.6.post5"
+    mlp = next(s for s in doc["sites"] if s["role"] == "intermediate")["targets"][0]
+    by_use = {u["use"]: u for u in mlp["uses"]}
+    assert by_use["gate_up_proj"]["shard_out"] == 2 * 28672 // 8  # fused, per rank
+    assert by_use["down_proj"]["shard_in"] == 28672 // 8
+    assert by_use["down_proj"]["kernel"] == "machete" and by_use["down_proj"]["rule"]
+    assert mlp["uncertain"] == [] and all("uncertain" in u for u in mlp["uses"])
+
+
+def test_json_carries_a_rules_uncertain_flag(tmp_path):
+    """A GPTQ group straddling the shard: Machete takes it, the scales' misalignment is read,
+    not run, and the verdict says so."""
+    model = sparse_llama(tmp_path / "m", **{**L70, "intermediate": 11008, "hidden": 4096,
+                                             "heads": 32, "vocab": 32000})
+    _, doc = run_json(model, "--gpu", "h100", "--target", "vllm,tp=4,quant=gptq")
+    mlp = next(s for s in doc["sites"] if s["role"] == "intermediate")["targets"][0]
+    assert mlp["verdict"] == "fallback" and mlp["kernel"] == "machete"
+    assert mlp["uncertain"] and "not run" in mlp["uncertain"][0]
+    down = next(u for u in mlp["uses"] if u["use"] == "down_proj")
+    assert down["uncertain"] and down["shard_in"] == 2752
+
+
+@pytest.mark.parametrize("target, fail_on, code", [
+    ("vllm,quant=fp8", "refused", 0),  # 27000 % 16: CUTLASS pads (fallback), nothing refused
+    ("vllm,quant=fp8", "fallback", 1),
+    ("vllm,tp=8,quant=awq", "refused", 1),
+    ("vllm,tp=8,quant=awq", "fallback", 1),
+    ("vllm", "refused", 0),  # the GPU contract's findings do not gate under refused/fallback
+    ("vllm", "fallback", 0),
+    ("vllm", "warning", 1),  # ... which they do under warning (27000: gemm-optimal-32B)
+])
+def test_fail_on_refused_and_fallback_gate_on_the_targets_alone(pruned, target, fail_on, code):
+    proc = helpers.gac(pruned, "--gpu", "h100", "--target", target, "--fail-on", fail_on)
+    assert proc.returncode == code, proc.stdout[-2000:]
+
+
 def test_fail_on_never_reports_without_gating(pruned):
     proc = helpers.gac(pruned, "--gpu", "h100", "--target", "vllm,tp=8,quant=awq",
                        "--fail-on", "never")
@@ -91,7 +144,9 @@ def test_text_table_has_a_column_per_target(pruned):
     header = next(line for line in proc.stdout.splitlines() if line.strip().startswith("site"))
     assert "vllm,tp=8,quant=awq" in header and "vllm,quant=fp8" in header
     row = next(line for line in proc.stdout.splitlines() if ":intermediate" in line)
-    assert "refused" in row and "fast cutlass_scaled_mm" in row and "27648" in row
+    # 27000 % 16 = 8: CUTLASS pads K and N to 16 (a fallback that pads, named as one)
+    assert "refused" in row and "fallback cutlass_scaled_mm (pads K, N to 16)" in row
+    assert "27648" in row
     assert "vllm,tp=8,quant=awq          refused" in proc.stdout  # the model-level line
 
 

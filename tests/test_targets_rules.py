@@ -52,8 +52,19 @@ def verdict(role: str, value: int, target: str, gpu: str = "h100", dtype: str = 
     ("vllm", 256, "h100", "fast", "FLASH_ATTN"),
     ("vllm", 107, "h100", "fallback", "TRITON_ATTN"),  # engine-cases attn-107-sm90
     ("vllm", 257, "h100", "fallback", "TRITON_ATTN"),
-    ("vllm", 512, "h100", "fast", "FLASHINFER"),  # FlashInfer's list from v0.25.0
-    ("vllm@v0.20.0", 512, "h100", "fallback", "TRITON_ATTN"),
+    # from v0.20.0 FLASH_ATTN runs head sizes % 8 up to 512 through FlashAttention 4 on sm90
+    # (FlashAttentionBackend.supports_head_size: is_fa_version_supported(4)); sm80 has no FA4
+    ("vllm", 512, "h100", "fast", "FLASH_ATTN"),
+    ("vllm", 264, "h100", "fast", "FLASH_ATTN"),
+    ("vllm@v0.20.0", 512, "h100", "fast", "FLASH_ATTN"),
+    ("vllm@v0.20.0", 264, "h100", "fast", "FLASH_ATTN"),
+    ("vllm@v0.17.0", 264, "h100", "fallback", "TRITON_ATTN"),  # before FA4: <= 256 only
+    ("vllm@v0.17.0", 512, "h100", "fallback", "TRITON_ATTN"),  # FlashInfer's 512 from v0.22
+    ("vllm", 520, "h100", "fallback", "TRITON_ATTN"),  # past FA4's 512
+    ("vllm", 504, "h100", "fast", "FLASH_ATTN"),
+    ("vllm", 260, "h100", "fallback", "TRITON_ATTN"),  # 260 % 8
+    ("vllm", 264, "a100", "fallback", "TRITON_ATTN"),
+    ("vllm", 512, "a100", "fast", "FLASHINFER"),  # FlashInfer's list from v0.22.0
     ("vllm", 32, "h100", "fast", "FLASH_ATTN"),
     ("vllm", 20, "h100", "fallback", "FLEX_ATTENTION"),  # attn-20: < 32 and not % 8
     ("vllm", 31, "h100", "fallback", "FLEX_ATTENTION"),
@@ -77,9 +88,10 @@ def test_vllm_attention_backend(target, head_dim, gpu, expected, kernel):
 
 @pytest.mark.parametrize("target, head_dim, fast_at", [
     ("vllm", 107, 112), ("vllm@v0.11.0", 107, 128), ("vllm@v0.8.5", 107, 128),
-    ("vllm@v0.6.3.post1", 107, 128), ("vllm", 257, 512),
+    ("vllm@v0.6.3.post1", 107, 128), ("vllm", 257, 264),
 ])
 def test_vllm_attention_smallest_fast_head_dim(target, head_dim, fast_at):
+    # 257 on sm90: FA4's 264 (from v0.20.0); on sm80 it is FlashInfer's 512 (below)
     v = verdict("head_dim", head_dim, target)
     assert v.fast_at == fast_at
     assert v.fix_to is None and "exactness" in v.cannot_pad  # head_dim: not exactly paddable
@@ -147,15 +159,18 @@ def test_vllm_vocab_is_padded_to_64_then_divided(vocab, tp, expected):
     ("vllm@v0.20.0,tp=4,quant=gptq,group=-1", "a100", "bfloat16", 29568, "refused", None),
     ("vllm,tp=4,quant=gptq,group=-1", "a100", "bfloat16", 29568, "fallback",
      "marlin (tile-padded)"),
-    # gptq-8806: group 128 does not tile 8806 -> refused at every version read
-    ("vllm,quant=gptq", "h100", "bfloat16", 8806, "refused", None),
+    # gptq-8806: group 128 does not tile 8806: no kernel at v0.20.0; from v0.25.0 Humming
+    # (last in the CUDA list) takes what nothing else does (test_gptq_group_straddle_* below)
+    ("vllm,quant=gptq", "h100", "bfloat16", 8806, "fallback", None),
     ("vllm@v0.20.0,quant=gptq", "h100", "bfloat16", 8806, "refused", None),
     # aligned widths: Machete on sm90, Marlin on sm80
     ("vllm,tp=8,quant=gptq", "h100", "bfloat16", 28672, "fast", "machete"),
     ("vllm,tp=8,quant=gptq", "a100", "bfloat16", 28672, "fast", "marlin"),
     ("vllm,tp=8,quant=awq", "a100", "bfloat16", 28672, "fast", "awq_marlin"),
-    # FP8: CUTLASS on sm89+ (pads K, N to 16 from v0.25.0), weight-only Marlin below
-    ("vllm,quant=fp8", "h100", "bfloat16", 8806, "fast", "cutlass_scaled_mm"),
+    # FP8: CUTLASS on sm89+ (from v0.21.0 it pads K, N to 16 at load and on every call: a
+    # fallback that pads), weight-only Marlin below
+    ("vllm,quant=fp8", "h100", "bfloat16", 8806, "fallback", "cutlass_scaled_mm (pads K, N to 16)"),
+    ("vllm,quant=fp8", "h100", "bfloat16", 8816, "fast", "cutlass_scaled_mm"),
     ("vllm@v0.20.0,quant=fp8", "h100", "bfloat16", 8806, "fallback", "triton_scaled_mm"),
     ("vllm@v0.20.0,quant=fp8", "h100", "bfloat16", 8816, "fast", "cutlass_scaled_mm"),
     ("vllm,quant=fp8", "a100", "bfloat16", 8192, "fallback", "fp8_marlin (weight-only)"),
@@ -168,6 +183,96 @@ def test_vllm_quantized_mlp_kernels(target, gpu, dtype, width, expected, kernel)
     assert v.verdict == expected, v.why
     if kernel is not None:
         assert (v.kernels if expected == "fast" else [v.kernel])[-1] == kernel
+
+
+@pytest.mark.parametrize("target, gpu, dtype, kernel", [
+    # 11008 at tp=4: down_proj holds 2752 inputs, a 128-group straddles two ranks. vLLM's
+    # GPTQ path (AutoGPTQLinearMethod -> choose_mp_linear_kernel) has no per-layer check:
+    # Machete checks no group against the shard, Marlin does, ExLlama checks the full K,
+    # Humming takes anything (last in the CUDA list from v0.25.0)
+    ("vllm,tp=4,quant=gptq", "h100", "bfloat16", "machete"),
+    ("vllm,tp=4,quant=gptq", "a100", "float16", "exllama"),
+    ("vllm,tp=4,quant=gptq", "a100", "bfloat16", "humming"),
+    ("vllm@v0.24.0,tp=4,quant=gptq", "a100", "bfloat16", "humming"),  # right after Marlin
+    ("vllm@v0.23.0,tp=4,quant=gptq", "a100", "bfloat16", "humming"),
+    ("vllm@v0.20.0,tp=4,quant=gptq", "h100", "bfloat16", "machete"),
+    ("vllm@v0.20.0,tp=4,quant=gptq", "a100", "float16", "exllama"),
+])
+def test_gptq_group_straddling_the_shard_is_taken_by_a_kernel_not_refused(target, gpu, dtype,
+                                                                          kernel):
+    v = verdict("intermediate", 11008, target, gpu, dtype)
+    assert (v.verdict, v.kernel) == ("fallback", kernel), v.why
+    assert "Failed to find a kernel" not in v.why
+    if kernel == "machete":  # Machete takes it: the reason is the straddle, and its cost
+        assert "straddles the TP shard" in v.why and "misaligned scales" in v.why
+
+
+def test_gptq_group_straddle_boundary_and_the_versions_that_still_refuse():
+    # 11264 / 4 = 2816 = 22 groups: Machete fast; v0.20.0 on sm80 in bf16 has no kernel
+    aligned = verdict("intermediate", 11264, "vllm,tp=4,quant=gptq", "h100")
+    assert (aligned.verdict, aligned.kernel) == ("fast", "machete")
+    assert verdict("intermediate", 11008, "vllm,tp=4,quant=gptq", "h100").fix_to == 11264
+    old = verdict("intermediate", 11008, "vllm@v0.20.0,tp=4,quant=gptq", "a100", "bfloat16")
+    assert old.verdict == "refused" and "Failed to find a kernel" in old.why
+
+
+def test_awq_straddle_is_refused_by_the_awq_method_not_by_the_kernel_list():
+    v = verdict("intermediate", 11008, "vllm,tp=4,quant=awq", "h100")
+    assert v.verdict == "refused"
+    assert "input size is not aligned" in v.why and "Failed to find" not in v.why
+    assert v.source.file.endswith("auto_awq.py")
+
+
+@pytest.mark.parametrize("target, gpu, width, kernel", [
+    # AWQ from v0.24.0: AutoAWQMarlinLinearMethod -> choose_mp_linear_kernel: Machete first
+    # on sm90 (uint4 with zero points, group -1/64/128, in % 64, out % 128)
+    ("vllm,tp=8,quant=awq", "h100", 28672, "machete"),
+    ("vllm,tp=8,quant=awq", "a100", 28672, "awq_marlin"),
+    # Machete takes no group 32; from v0.33.0 Humming outranks Marlin on sm90
+    # (prioritize_humming, found by the oracle: tests/test_targets_vllm_oracle.py)
+    ("vllm,tp=8,quant=awq,group=32", "h100", 28672, "humming"),
+    ("vllm@v0.30.0,tp=8,quant=awq,group=32", "h100", 28672, "awq_marlin"),
+    ("vllm,tp=8,quant=gptq,group=32", "h100", 28672, "humming"),
+    ("vllm,tp=8,quant=gptq,group=32", "a100", 28672, "marlin"),
+])
+def test_awq_on_sm90_runs_machete(target, gpu, width, kernel):
+    v = verdict("intermediate", width, target, gpu)
+    assert v.verdict == "fast" and v.kernels[-1] == kernel
+
+
+def test_fp8_cutlass_padding_is_a_fallback_that_says_what_it_pads():
+    v = verdict("intermediate", 8806, "vllm,quant=fp8", "h100")
+    assert (v.verdict, v.kernel) == ("fallback", "cutlass_scaled_mm (pads K, N to 16)")
+    assert "pads N 17612 -> 17616" in v.why  # gate_up's fused N per rank, padded to 16
+    assert v.fix_to == 8816  # down_proj's K 8806 pads too: 8808 would still pad it
+
+
+def test_kernels_the_stock_install_never_takes_stay_in_the_list_but_are_skipped():
+    from gac_check.targets.packs import packs
+    sel = next(s for s in packs()["vllm"].selections if s.id == "vllm-gptq-linear")
+    order = [c.kernel for c in sel.candidates]
+    assert order.index("machete") < order.index("marlin") < order.index("conch") \
+        < order.index("exllama") < order.index("triton_w4a16") < len(order) - 1
+    assert order[-1] == "humming" and {"allspark", "conch", "cutlass_w4a8"} <= set(order)
+    assert all(c.only_if for c in sel.candidates if c.kernel in ("allspark", "conch"))
+
+
+@pytest.mark.parametrize("width, tp, expected", [
+    # vllm#42384: block-FP8 (128 x 128) weights: each rank's gate/up part and down_proj's
+    # input must be a multiple of the block (validate_fp8_block_shape)
+    (18432, 8, "fast"),  # 2304 per rank = 18 blocks
+    (18432, 16, "fast"),  # 1152 = 9 blocks
+    (18432, 32, "refused"),  # 576 per rank: 4.5 blocks
+    (11008, 1, "fast"),  # 86 blocks, unsharded
+    (11000, 1, "refused"),  # merged gate_up at tp=1: the gate part must be whole blocks too
+    (11008, 4, "refused"),  # 2752 per rank % 128 = 64
+    (11264, 4, "fast"),  # 2816 = 22 blocks
+])
+def test_vllm_block_fp8_needs_whole_blocks_per_rank(width, tp, expected):
+    v = verdict("intermediate", width, f"vllm,tp={tp},quant=fp8_block", "h100")
+    assert v.verdict == expected, v.why
+    if expected == "refused":
+        assert "block" in v.why and v.source.issue == "vllm-project/vllm#42384"
 
 
 def test_llm_compressor_1489_bf16_gptq_with_marlin_misaligned_input_is_refused():
@@ -328,8 +433,9 @@ def test_llamacpp_gguf_types(target, role, value, expected, kernel, fix):
         else None
     site = DimSite(f"model.layers.0:{role}", Role(role), value, [],
                    layer=None if role == "hidden" else 0, inexact=inexact)
-    if role == "intermediate":
-        layers[0].intermediate = value
+    if role == "intermediate":  # the same width in every layer (else: refused, below)
+        for lay in layers.values():
+            lay.intermediate = value
     v = judge(site, shape, parse_target(target), "cpu")
     assert v.verdict == expected, v.why
     if kernel:
@@ -350,10 +456,12 @@ def test_llamacpp_has_no_tensor_parallelism():
     # release boundaries read from consecutive wheels
     ("head_dim", 80, "vllm@v0.11.0", "a100", "fallback"),  # FA's list
     ("head_dim", 80, "vllm@v0.12.0", "a100", "fast"),  # FA's % 8 and <= 256
-    ("head_dim", 512, "vllm@v0.21.0", "h100", "fallback"),  # FlashInfer 64/128/256
-    ("head_dim", 512, "vllm@v0.22.0", "h100", "fast"),  # FlashInfer adds 512
+    ("head_dim", 512, "vllm@v0.21.0", "a100", "fallback"),  # FlashInfer 64/128/256
+    ("head_dim", 512, "vllm@v0.22.0", "a100", "fast"),  # FlashInfer adds 512
+    ("head_dim", 264, "vllm@v0.17.0", "h100", "fallback"),  # FA <= 256
+    ("head_dim", 264, "vllm@v0.20.0", "h100", "fast"),  # FA4 on sm90: <= 512
     ("intermediate", 8806, "vllm@v0.20.0,quant=fp8", "h100", "fallback"),  # triton_scaled_mm
-    ("intermediate", 8806, "vllm@v0.21.0,quant=fp8", "h100", "fast"),  # CUTLASS pads to 16
+    ("intermediate", 8806, "vllm@v0.21.0,quant=fp8", "h100", "fallback"),  # CUTLASS pads
     ("intermediate", 29568, "vllm@v0.22.0,tp=4,quant=gptq,group=-1", "a100", "refused"),
     ("intermediate", 29568, "vllm@v0.23.0,tp=4,quant=gptq,group=-1", "a100", "fallback"),
     ("intermediate", 29568, "vllm@v0.24.0,tp=4,quant=gptq,group=-1", "a100", "fallback"),
@@ -366,6 +474,49 @@ def test_fallback_why_names_a_kernel_this_gpu_could_run():
     """On an A100 Machete (sm90 only) never runs, so a Marlin miss is the reason given."""
     v = verdict("intermediate", 29568, "vllm,tp=4,quant=gptq,group=-1", "a100")
     assert v.verdict == "fallback" and "sm" not in v.why and "shard_" in v.why
+
+
+@pytest.mark.parametrize("widths, expected", [
+    ((704, 704), "fast"),  # Q8_0: 704 % 32 == 0, one feed_forward_length
+    ((704, 608), "refused"),  # both % 32: quantizes, but check_tensor_dims refuses the load
+])
+def test_llamacpp_refuses_per_layer_mlp_widths_at_load(widths, expected):
+    layers = {i: LayerShape(**{**LAYER, "intermediate": w}) for i, w in enumerate(widths)}
+    site = DimSite("model.layers.1.mlp:intermediate", Role.INTERMEDIATE, widths[1], [],
+                   layer=1)
+    v = judge(site, ModelShape(4096, 32000, layers), parse_target("llama.cpp,quant=Q8_0"), "cpu")
+    assert v.verdict == expected, v.why
+    if expected == "refused":
+        assert "check_tensor_dims" in v.why and v.source.file == "src/llama-model-loader.cpp"
+        assert v.fix_to is None and "same width in every layer" in v.cannot_pad
+
+
+@pytest.mark.parametrize("target, vocab, tp, expected", [
+    # v0.5.23 widens the padding to 64 x tp when the 64-padded vocabulary does not divide
+    ("sglang", 32000, 3, "fast"),  # 32000 -> 32064 (= pad to 192): 10688 per rank
+    ("sglang", 32000, 5, "fast"),
+    ("sglang", 32000, 2, "fast"),
+    ("sglang@v0.4.6.post5", 32000, 3, "refused"),  # 64 only: 32000 % 3
+    ("sglang@v0.4.6.post5", 32001, 3, "fast"),  # 32064 % 3 == 0
+    ("vllm", 32000, 3, "refused"),  # vLLM pads to 64 and asserts divisibility
+])
+def test_sglang_pads_the_vocabulary_by_64_times_tp(target, vocab, tp, expected):
+    assert verdict("vocab", vocab, f"{target},tp={tp}", vocab=vocab).verdict == expected
+
+
+@pytest.mark.parametrize("vocab, tp, multiple, widen, padded", [
+    (32000, 3, 64, True, 32064), (32000, 3, 64, False, 32000), (32064, 3, 64, True, 32064),
+    (32000, 2, 64, True, 32000), (151936, 7, 64, True, 152320),
+])
+def test_padded_vocab(vocab, tp, multiple, widen, padded):
+    from gac_check.targets.shards import padded_vocab
+    assert padded_vocab(vocab, tp, multiple, widen) == padded
+
+
+def test_sglang_gptq_rule_cites_that_the_marlin_shape_check_is_discarded():
+    v = verdict("intermediate", 11008, "sglang,tp=4,quant=gptq", "h100")
+    assert v.verdict == "refused" and "discards" in v.why
+    assert v.source.file.endswith("gptq_kernels.py")
 
 
 # ------------------------------------------------------ SGLang, TensorRT-LLM, transformers

@@ -18,6 +18,7 @@ from gac_check.errors import BadInput
 from gac_check.plugin.options import add_gpu_option, add_target_option
 from gac_check.profiles import resolve_profile
 from gac_check.report.outputs import DEFAULT_REPORT
+from gac_check.report.run import FAIL_ON
 
 #: ``gac-check COMMAND ...``: each command is one module under gac_check/cli with
 #: ``main(argv, parser_class)``. The first argument names it; anything else is a MODEL, so a
@@ -103,10 +104,11 @@ tree.""")
     p.add_argument("--format", choices=("text", "json"), default="text", dest="output",
                    help="text: the site table for a person (default); json: one gac-check/1 "
                    "object on stdout for a program (no progress on stderr)")
-    p.add_argument("--fail-on", choices=("error", "warning", "never"), default="error",
+    p.add_argument("--fail-on", choices=FAIL_ON, default="error",
                    help="exit 1 when a site is at or above this severity (default error: a "
                    "kernel refuses the shape or a large slowdown; warning: also sub-optimal "
-                   "multiples; never: only report)")
+                   "multiples; refused: only a --target that will not load a site; fallback: "
+                   "also a --target that runs a site on a slower kernel; never: only report)")
     p.add_argument("--report", nargs="?", const=DEFAULT_REPORT, metavar="FILE.html",
                    help="write the HTML alignment report (and its run JSON beside it); "
                    "without FILE: reports/<model>-<profile>.html")

@@ -20,7 +20,9 @@ from gac_check.targets.verdicts import FAST, SiteVerdicts
 ERROR, WARNING = "error", "warning"
 SEVERITY_RANK = {WARNING: 1, ERROR: 2}
 #: ``--fail-on``: the least severity that fails a gate ("never": none does).
-FAIL_ON = ("error", "warning", "never")
+FAIL_ON = ("error", "warning", "refused", "fallback", "never")
+#: ``--fail-on`` values that gate on the deployment targets' verdicts alone
+TARGET_GATES = {"refused": ("refused",), "fallback": ("fallback", "refused")}
 
 GEMM_ROLES = frozenset({Role.RANK, Role.INTERMEDIATE, Role.KV_LATENT, Role.HIDDEN, Role.VOCAB})
 #: FlashAttention-2 compiled head_dim buckets; other sizes run the next one with predication.
@@ -58,6 +60,9 @@ class Rule:
     #: finer figures by the largest power of two dividing the value (odd sizes are worst)
     slowdown_by_pow2: tuple[tuple[int, float], ...] = ()
     source: str = "published"
+    #: a deployment target's verdict (fallback or refused) where the rule is one: what
+    #: ``--fail-on refused`` and ``--fail-on fallback`` gate on
+    verdict: str | None = None
 
     def violated_by(self, value: int) -> bool:
         if self.max_value is not None and value > self.max_value:
@@ -115,9 +120,13 @@ class SlowdownSource(Protocol):
 
 
 def fails(findings: list[Finding], fail_on: str = ERROR) -> bool:
-    """Whether ``findings`` fail a gate at ``fail_on``: the CLI's exit 1, the API's "fail"."""
+    """Whether ``findings`` fail a gate at ``fail_on``: the CLI's exit 1, the API's "fail".
+    ``refused`` fails only on a target that will not load a site, ``fallback`` also on a
+    slower kernel; ``error`` and ``warning`` on every rule at or above that severity."""
     if fail_on not in FAIL_ON:
         raise ValueError(f"fail_on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
+    if fail_on in TARGET_GATES:
+        return any(r.verdict in TARGET_GATES[fail_on] for f in findings for r in f.rules)
     least = SEVERITY_RANK.get(fail_on)
     return least is not None and any(SEVERITY_RANK[f.severity] >= least for f in findings)
 
@@ -151,7 +160,7 @@ class Contract:
                      + (f" to {v.kernel}" if v.kernel and v.verdict != "refused" else "")
                      + (f": {v.why}" if v.why else "")
                      + (f"; {v.cannot_pad}" if v.cannot_pad else ""),
-                     source=str(v.source) if v.source else "target")
+                     source=str(v.source) if v.source else "target", verdict=v.verdict)
                 for v in self.targets.of(site) if v.verdict != FAST]
 
     def target(self, site: DimSite, severities: tuple[str, ...] = (ERROR,)) -> int:

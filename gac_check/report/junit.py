@@ -23,14 +23,16 @@ def _clean(text: object) -> str:
 
 def gated(site: dict, fail_on: str) -> bool:
     """Whether a site fails a gate of this severity (the CLI's exit-code rule, per site)."""
-    if site["aligned"] or fail_on == "never":
-        return False
+    if site["aligned"] or fail_on in ("never", "refused", "fallback"):
+        return False  # refused/fallback gate on the targets' verdicts alone
     return site.get("severity") == "error" or fail_on == "warning"
 
 
 def target_gated(verdict: dict, fail_on: str) -> bool:
     """A site on a target fails the gate when it is not fast (fallback and refused are
-    error-level findings)."""
+    error-level findings); ``--fail-on refused`` fails only a refusal."""
+    if fail_on == "refused":
+        return verdict.get("verdict") == "refused"
     return fail_on != "never" and verdict.get("verdict") != "fast"
 
 

@@ -6,7 +6,8 @@ merged side by side. One run holds:
 
 ``label``        what the run is called in a merged report: the report's file name stem
 ``created``      ISO-8601 UTC time the run finished
-``fail_on``      the severity that fails the gate ("error", "warning", "never")
+``fail_on``      the severity that fails the gate ("error", "warning", "refused", "fallback",
+                 "never"; the middle two gate on the --target verdicts alone)
 ``environment``  the fingerprint of the machine that ran it (:func:`environment`)
 ``checks``       ``gac-check/1`` objects, one per checked model directory
 ``tests``        pytest outcomes: counts and the non-passing tests (empty for the CLI)
@@ -29,7 +30,7 @@ from gac_check.report.json_report import SCHEMA as CHECK_SCHEMA
 
 RUN_SCHEMA = "gac-check-run/1"
 READABLE = (CHECK_SCHEMA, RUN_SCHEMA)
-FAIL_ON = ("error", "warning", "never")
+FAIL_ON = ("error", "warning", "refused", "fallback", "never")
 
 
 def new_run(checks: list[dict], *, label: str, fail_on: str = "error",

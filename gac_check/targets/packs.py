@@ -8,8 +8,9 @@ every rule and refuses one without a citation, so a pack can never ship an unsou
 """
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 
@@ -21,7 +22,7 @@ OPERATORS = ("multiple_of", "max", "min", "in", "not_in", "equals")
 QUANTITIES = frozenset({
     "head_dim", "heads", "kv_heads", "heads_per_rank", "kv_heads_per_rank", "tp", "in",
     "out", "shard_in", "shard_out", "group", "vocab", "vocab_per_rank", "row",
-    "uniform_layers", "part_out", "act_fp16",
+    "uniform_layers", "part_out", "part_shard_out", "act_fp16",
 })
 SOURCE_KEYS = ("repo", "file", "function", "ref")
 GGUF_EXTRAS = ("fallback_by_version", "no_fallback", "second_step_f16", "output_head",
@@ -111,6 +112,11 @@ class Candidate:
     refuse: bool = False
     message: str | None = None
     uncertain: str | None = None
+    #: a configuration gac-check does not offer (FP8 activations, 8-bit weights, an optional
+    #: package): listed to keep the engine's order, never taken for a stock deployment
+    only_if: str | None = None
+    #: what a padding kernel pads at load and on every call: quantity -> multiple
+    pads: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,8 @@ class Pack:
     multi_gpu: bool = True
     #: GGUF extras: fallback_by_version, no_fallback, output_head, requires_imatrix, bump_70b
     gguf: dict = field(default_factory=dict)
+    #: sha256 of the pack file as shipped: which rules a verdict came from (the check JSON)
+    sha256: str = ""
 
     @property
     def default_version(self) -> str:
@@ -208,7 +216,15 @@ def _candidate(raw: dict, where: str, versions: tuple[str, ...]) -> Candidate:
         source=_source(raw.get("source"), where), sm_min=gpu.get("sm_min"),
         sm_max=gpu.get("sm_max"), since=span.get("from"), until=span.get("to"),
         refuse=bool(raw.get("refuse", False)), message=raw.get("message"),
-        uncertain=raw.get("uncertain"))
+        uncertain=raw.get("uncertain"), only_if=raw.get("only_if"),
+        pads=tuple(_pads(raw.get("pads") or {}, where)))
+
+
+def _pads(raw: dict, where: str) -> list[tuple[str, int]]:
+    for quantity, multiple in raw.items():
+        if quantity not in QUANTITIES or not isinstance(multiple, int) or multiple < 1:
+            raise PackError(f"{where}: pads needs quantity: positive multiple")
+    return sorted(raw.items())
 
 
 def parse_pack(raw: dict, name: str = "pack") -> Pack:
@@ -241,6 +257,11 @@ def parse_pack(raw: dict, name: str = "pack") -> Pack:
     tp = raw.get("tp") or {}
     for key, rule in tp.items():
         _source(rule.get("source") if isinstance(rule, dict) else None, f"{name} tp.{key}")
+    widen = (tp.get("vocab_padding") or {}).get("times_tp_when_indivisible")
+    if widen is not None:
+        _source(widen.get("source"), f"{name} tp.vocab_padding.times_tp_when_indivisible")
+        if widen.get("from") not in versions:
+            raise PackError(f"{name}: times_tp_when_indivisible.from is not in the versions")
     types = {}
     for tname, t in (raw.get("types") or {}).items():
         types[tname] = GgufType(tname, int(t["block"]), t.get("fallback"),
@@ -274,8 +295,9 @@ def packs() -> dict[str, Pack]:
     for entry in sorted(resources.files("gac_check.targets").joinpath("packs").iterdir(),
                         key=lambda e: e.name):
         if entry.name.endswith(".json"):
-            pack = parse_pack(json.loads(entry.read_text(encoding="utf-8")), entry.name)
-            out[pack.engine] = pack
+            data = entry.read_bytes()
+            pack = parse_pack(json.loads(data.decode("utf-8")), entry.name)
+            out[pack.engine] = replace(pack, sha256=hashlib.sha256(data).hexdigest())
     return out
 
 

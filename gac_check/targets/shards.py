@@ -99,8 +99,18 @@ class Use:
     tensor: object = None
 
 
+def padded_vocab(vocab: int, tp: int, multiple: int, widen_by_tp: bool = False) -> int:
+    """The vocabulary the engine allocates: padded to ``multiple``; where the engine widens the
+    padding to ``multiple x tp`` when that does not divide by ``tp`` (SGLang from v0.5.23),
+    padded to that instead, so that every rank holds the same share."""
+    padded = pad_to_multiple(vocab, multiple)
+    if widen_by_tp and padded % tp:
+        return pad_to_multiple(vocab, multiple * tp)
+    return padded
+
+
 def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
-         kv_rule: str = "replicate", vocab_pad: int = 1) -> list[Use]:
+         kv_rule: str = "replicate", vocab_pad: int = 1, vocab_pad_tp: bool = False) -> list[Use]:
     """Every use of ``site``'s dimension at TP size ``tp``.
 
     Quantities a use leaves out (the other dimension of a GEMM) are judged at the site that
@@ -114,6 +124,7 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
     if role is Role.INTERMEDIATE:
         def gate_up(v: int) -> dict[str, int]:
             q = {**base, "part_out": v, "out": 2 * v}
+            _put(q, "part_shard_out", split(v, tp))  # one of gate, up on one rank
             return _put(q, "shard_out", split(2 * v, tp) if v % tp == 0 else None)
 
         def down(v: int) -> dict[str, int]:
@@ -158,7 +169,7 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
         return [Use("model", "heads", heads_q)]
     if role is Role.VOCAB:
         def vocab(v: int) -> dict[str, int]:
-            padded = pad_to_multiple(v, vocab_pad)
+            padded = padded_vocab(v, tp, vocab_pad, vocab_pad_tp)
             q = {**base, "vocab": padded, "part_out": padded}
             return _put(q, "vocab_per_rank", split(padded, tp))
 

@@ -36,6 +36,10 @@ def _rows(pack: Pack, sel: Selection) -> list[str]:
     for c in sel.candidates:
         verdict = "refused" if c.refuse else ("fast" if c.fast else "fallback")
         when = "; ".join(_cond(w) for w in c.when) or "always"
+        if c.only_if:
+            verdict, when = "not taken", f"only with {c.only_if}"
+        if c.pads:
+            when += "; pads " + ", ".join(f"{n} to % {m}" for n, m in c.pads)
         vs = _versions(pack, c.since, c.until) if (c.since or c.until) else span
         rows.append(f"| {pack.engine} | {sel.id} | {sel.component} | {quant} | "
                     f"{'gate' if sel.gate else c.kernel} | {verdict} | {when} | {_gpu(c)} | "

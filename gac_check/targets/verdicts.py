@@ -13,13 +13,13 @@ the model servable, whatever kernel it would have run.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from gac_check.sites import DimSite
+from gac_check.sites import DimSite, Role
 from gac_check.targets import gguf
 from gac_check.targets.loadability import Loadability, ModelKind, judge_load
 from gac_check.targets.packs import Candidate, Pack, Selection, Source
-from gac_check.targets.shards import ModelShape, Use, model_shape, uses
+from gac_check.targets.shards import ModelShape, Use, model_shape, pad_to_multiple, uses
 from gac_check.targets.spec import Target
 
 FAST, FALLBACK, REFUSED = "fast", "fallback", "refused"
@@ -40,6 +40,19 @@ class Outcome:
     source: Source
     selection: str
     gate: bool = False
+    use: str = ""  # the linear, attention or tensor judged (qkv_proj, down_proj, ffn_down)
+    uncertain: str | None = None  # the deciding rule's own caveat, from the pack
+    #: the per-shard widths the rule read (shard_in, shard_out, head_dim, vocab_per_rank, ...)
+    shard: tuple[tuple[str, int], ...] = ()
+
+    def as_dict(self) -> dict:
+        return {"use": self.use, "rule": self.selection, "verdict": self.verdict,
+                "kernel": self.kernel, "uncertain": self.uncertain, **dict(self.shard)}
+
+
+#: The per-use quantities the check JSON reports (what a reader needs to see the shard).
+DETAIL = ("in", "out", "shard_in", "shard_out", "head_dim", "heads_per_rank",
+          "kv_heads_per_rank", "vocab", "vocab_per_rank")
 
 
 @dataclass
@@ -57,11 +70,15 @@ class TargetVerdict:
     cannot_pad: str | None = None
     fast_at: int | None = None
     kernels: list[str] = field(default_factory=list)
+    #: every use's outcome (failing gates and the kernels chosen): the per-projection detail
+    uses: list[Outcome] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"target": self.target.spec, "verdict": self.verdict, "kernel": self.kernel,
                 "fix_to": self.fix_to, "source": self.source.as_dict() if self.source else None,
-                "why": self.why, "cannot_pad": self.cannot_pad}
+                "why": self.why, "cannot_pad": self.cannot_pad,
+                "uncertain": sorted({o.uncertain for o in self.uses if o.uncertain}),
+                "uses": [o.as_dict() for o in self.uses]}
 
     @property
     def short(self) -> str:
@@ -107,16 +124,20 @@ def select(pack: Pack, sel: Selection, target: Target, q: dict[str, int],
     first_fast_why = None
     gpu_why = None  # a fast kernel this GPU cannot run explains a fallback only if no other
     for c in sel.candidates:
-        if not _version_ok(pack, c, target.version):
+        if not _version_ok(pack, c, target.version) or c.only_if:
             continue
         why = _failed(c, q, sm)
         if why is None:
             if c.refuse:
-                return Outcome(REFUSED, None, c.message or c.kernel, c.source, sel.id, sel.gate)
+                return Outcome(REFUSED, None, c.message or c.kernel, c.source, sel.id, sel.gate,
+                               uncertain=c.uncertain)
             if c.fast:
-                return Outcome(FAST, c.kernel, "", c.source, sel.id, sel.gate)
-            return Outcome(FALLBACK, c.kernel, first_fast_why or gpu_why or "", c.source, sel.id,
-                           sel.gate)
+                return Outcome(FAST, c.kernel, "", c.source, sel.id, sel.gate,
+                               uncertain=c.uncertain)
+            why = "; ".join(w for w in (first_fast_why or gpu_why, _padding(c, q),
+                                         c.uncertain and f"uncertain: {c.uncertain}") if w)
+            return Outcome(FALLBACK, c.kernel, why, c.source, sel.id, sel.gate,
+                           uncertain=c.uncertain)
         if c.fast and not _gpu_ok(c, sm):
             gpu_why = gpu_why or why
         elif c.fast and first_fast_why is None:
@@ -129,19 +150,33 @@ def select(pack: Pack, sel: Selection, target: Target, q: dict[str, int],
                    sel.otherwise_kernel, why, sel.otherwise_source, sel.id, sel.gate)
 
 
+#: The GEMM side a per-shard quantity is: what a padding kernel's message calls it.
+GEMM_SIDE = {"shard_in": "K", "shard_out": "N"}
+
+
+def _padding(c: Candidate, q: dict[str, int]) -> str:
+    """What a padding kernel pads, in this use's numbers: ``it pads K 2750 -> 2752``."""
+    done = [f"{GEMM_SIDE.get(name, name)} {q[name]} -> {pad_to_multiple(q[name], m)}"
+            for name, m in c.pads if name in q and q[name] % m]
+    return (f"it pads {', '.join(done)}: the weight once at load, and on every call the "
+            "activations (K) or the output it slices back (N)") if done else ""
+
+
 def judge_uses(target: Target, site_uses: list[Use], value: int,
                sm: int | None) -> list[Outcome]:
     pack = target.pack
     out = []
     for use in site_uses:
         if use.component == "tensor":
-            out.append(_gguf_outcome(pack, target, use.tensor, value))  # type: ignore[arg-type]
+            o = _gguf_outcome(pack, target, use.tensor, value)  # type: ignore[arg-type]
+            out.append(replace(o, use=use.name))
             continue
         q = use.quantities(value)
+        shard = tuple((k, q[k]) for k in DETAIL if k in q)
         for sel in pack.selections:
             if (sel.component == use.component and sel.applies(target.quant, target.kv, use.name)
                     and _version_ok(pack, sel, target.version)):
-                out.append(select(pack, sel, target, q, sm))
+                out.append(replace(select(pack, sel, target, q, sm), use=use.name, shard=shard))
     return out
 
 
@@ -172,12 +207,19 @@ def worst(outcomes: list[Outcome]) -> str:
 
 def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
     if target.pack.gguf_types:  # llama.cpp: the GGUF tensors whose rows the site sets
-        return [Use("tensor", tu.tensor, lambda v: {}, tu)
-                for tu in gguf.tensor_uses(target.pack, target.quant, site, shape)]
+        out = [Use("tensor", tu.tensor, lambda v: {}, tu)
+               for tu in gguf.tensor_uses(target.pack, target.quant, site, shape)]
+        if site.role is Role.INTERMEDIATE:  # one feed_forward_length per file (the loader)
+            out.append(Use("model", "layers", lambda v: {"uniform_layers": int(shape.uniform)}))
+        return out
     tp_rules = target.pack.tp
     kv_rule = (tp_rules.get("kv_heads") or {}).get("rule", "replicate")
-    vocab_pad = int((tp_rules.get("vocab_padding") or {}).get("multiple", 1))
-    return uses(site, shape, target.tp, target.group, kv_rule, vocab_pad)
+    padding = tp_rules.get("vocab_padding") or {}
+    widen = padding.get("times_tp_when_indivisible")
+    widen_here = bool(widen) and (target.pack.version_index(target.version)
+                                  >= target.pack.version_index(widen["from"]))
+    return uses(site, shape, target.tp, target.group, kv_rule, int(padding.get("multiple", 1)),
+                widen_here)
 
 
 NO_RULE = "no rule of this engine's pack constrains this dimension"
@@ -196,7 +238,8 @@ def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> Tar
                     next(o for o in outcomes if o.verdict == verdict))
     kernel = decisive.kernel if verdict != FAST else "+".join(dict.fromkeys(kernels)) or None
     tv = TargetVerdict(target, verdict, kernel, decisive.why if verdict != FAST else "",
-                       decisive.source, kernels=kernels)
+                       decisive.source, kernels=kernels,
+                       uses=[o for o in outcomes if not o.gate or o.verdict != FAST])
     if verdict == FAST:
         tv.fix_to = site.value
         return tv
@@ -311,9 +354,11 @@ class SiteVerdicts:
         return out
 
     def summary(self) -> dict[str, dict]:
-        """``summary.targets``: each spec's model-level verdict with counts."""
+        """``summary.targets``: each spec's model-level verdict with counts, what it was
+        judged as (the resolved release, tp, quant, group, and the pack's hash), whether the
+        engine loads the model, and what its pack does not model."""
         return {t.spec: {**model_verdict([v for vs in self.by_site.values() for v in vs
-                                          if v.target is t]),
+                                          if v.target is t]), **resolved(t),
                          "load": self.loads[t.spec].as_dict() if t.spec in self.loads else None,
                          "not_modelled": list(t.pack.notes)}
                 for t in self.targets}
@@ -357,6 +402,16 @@ def not_loaded(load: Loadability) -> TargetVerdict:
     kernel runs it, and no padding of one site helps)."""
     return TargetVerdict(load.target, REFUSED, None, f"the model does not load: {load.why}",
                          load.source, cannot_pad=f"to serve it: {load.remedy}")
+
+
+def resolved(target: Target) -> dict:
+    """What a spec resolved to: the engine release (the newest read where none was given),
+    tp, quant, group and KV dtype, and which pack (its newest release and its sha256)."""
+    pack = target.pack
+    return {"engine": target.engine, "version": target.version, "tp": target.tp,
+            "quant": target.quant, "group": target.group, "kv": target.kv,
+            "pack": {"file": f"{pack.engine}.json", "newest": pack.default_version,
+                     "sha256": pack.sha256}}
 
 
 def model_verdict(verdicts: list[TargetVerdict]) -> dict:
