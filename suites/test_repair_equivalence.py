@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gac_check.analysis import check
@@ -177,9 +177,14 @@ def test_minilm_embeddings_unchanged_by_repair(tmp_path):
     assert cos > 1 - 1e-6, f"embedding cosine similarity {cos}"
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(shape=layer_shapes())
 def test_low_rank_pair_padding_is_exact(shape):
+    """Where the repair pads a rank: a rank whose padded factors would cost more than the
+    dense matrix is left as it is (tests/test_repair_dense_cost.py), so it is not drawn."""
+    padded = -(-shape.rank // 8) * 8  # the float16 GPU contract's multiple
+    assume(padded * (shape.out_features + shape.in_features)
+           <= shape.out_features * shape.in_features)
     check_lowrank_pair(shape)
 
 

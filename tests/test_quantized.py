@@ -163,7 +163,8 @@ def test_w4a16_target_agrees_with_the_prediction_on_the_unquantized_model(made, 
     """The issue's "done when": vllm,tp=2 on the W4A16 checkpoint is judged as that W4A16
     (the pack's quant for the scheme, group 128 from the checkpoint), site by site as
     vllm,tp=2,quant=... judges the unquantized model; at tp=2 both widths put a 128-group
-    across the shard, so both say refused."""
+    across the shard: GPTQ falls back to a kernel that reads misaligned scales (Machete,
+    ExLlama, Humming), AWQ is refused; neither is fast, as the dense reading said."""
     code_q, doc_q = run_json(made[name], "--gpu", "h100", "--target", "vllm,tp=2")
     code_d, doc_d = run_json(made[base], "--gpu", "h100", "--target", f"vllm,tp=2,quant={quant}")
     seen = {s["name"]: [(v["verdict"], v["kernel"], v["fix_to"]) for v in s["targets"]]
@@ -171,7 +172,8 @@ def test_w4a16_target_agrees_with_the_prediction_on_the_unquantized_model(made, 
     want = {s["name"]: [(v["verdict"], v["kernel"], v["fix_to"]) for v in s["targets"]]
             for s in doc_d["sites"]}
     assert seen == want
-    assert doc_q["summary"]["targets"]["vllm,tp=2"]["verdict"] == "refused"
+    assert doc_q["summary"]["targets"]["vllm,tp=2"]["verdict"] == (
+        "refused" if quant == "awq" else "fallback")
     assert code_q == code_d == 1
     assert doc_q["summary"]["params"] == doc_d["summary"]["params"]
     assert doc_q["summary"]["quantization"] == summary
