@@ -244,6 +244,22 @@ def _read(response: httpx2.Response, fetch: Fetch, where: str, cap: int, deadlin
     return bytes(out)
 
 
+def status_line(where: str, answer: Answer) -> str:
+    """An HTTP error as one line: gated, forbidden, not served, or the status itself."""
+    if answer.headers.get("X-Error-Code") == "GatedRepo":
+        return (f"{where}: is gated; accept its conditions on the Hub and set HF_TOKEN (or "
+                "run `hf auth login`)")
+    if answer.status == 401:
+        return (f"{where}: {endpoint()} asks for a token (HTTP 401 unauthorized); set "
+                "HF_TOKEN to one that may read this model; nothing was checked")
+    if answer.status == 403:
+        return (f"{where}: {endpoint()} refused access (HTTP 403 forbidden); set HF_TOKEN to "
+                "a token that may read this model; nothing was checked")
+    if answer.status == 404:
+        return f"{where}: listed by the Hub, but not served (HTTP 404)"
+    return f"{where}: {endpoint()} answered HTTP {answer.status}; nothing was checked"
+
+
 def too_slow(fetch: Fetch, whole_model: bool) -> str:
     t = fetch.limits.timeout
     if whole_model:
