@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from gac_check.checkpoint.hub_limits import check_environment
 from gac_check.checkpoint.index import Checkpoint, open_checkpoint
 from gac_check.errors import BadInput
 
@@ -25,7 +26,8 @@ def is_remote(name: str) -> bool:
         return True
     if name.count("/") != 1 or name.startswith((".", "/")) or os.path.lexists(name):
         return False
-    from gac_check.checkpoint.remote import looks_like_repo_id
+    check_environment()  # before huggingface_hub is imported: a bad value crashes its import
+    from gac_check.checkpoint.hub_ref import looks_like_repo_id
 
     return looks_like_repo_id(name)
 
@@ -37,8 +39,10 @@ def is_remote_checkpoint(ckpt: Checkpoint) -> bool:
 
 def open_model(name: str | os.PathLike, limits=None) -> Checkpoint:
     """A directory's index, or a Hub model's from its headers, each request bounded by
-    ``limits`` (:class:`gac_check.checkpoint.hub_io.Limits`; default: its defaults)."""
+    ``limits`` (:class:`gac_check.checkpoint.hub_limits.Limits`; default: its defaults, the Hub's
+    timeout variables for the seconds)."""
     if is_remote(str(name)):
+        check_environment()
         from gac_check.checkpoint.remote import open_remote
 
         return open_remote(str(name), limits)

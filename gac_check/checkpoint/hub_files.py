@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 
 from huggingface_hub import constants, hf_hub_url, try_to_load_from_cache
 
-from gac_check.checkpoint.files import MAX_JSON_BYTES, name_problem, parse_json, read_json
+from gac_check.checkpoint.files import name_problem, parse_json, read_json
 from gac_check.checkpoint.hub_io import Fetch, HubCache, get, status_line
 from gac_check.checkpoint.hub_listing import Listing, listed_name_problem
 from gac_check.checkpoint.hub_ref import HF_SCHEME, HubRef
@@ -20,6 +20,12 @@ from gac_check.errors import BadInput
 #: Sidecars fetched per model, and their bytes together; past either, skipped with a note.
 MAX_SIDECARS = 16
 MAX_SIDECAR_TOTAL = 2 * 1024 * 1024
+#: The longest config.json read from a Hub: a model's config is kilobytes, so one listed
+#: without a size and served as a gigabyte stops here, not at the model's byte budget.
+MAX_CONFIG_BYTES = 1024 * 1024
+#: The longest shard index: ~100 bytes a tensor, so ~160,000 tensors (the largest MoE
+#: checkpoints have ~90,000).
+MAX_INDEX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -55,8 +61,9 @@ class HubCommit:
         return self.fetch.offline or constants.is_offline_mode()
 
 
-def read_hub_json(hub: HubCommit, name: str, limit: int = MAX_JSON_BYTES) -> dict:
-    """A JSON file of the commit: the user's Hub cache, ours, or one bounded GET."""
+def read_hub_json(hub: HubCommit, name: str, limit: int) -> dict:
+    """A JSON file of the commit, at most ``limit`` bytes (its kind's cap): the user's Hub
+    cache, ours, or one bounded GET."""
     where = hub.where(name)
     size = hub.listing.get(name)
     if size is not None and size > limit:
@@ -138,7 +145,7 @@ def weight_files(hub: HubCommit) -> tuple[str, list[str]]:
 
 
 def _shards(hub: HubCommit, index_name: str) -> list[str]:
-    weight_map = read_hub_json(hub, index_name).get("weight_map")
+    weight_map = read_hub_json(hub, index_name, MAX_INDEX_BYTES).get("weight_map")
     where = hub.where(index_name)
     if not isinstance(weight_map, dict) or not weight_map:
         raise BadInput(f"{where}: has no weight_map")

@@ -43,7 +43,7 @@ def resolve(ref: HubRef, fetch: Fetch) -> tuple[str, Listing]:
             url += f"/revision/{quote(ref.revision, safe='')}"
         try:
             answer = get(url + "?blobs=True", fetch, str(ref),
-                         min(MAX_LISTING_BYTES, fetch.limits.max_bytes))
+                         min(MAX_LISTING_BYTES, fetch.limits.max_bytes), listing=True)
         except Unreachable as exc:
             why = exc.why.removesuffix("; nothing was checked")
         else:

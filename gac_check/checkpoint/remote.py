@@ -25,7 +25,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gac_check.checkpoint.hub_files import HubCommit, read_hub_json, sidecars, weight_files
+from gac_check.checkpoint.hub_files import (
+    MAX_CONFIG_BYTES,
+    HubCommit,
+    read_hub_json,
+    sidecars,
+    weight_files,
+)
 from gac_check.checkpoint.hub_headers import FIRST_READ, hub_tensors
 from gac_check.checkpoint.hub_io import Fetch, Limits
 from gac_check.checkpoint.hub_listing import resolve
@@ -68,7 +74,8 @@ def open_remote(ref: HubRef | str, limits: Limits | None = None) -> RemoteCheckp
     with _quiet():
         commit, listing = resolve(ref, fetch)
         hub = HubCommit(ref, commit, listing, fetch)
-        config = read_hub_json(hub, "config.json") if "config.json" in listing else {}
+        config = (read_hub_json(hub, "config.json", MAX_CONFIG_BYTES) if "config.json" in listing
+                  else {})
         container, names = weight_files(hub)
         tensors = hub_tensors(hub, names)
         side = sidecars(hub)  # optional: after what the check needs, from what is left

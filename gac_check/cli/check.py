@@ -21,6 +21,7 @@ from gac_check.api import sources
 from gac_check.api.flows import check
 from gac_check.api.sources import is_remote, is_remote_checkpoint, local_dir
 from gac_check.checkpoint.files import open_regular
+from gac_check.checkpoint.hub_limits import check_environment
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.cli.exits import exit_code
 from gac_check.errors import BadInput
@@ -85,6 +86,7 @@ def _names_in(path: Path) -> list[str]:
 
 def _hub_cache() -> Path:
     """Where the Hub cache is: reports about a Hub model must not land inside it."""
+    check_environment()  # a timeout variable huggingface_hub cannot read: one line, not a crash
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)
@@ -102,7 +104,7 @@ def open_model(name: str, args: argparse.Namespace) -> Checkpoint:
     """A directory's index, or a Hub model's from its headers (bounded by the --hub-* limits)."""
     limits = None
     if is_remote(name):
-        from gac_check.checkpoint.hub_io import Limits
+        from gac_check.checkpoint.hub_limits import Limits
 
         given = {k: getattr(args, f"hub_{k}", None) for k in ("timeout", "max_bytes",
                                                                "max_requests")}

@@ -115,8 +115,9 @@ tree.""")
     hub = p.add_argument_group("Hub models (hf://ORG/NAME): bounds per model "
                                "(docs/remote.md, docs/security.md)")
     hub.add_argument("--hub-timeout", type=_positive(float), metavar="SECONDS",
-                     help="longest wait to connect or for any read (default 10); a whole "
-                     "request may take 3 times that, a whole model 6 times")
+                     help="longest any one request may take, redirects and body included "
+                     "(default: HF_HUB_ETAG_TIMEOUT for the listing, HF_HUB_DOWNLOAD_TIMEOUT "
+                     "for file reads, each 10 unless set); a whole model 6 times that")
     hub.add_argument("--hub-max-bytes", type=_positive(_bytes), metavar="BYTES",
                      help="most bytes fetched per model: listing, JSON files and headers "
                      "(default 16M; K, M and G suffixes)")
