@@ -53,12 +53,13 @@ def checkpoint_of(model: object, config: object = None) -> Checkpoint:
     """The checkpoint of anything :func:`gac_check.check` takes: an indexed checkpoint as it
     is, a directory or Hub name, a module (its ``.config``, or ``config``) or a state dict
     (with ``config``)."""
+    if isinstance(model, Checkpoint | str | os.PathLike) and config is not None:
+        where = model.path if isinstance(model, Checkpoint) else Path(model)
+        raise BadInput("config= is for a model in memory; a directory (and its index) has "
+                       "its config.json", where)
     if isinstance(model, Checkpoint):
         return model
     if isinstance(model, str | os.PathLike):
-        if config is not None:
-            raise BadInput("config= is for a model in memory; a directory has its config.json",
-                           Path(model))
         return open_model(model)
     from gac_check.api.memory import from_module, from_state
 
