@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gac_check.checkpoint.index import Checkpoint, open_checkpoint
 from gac_check.contract.dtype_choice import DtypeChoice, choose_dtype
@@ -18,7 +19,9 @@ from gac_check.formats import Format, detect
 from gac_check.formats.architectures import find_family
 from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
-from gac_check.targets.spec import Target
+
+if TYPE_CHECKING:
+    from gac_check.targets.spec import Target
 
 
 @dataclass

@@ -46,11 +46,12 @@ def run_check(args: argparse.Namespace) -> int:
     results = [check_model(name, args) for name in
                steps(names, "checking models", enabled=len(names) > 1 and args.output != "json")]
     bench = _bench(results) if args.bench else None
-    docs = [to_json(r) for r in results]  # after --bench: its figures take precedence
-    if len(results) == 1:
-        _print_one(args, results[0], docs[0], bench and bench[0])
-        write_outputs(outputs, docs[0], args.fail_on)
+    if len(results) == 1:  # the JSON document only where it is printed or written
+        doc = to_json(results[0]) if args.output == "json" or outputs.wanted else {}
+        _print_one(args, results[0], doc, bench and bench[0])
+        write_outputs(outputs, doc, args.fail_on)
     else:
+        docs = [to_json(r) for r in results]  # after --bench: its figures take precedence
         _print_zoo(args, results, docs, bench)
         write_zoo(outputs, docs, args.fail_on)
     return exit_code([f for r in results for f in r.findings], args.fail_on)

@@ -39,6 +39,15 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+class _Version(argparse.Action):
+    """``--version``, its number read from package metadata only when asked for (importing
+    importlib.metadata costs a plain check more than reading a 70B model's header)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        sys.stdout.write(f"{parser.prog} {_version()}\n")
+        parser.exit()
+
+
 def _version() -> str:
     """The installed distribution's version (what a bug report should quote)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -88,7 +97,7 @@ tree.""")
                    "directory exists; several models make one model-zoo report")
     p.add_argument("--models-from", type=Path, metavar="FILE",
                    help="also check the models named in FILE, one a line (# comments)")
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="say what reading each model cost on stderr (bytes fetched, "
                    "requests and seconds for a Hub model)")
@@ -194,9 +203,10 @@ def _fail(message: str, code: int) -> int:
 def run(args: argparse.Namespace) -> int:
     """Dispatch to the job the options ask for; each job module runs one."""
     resolve_profile(args.gpu)  # an unknown --gpu is bad input before anything is read
-    from gac_check.targets.spec import parse_target
+    if args.targets:  # targets are imported only where a check names one
+        from gac_check.targets.spec import parse_target
 
-    args.targets = [parse_target(t) for t in args.targets]  # and an unknown --target
+        args.targets = [parse_target(t) for t in args.targets]  # an unknown one: bad input
     if args.realign and args.targets:
         raise BadInput("--realign does not take --target yet; use --repair --target")
     if args.base and not args.realign:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.checkpoint.torchzip import DTYPE_ITEMSIZE
+from gac_check.checkpoint.tensorinfo import DTYPE_ITEMSIZE
 
 FLOAT_PREFIXES = ("float", "bfloat")
 
