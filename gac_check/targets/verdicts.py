@@ -248,6 +248,9 @@ class SiteVerdicts:
     shape: ModelShape
     by_site: dict[str, list[TargetVerdict]] = field(default_factory=dict)
     _memo: dict[tuple, int | None] = field(default_factory=dict, repr=False)
+    #: (target, the site's context for that target alone, candidate size) -> fast: the joint
+    #: search of every layer asks the same of the targets whose verdicts ignore the layer
+    _fast: dict[tuple, bool] = field(default_factory=dict, repr=False)
 
     def of(self, site: DimSite) -> list[TargetVerdict]:
         return self.by_site.get(site.name, [])
@@ -269,11 +272,18 @@ class SiteVerdicts:
 
     def _search(self, site: DimSite, start: int) -> int | None:
         sm = SM_OF_PROFILE.get(self.profile)
-        per = [(t, site_uses(site, self.shape, t)) for t in self.targets]
+        per = [(t, site_uses(site, self.shape, t), (t.spec, _context(site, self.shape, (t,))))
+               for t in self.targets]
         for v in range(start, start + SEARCH_SPAN + 1):
-            if all(worst(judge_uses(t, su, v, sm)) == FAST for t, su in per):
+            if all(self._is_fast(t, su, v, sm, key) for t, su, key in per):
                 return v
         return None
+
+    def _is_fast(self, t: Target, su: list, v: int, sm: int | None, key: tuple) -> bool:
+        fast = self._fast.get((*key, v))
+        if fast is None:
+            fast = self._fast[(*key, v)] = worst(judge_uses(t, su, v, sm)) == FAST
+        return fast
 
     def summary(self) -> dict[str, dict]:
         """``summary.targets``: each spec's model-level verdict with counts."""
