@@ -248,9 +248,9 @@ class SiteVerdicts:
     shape: ModelShape
     by_site: dict[str, list[TargetVerdict]] = field(default_factory=dict)
     _memo: dict[tuple, int | None] = field(default_factory=dict, repr=False)
-    #: (target, the site's context for that target alone, candidate size) -> fast: the joint
-    #: search of every layer asks the same of the targets whose verdicts ignore the layer
-    _fast: dict[tuple, bool] = field(default_factory=dict, repr=False)
+    #: (target, the site's context for that target alone, size) -> that target's next fast
+    #: size: the joint search of every layer asks the same of targets blind to the layer
+    _fast: dict[tuple, int | None] = field(default_factory=dict, repr=False)
 
     def of(self, site: DimSite) -> list[TargetVerdict]:
         return self.by_site.get(site.name, [])
@@ -274,16 +274,29 @@ class SiteVerdicts:
         sm = SM_OF_PROFILE.get(self.profile)
         per = [(t, site_uses(site, self.shape, t), (t.spec, _context(site, self.shape, (t,))))
                for t in self.targets]
-        for v in range(start, start + SEARCH_SPAN + 1):
-            if all(self._is_fast(t, su, v, sm, key) for t, su, key in per):
+        limit = start + SEARCH_SPAN
+        v = start
+        while True:  # leapfrog: each target's next fast size; a joint one is never skipped
+            agreed = True
+            for t, su, key in per:
+                w = self._next_fast(t, su, v, sm, key)
+                if w is None or w > limit:
+                    return None
+                if w != v:
+                    v, agreed = w, False
+            if agreed:
                 return v
-        return None
 
-    def _is_fast(self, t: Target, su: list, v: int, sm: int | None, key: tuple) -> bool:
-        fast = self._fast.get((*key, v))
-        if fast is None:
-            fast = self._fast[(*key, v)] = worst(judge_uses(t, su, v, sm)) == FAST
-        return fast
+    def _next_fast(self, t: Target, su: list, v: int, sm: int | None,
+                   key: tuple) -> int | None:
+        """The smallest size in [v, v + SEARCH_SPAN] fast on ``t`` alone (None: none), kept
+        per (target, its own context, v): the 80 layers a layer-blind target judges alike
+        share it."""
+        memo = (*key, v)
+        if memo not in self._fast:
+            self._fast[memo] = next((u for u in range(v, v + SEARCH_SPAN + 1)
+                                     if worst(judge_uses(t, su, u, sm)) == FAST), None)
+        return self._fast[memo]
 
     def summary(self) -> dict[str, dict]:
         """``summary.targets``: each spec's model-level verdict with counts."""
