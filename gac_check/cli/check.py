@@ -31,7 +31,6 @@ from gac_check.report.outputs import plan as plan_outputs
 from gac_check.report.outputs import write as write_outputs
 from gac_check.report.run import dumps
 from gac_check.report.text import render_text
-from gac_check.report.zoo import render_zoo, write_zoo, zoo_run
 
 #: A --models-from file larger than this is not a list of model names.
 MAX_LIST_BYTES = 1024 * 1024
@@ -51,6 +50,8 @@ def run_check(args: argparse.Namespace) -> int:
         _print_one(args, results[0], doc, bench and bench[0])
         write_outputs(outputs, doc, args.fail_on)
     else:
+        from gac_check.report.zoo import write_zoo  # several models only
+
         docs = [to_json(r) for r in results]  # after --bench: its figures take precedence
         _print_zoo(args, results, docs, bench)
         write_zoo(outputs, docs, args.fail_on)
@@ -167,6 +168,8 @@ def _print_one(args: argparse.Namespace, result: CheckResult, doc: dict, bench) 
 
 def _print_zoo(args: argparse.Namespace, results: list[CheckResult], docs: list[dict],
                bench: list | None) -> None:
+    from gac_check.report.zoo import render_zoo, zoo_run
+
     if args.output == "json":
         for doc, b in zip(docs, bench or [None] * len(docs), strict=True):
             if b is not None:
