@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 # On a machine without an NVIDIA GPU, the pinned CPU wheel goes in before the project so that
 # the project's `torch` requirement is already met and no CUDA wheels are pulled.
 TORCH_PIN ?= torch==2.13.0
+WHEELS := .cache/wheels
+ORACLE := tests/test_targets_llamacpp_oracle.py
 DEMO_DIR ?= demo-out
 
 .PHONY: demo test test-slow lint bench clean llamacpp-wheel engine-sources vllm-oracle evidence
@@ -27,10 +29,16 @@ demo: $(STAMP)
 # compares times relative to a reference kernel timed alongside, which a busy runner does not
 # move (benchmarks/RESULTS.md). `make test-slow`: the demo end to end, the real MiniLM, and the
 # wheel installed into a fresh venv. CI (.ci/run) runs both.
+# The llama.cpp oracle (below) runs too, wherever its wheel is cached in .cache/wheels; where it
+# is not, the run ends with one loud "llama.cpp oracle SKIPPED" line (tests/conftest.py).
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
+	@if ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 && \
+	  ! $(PY) -c "import llama_cpp, gguf" 2>/dev/null; then \
+	  $(PY) -m pip install --quiet --find-links $(WHEELS) -e ".[oracle]"; fi
 	$(PY) -m pytest -p no:cacheprovider -n 2 -m "not perf and not slow" tests suites --gpu cpu
 	$(PY) -m pytest -p no:cacheprovider -m perf suites --gpu cpu
+	$(PY) -m pytest -p no:cacheprovider -rN $(ORACLE) --gpu cpu
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n 2 -m "slow" tests suites --gpu cpu
@@ -39,9 +47,8 @@ test-slow: $(STAMP)
 # The llama.cpp oracle (tests/test_targets_llamacpp_oracle.py, slow tier) runs llama.cpp's own
 # quantizer through llama-cpp-python, which builds llama.cpp from source (~7 minutes on 2
 # cores). Build the wheel once into .cache/wheels (CI caches that directory) and install it
-# from there; `make test` never needs it (the oracle test skips, saying why, without it).
+# from there; `make test` runs the oracle where the wheel is cached, and says loudly when not.
 LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
-WHEELS := .cache/wheels
 llamacpp-wheel: $(STAMP)
 	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
 	  CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DLLAVA_BUILD=OFF" \

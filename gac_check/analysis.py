@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gac_check.checkpoint.index import Checkpoint, open_checkpoint
 from gac_check.contract.dtype_choice import DtypeChoice, choose_dtype
@@ -20,10 +21,11 @@ from gac_check.formats.accounting import Accounting, account, require_accounted
 from gac_check.formats.architectures import find_family
 from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
-from gac_check.targets.gguf_file import GgufTypes, file_target, file_types
-from gac_check.targets.loadability import ModelKind
-from gac_check.targets.quantized import for_checkpoint
-from gac_check.targets.spec import Target, parse_target
+
+if TYPE_CHECKING:  # targets are imported only where a check names one (or reads a GGUF)
+    from gac_check.targets.gguf_file import GgufTypes
+    from gac_check.targets.loadability import ModelKind
+    from gac_check.targets.spec import Target
 
 _LAYER = re.compile(r"(?<=\.)\d+(?=\.)")
 
@@ -181,9 +183,8 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | No
     if ckpt.gguf is not None:
         return _check_gguf(ckpt, fmt, sites, gpu, dtype, targets, accounting)
     choice = choose_dtype(ckpt, dtype)
-    deployed = [for_checkpoint(t if isinstance(t, Target) else parse_target(t),
-                               ckpt.quantization) for t in targets]
-    contract = assemble(gpu, choice.dtype, deployed, sites, model_kind(ckpt, fmt))
+    contract = assemble(gpu, choice.dtype, _deployed(targets, ckpt), sites,
+                        model_kind(ckpt, fmt) if targets else None)
     return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice,
                        accounting=accounting)
 
@@ -200,6 +201,8 @@ def _check_gguf(ckpt: Checkpoint, fmt: Format, sites: list[DimSite], gpu: str,
     """A GGUF file is judged on llama.cpp at its own ftype (added when not given), and each
     of its tensors' stored types against that ftype's mix."""
     assert ckpt.gguf is not None
+    from gac_check.targets.gguf_file import file_target, file_types
+
     judged = file_target(ckpt.gguf, tuple(targets))
     choice = DtypeChoice(dtype, "--dtype") if dtype else GGUF_DTYPE
     contract = assemble(gpu, choice.dtype, judged, sites, model_kind(ckpt, fmt))
@@ -208,9 +211,22 @@ def _check_gguf(ckpt: Checkpoint, fmt: Format, sites: list[DimSite], gpu: str,
                        accounting)
 
 
+def _deployed(targets: Sequence[Target | str], ckpt: Checkpoint) -> list[Target]:
+    """Each target as the checkpoint is served: a quantized one in its own scheme."""
+    if not targets:
+        return []
+    from gac_check.targets.quantized import for_checkpoint
+    from gac_check.targets.spec import Target, parse_target
+
+    return [for_checkpoint(t if isinstance(t, Target) else parse_target(t), ckpt.quantization)
+            for t in targets]
+
+
 def model_kind(ckpt: Checkpoint, fmt: Format) -> ModelKind:
     """What a deployment target needs to know beyond the widths: the compressor's layout,
     config.json's architectures, and whether the weights are a pickled whole model."""
+    from gac_check.targets.loadability import ModelKind
+
     archs = ckpt.config.get("architectures")
     archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
     return ModelKind(fmt.name, archs, ckpt.pickled_model is not None)

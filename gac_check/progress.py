@@ -12,8 +12,6 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from tqdm import tqdm
-
 T = TypeVar("T")
 
 #: seconds between progress lines outside a terminal
@@ -23,8 +21,12 @@ LOG_INTERVAL = 10.0
 def steps(items: Iterable[T], what: str, *, enabled: bool = True,
           total: int | None = None) -> Iterator[T]:
     """``items``, with a progress bar (terminal) or periodic lines (log) labelled ``what``."""
-    if enabled and not sys.stderr.isatty():
+    if not enabled:
+        return iter(items)
+    if not sys.stderr.isatty():
         return _logged(items, what, total)
+    from tqdm import tqdm  # a bar only on a terminal: a plain check does not pay its import
+
     return iter(tqdm(items, desc=what, total=total, file=sys.stderr, leave=False,
                      disable=None if enabled else True, dynamic_ncols=True))
 

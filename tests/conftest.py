@@ -22,3 +22,23 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     them; copy one (``shutil.copytree``) to edit it.
     """
     return save_layouts(tiny_llama(**SEED_LLAMA), tmp_path_factory.mktemp("tiny"))
+
+
+#: The test file whose skip must never pass unnoticed: without llama-cpp-python, no llama.cpp
+#: verdict is checked against llama.cpp's own quantizer.
+ORACLE = "tests/test_targets_llamacpp_oracle.py"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say once, loudly, at the end of the run, that the llama.cpp oracle was skipped."""
+    for report in terminalreporter.stats.get("skipped", []):
+        if report.nodeid.split("::")[0] != ORACLE:
+            continue
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        terminalreporter.write_sep("!", "llama.cpp oracle SKIPPED", red=True, bold=True)
+        terminalreporter.write_line(
+            f"{ORACLE}: {reason.removeprefix('Skipped: ')}: no llama.cpp verdict was checked "
+            "against llama.cpp's own quantizer (make llamacpp-wheel builds the wheel once)",
+            red=True, bold=True)
+        return

@@ -64,6 +64,7 @@ class Hostile:
     stall: float = 0.0
     length: int | None = None
     served: int = 0  # how many times it answered
+    sent: int = 0  # body bytes it wrote, all answers together
 
 
 @dataclass
@@ -114,6 +115,9 @@ class HubServer:
     listed_sizes: dict[str, object] = field(default_factory=dict)  # name -> size (None: omit)
     bytes_sent: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, range)
+    #: Every request as it arrived: ("hub" or "cdn", path, its headers), so a test can hold the
+    #: client to what the server saw, not to the client's own counters.
+    seen: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)  # names lowercased
     #: Set once both sockets are closed: a server that :attr:`die_on` stops from its own thread,
     #: and a test must wait for that before it relies on nothing listening.
     stopped: threading.Event = field(default_factory=threading.Event)
@@ -156,6 +160,7 @@ class HubServer:
         with self._lock:
             self.bytes_sent = 0
             self.log.clear()
+            self.seen.clear()
 
 
 _OIDS: dict[tuple[Path, str], str] = {}
@@ -232,6 +237,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 time.sleep(server.delay)
             path = urlsplit(self.path).path
             server.log.append((self.command, path, self.headers.get("Range", "")))
+            origin = "cdn" if self.server is server._servers[1] else "hub"
+            server.seen.append((origin, path, {k.lower(): v for k, v in self.headers.items()}))
             if path.startswith("/api/models/"):
                 return self._model_info(unquote(path[len("/api/models/"):]))
             if path.startswith("/cdn/"):
@@ -367,10 +374,12 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                             self.wfile.write(chunk[i:i + 1])
                             self.wfile.flush()
                             server.count(1)
+                            how.sent += 1
                             time.sleep(1 / how.rate)
                         continue
                     self.wfile.write(chunk)
                     server.count(len(chunk))
+                    how.sent += len(chunk)
             except (BrokenPipeError, ConnectionResetError):
                 pass
             self.close_connection = True

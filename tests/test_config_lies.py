@@ -107,3 +107,35 @@ def test_a_channel_pruned_hidden_size_does_not_hide_the_heads(tmp_path) -> None:
     in_memory = gac_check.check(state, config=cfg, gpu="h100")
     assert {s.name: s.value for s in in_memory.sites} == \
         {n: s["value"] for n, s in on_disk.items() if n != "format"}
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> dict[str, Path]:
+    """GQA whose attention is wider than the hidden size (Qwen3's and Gemma's shape): hidden
+    64, 8 heads of 16 (q 128 wide), 2 KV heads (k 32 wide); honest (head_dim said) and with a
+    lying hidden_size and no head_dim (the tensors' q width must be used, not their hidden)."""
+    root = tmp_path_factory.mktemp("wide")
+    model = tiny_llama(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                       intermediate_size=128, num_hidden_layers=2, vocab_size=128)
+    out = {}
+    for name, patch in {"honest": {}, "hidden4096": {"hidden_size": 4096}}.items():
+        path = root / name
+        model.save_pretrained(path)
+        cfg = json.loads((path / "config.json").read_text())
+        assert cfg["head_dim"] == 16
+        if patch:
+            cfg.pop("head_dim")
+        cfg.update(patch)
+        (path / "config.json").write_text(json.dumps(cfg))
+        out[name] = path
+    return out
+
+
+def test_gqa_wider_than_hidden_takes_head_dim_from_the_q_width(wide) -> None:
+    honest, lied = sites(wide["honest"]), sites(wide["hidden4096"])
+    head = "model.layers.0.self_attn:head_dim"
+    assert honest[head]["value"] == lied[head]["value"] == 16  # 128 / 8, not 64 / 8, not 512
+    assert {n: s["value"] for n, s in lied.items() if n != "format"} == \
+        {n: s["value"] for n, s in honest.items() if n != "format"}
+    assert any("attention width 128 / num_attention_heads=8, not from config.json's "
+               "hidden_size=4096 (the tensors have 64)" in n for n in lied["hidden"]["notes"])

@@ -156,14 +156,15 @@ def test_a_listing_sent_slowly_or_never_times_out(hub, how) -> None:
     hub.hostile["info"] = how
     line = timely_refusal(gac(hub, "hf://org/m", "--hub-timeout", "1"))
     assert "never checked here before" in line
-    assert ("took longer than 3 s" in line) if how.rate else ("did not answer within 1 s" in line)
+    assert ("took longer than 1 s to send it (--hub-timeout" in line) if how.rate else (
+        "did not answer within 1 s" in line)
 
 
 def test_a_header_range_sent_slowly_times_out(hub) -> None:
     hub.hostile["model.safetensors"] = Hostile(
         status=206, rate=4, size=16384, headers={"Content-Range": "bytes 0-16383/999999"})
     line = timely_refusal(gac(hub, "hf://org/m", "--hub-timeout", "1"))
-    assert "model.safetensors: " in line and "took longer than 3 s" in line
+    assert "model.safetensors: " in line and "took longer than 1 s to send it" in line
     assert not any(k.endswith(".header") for k in left_in_cache(hub))
 
 
@@ -199,13 +200,15 @@ def test_a_huge_listing_is_cut_at_its_cap(hub, baseline, how) -> None:
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
 def test_a_config_without_a_size_served_as_a_gigabyte_is_cut(hub, baseline, gz) -> None:
+    """A config is kilobytes: its own 1 MiB cap stops it, not the model's 16 MiB budget
+    (what the server managed to push, socket buffers included, stays far below 16 MiB)."""
     hub.listed_sizes["config.json"] = None
     hub.hostile["config.json"] = Hostile(prefix=b'{"a": "', fill=b"x", suffix=b'"}', size=GIB,
                                          gzip=gz, length=-1)
-    run = gac(hub, "hf://org/m", "--hub-max-bytes", "2M")
+    run = gac(hub, "hf://org/m")
     line = refusal(run)
-    assert "/config.json: " in line and "2,097,152" in line
-    assert hub.bytes_sent < PUSHED
+    assert "/config.json: " in line and "1,048,576 bytes gac-check reads of it" in line
+    assert hub.hostile["config.json"].sent < 8 * MIB
     small(run, baseline)
     assert not any("config" in k for k in left_in_cache(hub))
 
@@ -320,11 +323,11 @@ def test_the_byte_and_request_budgets_are_per_model_and_exact(hub, models) -> No
 
 
 def test_a_model_read_slowly_file_after_file_stops_at_the_model_deadline(hub, baseline) -> None:
-    """Each sidecar arrives in time for its own request (2.7 s < 3 s) but together they pass
+    """Each sidecar arrives in time for its own request (0.8 s < 1 s) but together they pass
     the model's 6 s: the rest are skipped as too slow, the check itself completes."""
-    for i in range(4):
+    for i in range(10):
         hub.extra_siblings.append({"rfilename": f"slow{i}.json", "size": 8})
-        hub.hostile[f"slow{i}.json"] = Hostile(prefix=b'{"a": 1}', size=8, rate=3)
+        hub.hostile[f"slow{i}.json"] = Hostile(prefix=b'{"a": 1}', size=8, rate=10)
     run = gac(hub, "hf://org/m", "--gpu", "h100", "--hub-timeout", "1")
     assert run.returncode == baseline.returncode, run.stderr
     assert run.stdout.splitlines()[1:] == baseline.stdout.splitlines()[1:]
@@ -379,3 +382,143 @@ def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
     assert 3500 < retry_after(httpx2.Headers({"Retry-After": later})) <= 3600
     for junk in ("soon", "-5", "", "Wed, 99 Foo 2026"):
         assert retry_after(httpx2.Headers({"Retry-After": junk})) is None
+
+
+# ------------------------------------------- held to what the server saw, not to our counters
+
+PROBE = """
+import json, sys, time, tracemalloc
+from gac_check.checkpoint import hub_files, hub_headers, hub_listing
+from gac_check.checkpoint.hub_limits import Limits
+from gac_check.checkpoint.remote import open_remote
+from gac_check.errors import BadInput
+limits = Limits(**json.loads(sys.argv[2]))
+slowest = 0.0
+def timed(get):
+    def run(*args, **kwargs):
+        global slowest
+        start = time.monotonic()
+        try:
+            return get(*args, **kwargs)
+        finally:
+            slowest = max(slowest, time.monotonic() - start)
+    return run
+for module in (hub_files, hub_headers, hub_listing):
+    module.get = timed(module.get)
+tracemalloc.start()
+try:
+    open_remote(sys.argv[1], limits)
+    said = ""
+except BadInput as exc:
+    said = str(exc)
+print(json.dumps({"slowest": slowest, "peak": tracemalloc.get_traced_memory()[1], "said": said}))
+"""
+
+
+@dataclass
+class Probe:
+    slowest: float  # the longest one request took (a call of hub_io.get), imports excluded
+    peak: int  # the client's own peak of Python allocations while reading (tracemalloc)
+    said: str  # the refusal, or ""
+
+
+def probe(hub: HubServer, ref: str, env: dict | None = None, **limits: object) -> Probe:
+    """``open_remote`` in a child process against ``hub``, measured from inside: the longest
+    request and the peak traced memory of reading the model, imports and start-up excluded."""
+    child = {k: v for k, v in os.environ.items()
+             if not k.startswith("HF_") and k not in PROXY_VARS}
+    child |= {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(hub.home), "NO_PROXY": "*",
+              "HF_HUB_DISABLE_TELEMETRY": "1", **(env or {})}
+    out = subprocess.run([sys.executable, "-c", PROBE, ref, json.dumps(limits)], env=child,
+                         capture_output=True, text=True, timeout=120, check=True)
+    return Probe(**json.loads(out.stdout))
+
+
+def test_a_gzip_bomb_costs_the_server_little_and_the_client_its_cap(hub) -> None:
+    """A listing of 1 GiB gzipped to ~1 MB: the client inflates at most its 1 MiB cap (its own
+    traced peak stays within 3 MiB of an honest read's) and hangs up, so the server sends a
+    fraction of the bomb."""
+    honest = probe(hub, "hf://org/m", max_bytes=MIB)
+    assert honest.said == ""
+    hub.home = hub.home.with_name("home-bomb")
+    hub.hostile["info"] = Hostile(prefix=b'{"sha": "', fill=b"a", size=GIB, gzip=True)
+    bomb = probe(hub, "hf://org/m", max_bytes=MIB)
+    assert "past 1,048,576 bytes" in bomb.said or "1,048,576 bytes gac-check reads" in bomb.said
+    assert bomb.peak < honest.peak + 3 * MIB, (bomb.peak, honest.peak)
+    assert hub.hostile["info"].sent < 8 * MIB
+
+
+def test_the_token_stays_on_the_endpoint_across_a_redirect(hub) -> None:
+    """The Hub sends each shard to its CDN, another origin: the server on that origin never
+    sees the token, the endpoint sees it on every request."""
+    run = gac(hub, "hf://org/sharded", "--gpu", "h100", HF_TOKEN="hf_secret")
+    assert run.returncode in (0, 1), run.stderr
+    hub_side = [h for origin, _, h in hub.seen if origin == "hub"]
+    cdn_side = [(p, h) for origin, p, h in hub.seen if origin == "cdn"]
+    assert len(cdn_side) >= 3  # one per shard
+    assert hub_side and all(h.get("authorization") == "Bearer hf_secret" for h in hub_side)
+    assert [p for p, h in cdn_side if "authorization" in h] == []
+
+
+def test_every_redirect_hop_is_a_request_against_the_budget(hub) -> None:
+    """What --verbose counts is what reached the server, both origins, redirects included; a
+    budget one short of that refuses, and the server sees no more than the budget."""
+    ok = gac(hub, "hf://org/sharded", "--gpu", "h100", "--verbose")
+    assert ok.returncode in (0, 1), ok.stderr
+    requests = int(re.search(r"\((\d+) HTTP response", ok.stderr).group(1))
+    cdn = sum(origin == "cdn" for origin, _, _ in hub.seen)
+    assert cdn >= 3 and requests == len(hub.seen)
+    hub.home = hub.home.with_name("home-short")
+    hub.reset()
+    line = refusal(gac(hub, "hf://org/sharded", "--hub-max-requests", str(requests - 1)))
+    assert f"needs more than {requests - 1} HTTP requests" in line
+    assert len(hub.seen) == requests - 1
+
+
+def test_the_hubs_timeout_variables_are_honoured_and_the_option_wins(hub) -> None:
+    """HF_HUB_ETAG_TIMEOUT times the listing, HF_HUB_DOWNLOAD_TIMEOUT the file reads, each a
+    total deadline for the request; --hub-timeout, when given, wins over both."""
+    hub.hostile["info"] = Hostile(rate=4, size=100_000)
+    line = refusal(gac(hub, "hf://org/m", HF_HUB_ETAG_TIMEOUT="1", HF_HUB_DOWNLOAD_TIMEOUT="60"))
+    assert "took longer than 1 s to send it (HF_HUB_ETAG_TIMEOUT; too slow)" in line
+    assert hub.hostile["info"].sent <= 8  # 4 bytes a second for 1 s, not 3 s
+    del hub.hostile["info"]
+    hub.hostile["model.safetensors"] = Hostile(
+        status=206, rate=4, size=16384, headers={"Content-Range": "bytes 0-16383/999999"})
+    line = refusal(gac(hub, "hf://org/m", HF_HUB_DOWNLOAD_TIMEOUT="1", HF_HUB_ETAG_TIMEOUT="60"))
+    assert "model.safetensors: " in line
+    assert "took longer than 1 s to send it (HF_HUB_DOWNLOAD_TIMEOUT; too slow)" in line
+    line = refusal(gac(hub, "hf://org/m", "--hub-timeout", "1", HF_HUB_DOWNLOAD_TIMEOUT="60"))
+    assert "took longer than 1 s to send it (--hub-timeout; too slow)" in line
+
+
+@pytest.mark.parametrize("value", ["soon", "2.5", "-1"])
+def test_a_timeout_variable_huggingface_hub_cannot_read_is_one_line(hub, value) -> None:
+    line = refusal(gac(hub, "hf://org/m", HF_HUB_DOWNLOAD_TIMEOUT=value))
+    assert line.startswith(f"gac-check: HF_HUB_DOWNLOAD_TIMEOUT={value!r}: ")
+
+
+def test_a_body_trickled_within_each_read_timeout_still_ends_at_the_deadline(hub) -> None:
+    """One byte every 1.95 s, each inside a 2 s read timeout: a bound per read would wait
+    until the byte after the deadline (3.9 s); the request's deadline (2 s) ends it."""
+    hub.hostile["model.safetensors"] = Hostile(
+        status=206, rate=1 / 1.95, size=16384, headers={"Content-Range": "bytes 0-16383/999999"})
+    slow = probe(hub, "hf://org/m", timeout=2)
+    assert "took longer than 2 s to send it (--hub-timeout" in slow.said
+    assert 1.9 < slow.slowest < 3.2, slow.slowest
+
+
+@pytest.mark.parametrize("flag", ["--hub-timeout", "--hub-max-bytes", "--hub-max-requests"])
+def test_a_zero_hub_limit_is_refused(hub, flag) -> None:
+    run = gac(hub, "hf://org/m", flag, "0")
+    assert run.returncode == 2 and f"argument {flag}: must be a positive number" in run.stderr
+    assert hub.seen == []
+
+
+@pytest.mark.parametrize("limit", ["timeout", "max_bytes", "max_requests"])
+def test_a_zero_limit_is_refused_by_the_api_too(limit) -> None:
+    from gac_check.checkpoint.hub_limits import Limits
+    from gac_check.errors import BadInput
+
+    with pytest.raises(BadInput, match="must be a positive number"):
+        Limits(**{limit: 0})

@@ -18,20 +18,20 @@ from gac_check import analysis
 from gac_check.analysis import CheckResult
 from gac_check.api.sources import checkpoint_of, is_remote_checkpoint, local_dir
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.checkpoint.outdir import check_output_dir
 from gac_check.contract.dtype_choice import dtype_name
 from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
 from gac_check.padding.plan import STRATEGIES
 from gac_check.profiles import profile_name
-from gac_check.targets.spec import Target
 
-if TYPE_CHECKING:  # a check imports neither writer
+if TYPE_CHECKING:  # a check imports neither writer, nor targets unless it names one
+    from gac_check.targets.spec import Target
+
+    Targets = str | Target | Sequence[str | Target]
     from gac_check.padding.write import RepairReport
     from gac_check.ranks.factors import RealignReport
 
 Report = TypeVar("Report")
-Targets = str | Target | Sequence[str | Target]
 
 
 def check(model: object, gpu: str = "auto", dtype: str | None = None, target: Targets = (),
@@ -47,7 +47,8 @@ def check(model: object, gpu: str = "auto", dtype: str | None = None, target: Ta
     """
     gpu, dtype = _names(gpu, dtype)
     ckpt = checkpoint_of(model, config)
-    targets = (target,) if isinstance(target, str | Target) else tuple(target)
+    targets = (target,) if isinstance(target, str) or not isinstance(target, Sequence) \
+        else tuple(target)
     try:
         return analysis.check(ckpt, gpu, dtype, targets)
     except BadInput as exc:
@@ -107,6 +108,8 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
            else unsupported(before.format.name, before.family))
     if why:
         raise BadInput(why, ckpt.path)
+    from gac_check.checkpoint.outdir import check_output_dir  # a fix only
+
     check_output_dir(Path(out), force, ckpt.path)
     targeted = plan_for_targets(before, strategy, uniform)
     choice = before.dtype_choice
@@ -140,6 +143,8 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     gpu, dtype = _names(gpu, dtype)
     model_dir = local_dir(model_dir, "--realign")
     base_dir = Path(base) if base is not None else None
+    from gac_check.checkpoint.outdir import check_output_dir
+
     check_output_dir(Path(out), force, model_dir, *([base_dir] if base_dir else []))
     before = check(model_dir, gpu, dtype, target)
     if before.checkpoint.quantization is not None:

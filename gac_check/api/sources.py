@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from gac_check.checkpoint.hub_limits import check_environment
 from gac_check.checkpoint.index import Checkpoint, open_checkpoint
 from gac_check.errors import BadInput
 
@@ -25,7 +26,8 @@ def is_remote(name: str) -> bool:
         return True
     if name.count("/") != 1 or name.startswith((".", "/")) or os.path.lexists(name):
         return False
-    from gac_check.checkpoint.remote import looks_like_repo_id
+    check_environment()  # before huggingface_hub is imported: a bad value crashes its import
+    from gac_check.checkpoint.hub_ref import looks_like_repo_id
 
     return looks_like_repo_id(name)
 
@@ -37,7 +39,8 @@ def is_remote_checkpoint(ckpt: Checkpoint) -> bool:
 
 def open_model(name: str | os.PathLike, limits=None) -> Checkpoint:
     """A directory's index, or a Hub model's from its headers, each request bounded by
-    ``limits`` (:class:`gac_check.checkpoint.hub_io.Limits`; default: its defaults)."""
+    ``limits`` (:class:`gac_check.checkpoint.hub_limits.Limits`; default: its defaults, the Hub's
+    timeout variables for the seconds)."""
     if is_remote(str(name)):
         if str(name).endswith(".gguf") and not str(name).startswith(HF_SCHEME):
             raise BadInput("does not exist", str(name))  # a GGUF is a file: meant to be here
@@ -45,6 +48,7 @@ def open_model(name: str | os.PathLike, limits=None) -> Checkpoint:
             raise BadInput(f"{name}: a GGUF file on the Hub is not read remotely yet: download "
                            "it (hf download ORG/NAME FILE.gguf --local-dir DIR) and check "
                            "DIR/FILE.gguf")
+        check_environment()
         from gac_check.checkpoint.remote import open_remote
 
         return open_remote(str(name), limits)
@@ -55,12 +59,13 @@ def checkpoint_of(model: object, config: object = None) -> Checkpoint:
     """The checkpoint of anything :func:`gac_check.check` takes: an indexed checkpoint as it
     is, a directory or Hub name, a module (its ``.config``, or ``config``) or a state dict
     (with ``config``)."""
+    if isinstance(model, Checkpoint | str | os.PathLike) and config is not None:
+        where = model.path if isinstance(model, Checkpoint) else Path(model)
+        raise BadInput("config= is for a model in memory; a directory (and its index) has "
+                       "its config.json", where)
     if isinstance(model, Checkpoint):
         return model
     if isinstance(model, str | os.PathLike):
-        if config is not None:
-            raise BadInput("config= is for a model in memory; a directory has its config.json",
-                           Path(model))
         return open_model(model)
     from gac_check.api.memory import from_module, from_state
 

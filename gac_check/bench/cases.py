@@ -6,6 +6,8 @@ diff of two files shows which cases changed; parsing it back gives the workload 
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from gac_check.errors import BadInput
 
 
@@ -18,6 +20,13 @@ def case_key(kind: str, params: dict[str, object]) -> str:
 
 
 def parse_case_key(key: str) -> tuple[str, dict[str, str]]:
+    kind, params = _parsed(key)
+    return kind, dict(params)
+
+
+@lru_cache(maxsize=8192)
+def _parsed(key: str) -> tuple[str, dict[str, str]]:
+    """Memoised: a check reads the same published keys several times (a copy is returned)."""
     kind, sep, rest = key.partition("/")
     if not sep or not kind:
         raise BadInput(f"malformed case key {key!r} (expected kind/k=v,...)")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from functools import cache
-from importlib.resources import files
 from pathlib import Path
 
 from gac_check.bench import baselines, workloads
@@ -54,8 +53,10 @@ GPUS = {
 
 
 def reference_dir() -> Path:
-    """The packaged copies of the paper's tables."""
-    return Path(str(files("gac_check") / "data"))
+    """The packaged copies of the paper's tables (package data beside the modules: read as
+    a path, as before, without importing importlib.resources, which a plain check paid
+    tempfile, shutil and zipfile for)."""
+    return Path(__file__).resolve().parents[1] / "data"
 
 
 def read_tsv(path: Path) -> list[list[str]]:

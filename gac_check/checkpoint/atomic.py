@@ -18,7 +18,6 @@ import errno
 import fcntl
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,6 +71,8 @@ def write_atomic(path: Path | str, data: str | bytes, replace: bool = True) -> N
 
 def _locked_temp(path: Path) -> tuple[int, str]:
     """A new temporary beside ``path``, locked; retried if a cleaner took it before the lock."""
+    import tempfile  # only when writing: a plain check writes nothing
+
     for _ in range(8):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -6,9 +6,11 @@ gigabyte where a kilobyte was listed, inflate a megabyte of gzip into a gigabyte
 hour's wait, or redirect forever. So every request goes through :func:`get`, which bounds it
 (docs/security.md, "Hub models"):
 
-* **time**: connect and each read wait at most :attr:`Limits.timeout` seconds, a whole request
-  at most :data:`REQUEST_TIMEOUTS` times that, a whole model :data:`MODEL_TIMEOUTS` times
-  that (checked between the chunks of a trickling body, not only per read);
+* **time**: a whole request, redirects included, ends at its deadline (the user's timeout,
+  :mod:`.hub_limits`: ``--hub-timeout`` or the Hub's own variables), however slowly its body
+  trickles: what is left of it bounds the connect and the wait for the answer, and a watchdog
+  shuts the socket when it passes mid-body; a whole model at most
+  :data:`~.hub_limits.MODEL_TIMEOUTS` times the timeout;
 * **bytes**: each body is streamed against a cap (its own kind's, the size the listing gave,
   and what is left of the model's :attr:`Limits.max_bytes`); compressed bodies are inflated
   with the same cap on the output, never whole;
@@ -24,9 +26,11 @@ its JSON files and its shards' header bytes are kept under the Hub's assets cach
 """
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import re
+import socket
 import struct
 import threading
 import time
@@ -42,6 +46,7 @@ from huggingface_hub.utils import build_hf_headers, cached_assets_path, get_sess
 
 from gac_check.checkpoint.atomic import write_atomic
 from gac_check.checkpoint.files import MAX_JSON_BYTES, open_regular
+from gac_check.checkpoint.hub_limits import MODEL_TIMEOUTS, Limits
 from gac_check.checkpoint.safetensors_header import MAX_HEADER_BYTES
 from gac_check.errors import BadInput
 
@@ -50,16 +55,6 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)$")
 #: No cached listing or header is larger than the largest header or JSON file we accept.
 MAX_CACHED_BYTES = max(MAX_HEADER_BYTES + 16, MAX_JSON_BYTES)
 
-#: Seconds a connect or any one read may wait (``--hub-timeout``).
-DEFAULT_TIMEOUT = 10.0
-#: Body bytes one model may cost, listing, JSON files and headers together (``--hub-max-bytes``):
-#: an 8B model's headers are ~120 KB, the largest MoE checkpoints' (160 shards) ~10 MB.
-DEFAULT_MAX_BYTES = 16 * 1024 * 1024
-#: HTTP requests one model may cost, redirects and retries included (``--hub-max-requests``).
-DEFAULT_MAX_REQUESTS = 256
-#: A whole request may take this many timeouts; a whole model this many.
-REQUEST_TIMEOUTS = 3
-MODEL_TIMEOUTS = 6
 #: Retries of a request answered 429 or 5xx, and the longest wait before one.
 RETRIES = 2
 MAX_WAIT = 5.0
@@ -69,15 +64,6 @@ MAX_REDIRECTS = 3
 ERROR_BODY = 4096
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _INFLATE = {"gzip": 47, "x-gzip": 47, "deflate": 47}  # zlib: gzip or zlib header, detected
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one model may cost: seconds per step, body bytes and requests in all."""
-
-    timeout: float = DEFAULT_TIMEOUT
-    max_bytes: int = DEFAULT_MAX_BYTES
-    max_requests: int = DEFAULT_MAX_REQUESTS
 
 
 @dataclass
@@ -95,7 +81,7 @@ class Fetch:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def start(self) -> None:
-        self.deadline = time.monotonic() + MODEL_TIMEOUTS * self.limits.timeout
+        self.deadline = time.monotonic() + self.limits.model_seconds
 
     def left(self) -> float:
         return self.deadline - time.monotonic() if self.deadline else float("inf")
@@ -139,27 +125,43 @@ class Answer:
     url: str
 
 
+@dataclass(frozen=True)
+class Request:
+    """One logical request: where it is said to be from, and its bounds."""
+
+    where: str
+    cap: int
+    seconds: float  # the user's timeout for it: a total deadline, redirects included
+    said_by: str  # the option or variable that set ``seconds``
+    stop_at: int | None = None
+    commit: str | None = None
+
+
 def get(url: str, fetch: Fetch, where: str, cap: int, *, headers: dict | None = None,
-        stop_at: int | None = None, commit: str | None = None) -> Answer:
+        stop_at: int | None = None, commit: str | None = None, listing: bool = False) -> Answer:
     """GET ``url``, bounded; a body longer than ``cap`` is refused (or, with ``stop_at``, read
     only that far and the connection dropped: a server that ignores ``Range``).
 
     Answers below 400 are returned; 429 and 5xx are retried (briefly), other errors are
     returned too, with at most :data:`ERROR_BODY` bytes of body, for the caller to word.
     ``commit``: the ``X-Repo-Commit`` the endpoint must answer with, if it names one.
+    ``listing``: a metadata call (the model listing), timed as the Hub times those.
     """
+    limits = fetch.limits
+    seconds = limits.listing_timeout if listing else limits.download_timeout
+    req = Request(where, cap, seconds, limits.said_by(listing), stop_at, commit)
     for attempt in range(RETRIES + 1):
-        answer = _get_once(url, fetch, where, cap, headers or {}, stop_at, commit)
+        answer = _get_once(url, fetch, req, headers or {})
         if answer.status not in _RETRY_STATUS:
             return answer
         wait = retry_after(answer.headers)
         if answer.status == 429 and wait is not None and (
-                wait > MAX_WAIT or wait > fetch.left() - fetch.limits.timeout):
+                wait > MAX_WAIT or wait > fetch.left() - seconds):
             raise BadInput(f"{where}: rate limited by {endpoint()} (HTTP 429); it asks to "
                            f"wait {wait:.0f} s, until {_clock(wait)}: retry then; nothing "
                            "was checked")
         wait = min(MAX_WAIT, 0.5 * 2 ** attempt if wait is None else wait)
-        if attempt == RETRIES or wait > fetch.left() - fetch.limits.timeout:
+        if attempt == RETRIES or wait > fetch.left() - seconds:
             break
         time.sleep(wait)
     if answer.status == 429:
@@ -169,25 +171,28 @@ def get(url: str, fetch: Fetch, where: str, cap: int, *, headers: dict | None = 
                    f"{attempt + 1} time(s); try again later; nothing was checked")
 
 
-def _get_once(url: str, fetch: Fetch, where: str, cap: int, extra: dict,
-              stop_at: int | None, commit: str | None) -> Answer:
-    timeout = fetch.limits.timeout
+def _get_once(url: str, fetch: Fetch, req: Request, extra: dict) -> Answer:
+    where = req.where
     if fetch.left() <= 0:
-        raise Unreachable(where, too_slow(fetch, whole_model=True))
-    deadline = min(time.monotonic() + REQUEST_TIMEOUTS * timeout, fetch.deadline)
+        raise Unreachable(where, too_slow(fetch, req, whole_model=True))
+    deadline = min(time.monotonic() + req.seconds, fetch.deadline)
     origin = _origin(url)
     headers = {**build_hf_headers(), "Accept-Encoding": "identity", **extra}
     for _ in range(MAX_REDIRECTS + 1):
         fetch.request(where)
-        step = max(0.05, min(timeout, deadline - time.monotonic()))
+        step = max(0.05, deadline - time.monotonic())
+        answered = False  # the status line came: a timeout after it is a body too slow
         try:
             with get_session().stream("GET", url, headers=headers, follow_redirects=False,
-                                      timeout=httpx2.Timeout(step)) as response:
-                if commit and _origin(url) == origin:
+                                      timeout=httpx2.Timeout(step)) as response, \
+                    _Watchdog(response, deadline) as watchdog:
+                answered = True
+                if req.commit and _origin(url) == origin:
                     served = response.headers.get("X-Repo-Commit")
-                    if served is not None and served != commit:
+                    if served is not None and served != req.commit:
                         raise BadInput(f"{where}: {endpoint()} served it from commit "
-                                       f"{served[:40]!r}, not {commit}; nothing was checked")
+                                       f"{served[:40]!r}, not {req.commit}; nothing was "
+                                       "checked")
                 if response.is_redirect and "Location" in response.headers:
                     url = urljoin(url, response.headers["Location"])
                     if _origin(url) != origin:  # the token stays with the endpoint
@@ -195,26 +200,59 @@ def _get_once(url: str, fetch: Fetch, where: str, cap: int, extra: dict,
                                    if k.lower() != "authorization"}
                     continue
                 if response.status_code >= 400:
-                    body = _read(response, fetch, where, ERROR_BODY, deadline, ERROR_BODY)
+                    body = _read(response, fetch, req, ERROR_BODY, deadline, ERROR_BODY)
                 else:
-                    body = _read(response, fetch, where, cap, deadline, stop_at)
+                    body = _read(response, fetch, req, req.cap, deadline, req.stop_at)
+                if watchdog.fired.is_set():  # cut at the deadline: what came is not the body
+                    raise Unreachable(where, too_slow(fetch, req, fetch.left() <= 0))
                 return Answer(response.status_code, response.headers, body, url)
         except httpx2.TimeoutException as exc:
+            if answered:
+                raise Unreachable(where, too_slow(fetch, req, fetch.left() <= 0)) from None
             raise Unreachable(where, f"{endpoint()} did not answer within {step:.3g} s "
                               f"({type(exc).__name__}); nothing was checked") from None
         except httpx2.ConnectError as exc:
             raise Unreachable(where, f"cannot reach {endpoint()} ({reason(exc)})") from None
         except httpx2.HTTPError as exc:
+            if answered and time.monotonic() >= deadline:  # the watchdog shut the socket
+                raise Unreachable(where, too_slow(fetch, req, fetch.left() <= 0)) from None
             raise BadInput(f"{where}: the connection to {endpoint()} failed ({reason(exc)}); "
                            "nothing was checked") from None
     raise BadInput(f"{where}: {endpoint()} redirected it more than {MAX_REDIRECTS} times; "
                    "nothing was checked")
 
 
-def _read(response: httpx2.Response, fetch: Fetch, where: str, cap: int, deadline: float,
+class _Watchdog:
+    """Shuts a response's socket at the request's deadline, so a body trickled a byte at a
+    time, each byte within the read timeout, still ends when the user said: a read timeout
+    alone bounds each wait, not the sum of them."""
+
+    def __init__(self, response: httpx2.Response, deadline: float) -> None:
+        stream = response.extensions.get("network_stream")
+        self.sock = stream.get_extra_info("socket") if stream is not None else None
+        self.fired = threading.Event()
+        self.timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._shut)
+        self.timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        if isinstance(self.sock, socket.socket):
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer.cancel()
+
+    def _shut(self) -> None:
+        self.fired.set()
+        with contextlib.suppress(OSError):  # the plain socket's, also under TLS: it wakes
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # a recv blocked on it
+
+
+def _read(response: httpx2.Response, fetch: Fetch, req: Request, cap: int, deadline: float,
           stop_at: int | None) -> bytes:
     """The body, raw bytes counted against the model's budget and inflated (if the server
     compressed it anyway) with ``cap`` on the output; past ``cap``, refused."""
+    where = req.where
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity", *_INFLATE):
         raise BadInput(f"{where}: {endpoint()} sent it compressed as {encoding[:40]!r}, which "
@@ -229,7 +267,7 @@ def _read(response: httpx2.Response, fetch: Fetch, where: str, cap: int, deadlin
     for chunk in response.iter_raw():
         fetch.spend(len(chunk), where)
         if time.monotonic() > deadline:
-            raise Unreachable(where, too_slow(fetch, whole_model=fetch.left() <= 0))
+            raise Unreachable(where, too_slow(fetch, req, whole_model=fetch.left() <= 0))
         if inflate is not None:
             out += inflate.decompress(chunk, limit + 1 - len(out))
             if inflate.unconsumed_tail:
@@ -244,14 +282,29 @@ def _read(response: httpx2.Response, fetch: Fetch, where: str, cap: int, deadlin
     return bytes(out)
 
 
-def too_slow(fetch: Fetch, whole_model: bool) -> str:
-    t = fetch.limits.timeout
+def status_line(where: str, answer: Answer) -> str:
+    """An HTTP error as one line: gated, forbidden, not served, or the status itself."""
+    if answer.headers.get("X-Error-Code") == "GatedRepo":
+        return (f"{where}: is gated; accept its conditions on the Hub and set HF_TOKEN (or "
+                "run `hf auth login`)")
+    if answer.status == 401:
+        return (f"{where}: {endpoint()} asks for a token (HTTP 401 unauthorized); set "
+                "HF_TOKEN to one that may read this model; nothing was checked")
+    if answer.status == 403:
+        return (f"{where}: {endpoint()} refused access (HTTP 403 forbidden); set HF_TOKEN to "
+                "a token that may read this model; nothing was checked")
+    if answer.status == 404:
+        return f"{where}: listed by the Hub, but not served (HTTP 404)"
+    return f"{where}: {endpoint()} answered HTTP {answer.status}; nothing was checked"
+
+
+def too_slow(fetch: Fetch, req: Request, whole_model: bool) -> str:
     if whole_model:
         return (f"reading the model from {endpoint()} took longer than "
-                f"{MODEL_TIMEOUTS * t:.3g} s ({MODEL_TIMEOUTS} x --hub-timeout; too slow); "
-                "nothing was checked")
-    return (f"{endpoint()} took longer than {REQUEST_TIMEOUTS * t:.3g} s to send it "
-            f"({REQUEST_TIMEOUTS} x --hub-timeout; too slow); nothing was checked")
+                f"{fetch.limits.model_seconds:.3g} s ({MODEL_TIMEOUTS} x "
+                f"{fetch.limits.said_by(None)}; too slow); nothing was checked")
+    return (f"{endpoint()} took longer than {req.seconds:.3g} s to send it ({req.said_by}; "
+            "too slow); nothing was checked")
 
 
 def too_long(where: str, cap: int, size: int | None = None) -> BadInput:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from functools import cached_property
 from pathlib import Path, PurePath
+from typing import TYPE_CHECKING
 
 from gac_check.checkpoint.files import MAX_JSON_BYTES, name_problem, os_reason, read_json
 from gac_check.checkpoint.gguf_header import GgufHeader, read_gguf, split_parts
@@ -28,8 +29,10 @@ from gac_check.checkpoint.safetensors_header import (
     read_safetensors_header,
 )
 from gac_check.checkpoint.tensorinfo import TensorInfo
-from gac_check.checkpoint.torchzip import index_torch_zip
 from gac_check.errors import BadInput
+
+if TYPE_CHECKING:  # the pickle reader is imported only for a torch zip
+    from gac_check.checkpoint.pickle_model import PickledModel
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_JSON_BYTES", "SAFETENSORS_DTYPES", "Checkpoint",
            "inside", "link_target", "open_checkpoint", "read_json", "read_safetensors_header"]
@@ -37,7 +40,7 @@ __all__ = ["MAX_HEADER_BYTES", "MAX_JSON_BYTES", "SAFETENSORS_DTYPES", "Checkpoi
 MAX_SIDECAR_BYTES = 1024 * 1024
 TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 #: Every tensor of a checkpoint by name, and what its pickled model says (torch zip only).
-IndexedTensors = tuple[dict[str, TensorInfo], PickledModel | None]
+IndexedTensors = tuple[dict[str, TensorInfo], "PickledModel | None"]
 #: What the HF Trainer and accelerate save next to the weights in a checkpoint-N folder. They
 #: are torch files too, but optimizer moments are not weights, and training_args.bin pickles a
 #: class the walker rightly refuses; without a pytorch_model*.bin they are skipped by name.
@@ -294,6 +297,8 @@ def _read_all(container: str, files: list[Path]) -> IndexedTensors:
         if container == "safetensors":
             found = read_safetensors_header(f)
         else:
+            from gac_check.checkpoint.torchzip import index_torch_zip
+
             index = index_torch_zip(f)
             found = index.tensors
             if index.model is not None:

@@ -227,7 +227,9 @@ def _remove_if_orphaned(partial: Path) -> bool:
 
 
 def copy_side_files(src: Path, dst: Path, skip: set[str]) -> None:
-    """Copy tokenizer files, READMEs and sub-folders the model directory carries.
+    """Copy tokenizer files, READMEs and sub-folders the model directory carries; never a
+    dot-entry, at any depth (``.git``, ``.cache/huggingface``, an editor's ``.swp``): those are
+    the user's tools' state, not the model's.
 
     Links are followed (a hub snapshot is all links into its blobs), but only to where
     :func:`~gac_check.checkpoint.index.link_target` allows: ``notes.txt -> ~/.ssh/id_rsa`` must not
@@ -236,8 +238,8 @@ def copy_side_files(src: Path, dst: Path, skip: set[str]) -> None:
     world-readable tokenizer must not stay world-readable under umask 077.
     """
     def escaping(folder: str, names: list[str]) -> set[str]:
-        return {n for n in names if link_target(src, Path(folder) / n) is None
-                or _special(Path(folder) / n)}
+        return {n for n in names if n.startswith(".") or link_target(src, Path(folder) / n)
+                is None or _special(Path(folder) / n)}
 
     for item in src.iterdir():
         if item.name in skip or item.name.startswith(".") or link_target(src, item) is None:

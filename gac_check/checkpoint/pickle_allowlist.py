@@ -27,6 +27,7 @@ from gac_check.checkpoint.pickle_machine import (
     build_tree,
     type_name,
 )
+from gac_check.checkpoint.tensorinfo import DTYPE_ITEMSIZE
 from gac_check.errors import PickleRefused, UnsafeCheckpoint
 
 #: Largest integer a shape, stride or storage size may hold (torch's int64).
@@ -35,15 +36,6 @@ MAX_INDEX = 2**63 - 1
 _TEXT_PERSID = re.compile(
     r"\('storage', <class 'torch\.(\w+)'>, '(\w{1,64})', '([\w:]{1,64})', (\d{1,19})\)")
 
-DTYPE_ITEMSIZE = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
-    "complex128": 16, "complex64": 8, "complex32": 4,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
-    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
-    "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
-}
 STORAGE_DTYPES = {
     "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
     "BFloat16Storage": "bfloat16", "ComplexDoubleStorage": "complex128",

@@ -21,6 +21,7 @@ from gac_check.api import sources
 from gac_check.api.flows import check
 from gac_check.api.sources import is_remote, is_remote_checkpoint, local_dir
 from gac_check.checkpoint.files import open_regular
+from gac_check.checkpoint.hub_limits import check_environment
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.cli.exits import exit_code
 from gac_check.errors import BadInput
@@ -30,7 +31,6 @@ from gac_check.report.outputs import plan as plan_outputs
 from gac_check.report.outputs import write as write_outputs
 from gac_check.report.run import dumps
 from gac_check.report.text import render_text
-from gac_check.report.zoo import render_zoo, write_zoo, zoo_run
 
 #: A --models-from file larger than this is not a list of model names.
 MAX_LIST_BYTES = 1024 * 1024
@@ -45,11 +45,14 @@ def run_check(args: argparse.Namespace) -> int:
     results = [check_model(name, args) for name in
                steps(names, "checking models", enabled=len(names) > 1 and args.output != "json")]
     bench = _bench(results) if args.bench else None
-    docs = [to_json(r) for r in results]  # after --bench: its figures take precedence
-    if len(results) == 1:
-        _print_one(args, results[0], docs[0], bench and bench[0])
-        write_outputs(outputs, docs[0], args.fail_on)
+    if len(results) == 1:  # the JSON document only where it is printed or written
+        doc = to_json(results[0]) if args.output == "json" or outputs.wanted else {}
+        _print_one(args, results[0], doc, bench and bench[0])
+        write_outputs(outputs, doc, args.fail_on)
     else:
+        from gac_check.report.zoo import write_zoo  # several models only
+
+        docs = [to_json(r) for r in results]  # after --bench: its figures take precedence
         _print_zoo(args, results, docs, bench)
         write_zoo(outputs, docs, args.fail_on)
     return exit_code([f for r in results for f in r.findings], args.fail_on)
@@ -85,6 +88,7 @@ def _names_in(path: Path) -> list[str]:
 
 def _hub_cache() -> Path:
     """Where the Hub cache is: reports about a Hub model must not land inside it."""
+    check_environment()  # a timeout variable huggingface_hub cannot read: one line, not a crash
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)
@@ -102,7 +106,7 @@ def open_model(name: str, args: argparse.Namespace) -> Checkpoint:
     """A directory's index, or a Hub model's from its headers (bounded by the --hub-* limits)."""
     limits = None
     if is_remote(name):
-        from gac_check.checkpoint.hub_io import Limits
+        from gac_check.checkpoint.hub_limits import Limits
 
         given = {k: getattr(args, f"hub_{k}", None) for k in ("timeout", "max_bytes",
                                                                "max_requests")}
@@ -164,6 +168,8 @@ def _print_one(args: argparse.Namespace, result: CheckResult, doc: dict, bench) 
 
 def _print_zoo(args: argparse.Namespace, results: list[CheckResult], docs: list[dict],
                bench: list | None) -> None:
+    from gac_check.report.zoo import render_zoo, zoo_run
+
     if args.output == "json":
         for doc, b in zip(docs, bench or [None] * len(docs), strict=True):
             if b is not None:

@@ -42,6 +42,15 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+class _Version(argparse.Action):
+    """``--version``, its number read from package metadata only when asked for (importing
+    importlib.metadata costs a plain check more than reading a 70B model's header)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        sys.stdout.write(f"{parser.prog} {_version()}\n")
+        parser.exit()
+
+
 def _version() -> str:
     """The installed distribution's version (what a bug report should quote)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -92,7 +101,7 @@ tree.""")
                    "directory exists; several models make one model-zoo report")
     p.add_argument("--models-from", type=Path, metavar="FILE",
                    help="also check the models named in FILE, one a line (# comments)")
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="say what reading each model cost on stderr (bytes fetched, "
                    "requests and seconds for a Hub model)")
@@ -120,8 +129,9 @@ tree.""")
     hub = p.add_argument_group("Hub models (hf://ORG/NAME): bounds per model "
                                "(docs/remote.md, docs/security.md)")
     hub.add_argument("--hub-timeout", type=_positive(float), metavar="SECONDS",
-                     help="longest wait to connect or for any read (default 10); a whole "
-                     "request may take 3 times that, a whole model 6 times")
+                     help="longest any one request may take, redirects and body included "
+                     "(default: HF_HUB_ETAG_TIMEOUT for the listing, HF_HUB_DOWNLOAD_TIMEOUT "
+                     "for file reads, each 10 unless set); a whole model 6 times that")
     hub.add_argument("--hub-max-bytes", type=_positive(_bytes), metavar="BYTES",
                      help="most bytes fetched per model: listing, JSON files and headers "
                      "(default 16M; K, M and G suffixes)")
@@ -201,9 +211,10 @@ def _fail(message: str, code: int) -> int:
 def run(args: argparse.Namespace) -> int:
     """Dispatch to the job the options ask for; each job module runs one."""
     resolve_profile(args.gpu)  # an unknown --gpu is bad input before anything is read
-    from gac_check.targets.spec import parse_target
+    if args.targets:  # targets are imported only where a check names one
+        from gac_check.targets.spec import parse_target
 
-    args.targets = [parse_target(t) for t in args.targets]  # and an unknown --target
+        args.targets = [parse_target(t) for t in args.targets]  # an unknown one: bad input
     if args.base and not args.realign:
         raise BadInput("--base is only used with --realign")
     if args.uniform and not args.repair:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.quantized import Quantization
-from gac_check.checkpoint.torchzip import DTYPE_ITEMSIZE
+from gac_check.checkpoint.tensorinfo import DTYPE_ITEMSIZE
 from gac_check.errors import BadInput
 
 FLOAT_PREFIXES = ("float", "bfloat")

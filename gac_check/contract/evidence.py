@@ -25,15 +25,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gac_check.bench import baselines, published, stats
 from gac_check.bench.cases import parse_case_key
 from gac_check.bench.device import contract_key
-from gac_check.bench.model_bench import BenchReport
 from gac_check.contract import measured
 from gac_check.contract.rules import GEMM_ROLES, Contract, Finding, Rule
 from gac_check.contract.slowdown import BENCH, ESTIMATE, MEASURED, PUBLISHED, Slowdown
 from gac_check.sites import Role
+
+if TYPE_CHECKING:  # --bench only
+    from gac_check.bench.model_bench import BenchReport
 
 #: Whose published sweeps a profile quotes.
 PUBLISHED_FOR = {"a100": "a100", "gpu": "a100", "h100": "h100", "h200": "h100"}

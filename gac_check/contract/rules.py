@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gac_check.contract.slowdown import Slowdown
 from gac_check.sites import DimSite, Role
-from gac_check.targets.verdicts import FAST, SiteVerdicts
+
+if TYPE_CHECKING:  # targets are imported only where a check names one
+    from gac_check.targets.verdicts import SiteVerdicts
 
 ERROR, WARNING = "error", "warning"
 SEVERITY_RANK = {WARNING: 1, ERROR: 2}
@@ -155,6 +157,8 @@ class Contract:
         """A fallback or refused verdict on a target is an error-level rule of the site."""
         if self.targets is None:
             return []
+        from gac_check.targets.verdicts import FAST
+
         return [Rule(f"target:{v.target.spec}", frozenset({site.role}), ERROR,
                      f"{v.target.spec}: {v.verdict}"
                      + (f" to {v.kernel}" if v.kernel and v.verdict != "refused" else "")

@@ -7,15 +7,17 @@ measuring side, and the measured rules can build on the published ones without a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gac_check.contract.evidence import evidence_for
 from gac_check.contract.measured import measured_rules
 from gac_check.contract.rules import Contract, cpu_rules, gpu_rules
 from gac_check.profiles import resolve_profile
 from gac_check.sites import DimSite
-from gac_check.targets.loadability import ModelKind
-from gac_check.targets.spec import Target, parse_target
-from gac_check.targets.verdicts import judge_all
+
+if TYPE_CHECKING:  # targets are imported only where a check names one
+    from gac_check.targets.loadability import ModelKind
+    from gac_check.targets.spec import Target
 
 
 def assemble(gpu: str, dtype: str, targets: Sequence[Target | str] = (),
@@ -26,8 +28,11 @@ def assemble(gpu: str, dtype: str, targets: Sequence[Target | str] = (),
     (first whether its engine builds a model of this ``kind`` at all)."""
     profile = resolve_profile(gpu)
     contract = for_hardware(profile, dtype)
-    parsed = tuple(t if isinstance(t, Target) else parse_target(t) for t in targets)
-    if parsed:
+    if targets:
+        from gac_check.targets.spec import Target, parse_target
+        from gac_check.targets.verdicts import judge_all
+
+        parsed = tuple(t if isinstance(t, Target) else parse_target(t) for t in targets)
         contract.targets = judge_all(list(sites), parsed, profile, dtype, kind)
     return contract
 

@@ -34,6 +34,11 @@ class Outputs:
     junit: Path | None
     force: bool = False  # --force: the run JSON beside the HTML may replace any file
 
+    @property
+    def wanted(self) -> bool:
+        """Whether any file is to be written (a plain check writes none)."""
+        return self.report is not None or self.default_report or self.junit is not None
+
 
 def plan(report: str | None, junit: Path | None, model_dir: Path,
          force: bool = False) -> Outputs:
@@ -119,7 +124,7 @@ def write(outputs: Outputs, check: dict, fail_on: str, fix: dict | None = None) 
     ``fix`` (:func:`gac_check.report.fixing.fix_record`) is the before/after of a --repair or
     --realign whose OUT ``check`` describes; the run document carries it as ``fix``.
     """
-    if outputs.report is None and not outputs.default_report and outputs.junit is None:
+    if not outputs.wanted:
         return []  # a plain check must not pay for importing jinja2
     from gac_check.report.html import render_html
     from gac_check.report.junit import to_junit

@@ -21,7 +21,6 @@ import os
 import platform
 import sys
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
 from gac_check.checkpoint.files import read_json
@@ -56,6 +55,8 @@ def environment() -> dict:
     Versions come from package metadata so a plain CLI check does not pay for importing torch;
     the CUDA device is probed only when torch is already loaded (pytest runs, benchmarks).
     """
+    from importlib import metadata  # only where a run document is written
+
     env = {
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),

@@ -12,7 +12,7 @@ the model servable, whatever kernel it would have run.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from gac_check.sites import DimSite, Role
@@ -299,6 +299,9 @@ class SiteVerdicts:
     #: whether each target's engine builds the model at all (by spec)
     loads: dict[str, Loadability] = field(default_factory=dict)
     _memo: dict[tuple, int | None] = field(default_factory=dict, repr=False)
+    #: (target, the site's context for that target alone, size) -> that target's next fast
+    #: size: the joint search of every layer asks the same of targets blind to the layer
+    _fast: dict[tuple, int | None] = field(default_factory=dict, repr=False)
 
     def of(self, site: DimSite) -> list[TargetVerdict]:
         return self.by_site.get(site.name, [])
@@ -319,18 +322,30 @@ class SiteVerdicts:
         return self._memo[key]
 
     def _search(self, site: DimSite, start: int) -> int | None:
-        return next(self._fast(site, range(start, start + SEARCH_SPAN + 1)), None)
+        sm = SM_OF_PROFILE.get(self.profile)
+        per = [(t, site_uses(site, self.shape, t), (t.spec, _context(site, self.shape, (t,))))
+               for t in self.targets]
+        limit = start + SEARCH_SPAN
+        v = start
+        while True:  # leapfrog: each target's next fast size; a joint one is never skipped
+            agreed = True
+            for t, su, key in per:
+                w = self._next_fast(t, su, v, sm, key)
+                if w is None or w > limit:
+                    return None
+                if w != v:
+                    v, agreed = w, False
+            if agreed:
+                return v
+
 
     def fast_values(self, site: DimSite, values: Iterable[int]) -> list[int]:
         """The sizes among ``values`` at which the site would be fast on every target: the
         candidates ``--realign --target`` lets the knapsack choose from."""
-        return list(self._fast(site, values))
-
-    def _fast(self, site: DimSite, values: Iterable[int]) -> Iterator[int]:
         sm = SM_OF_PROFILE.get(self.profile)
         per = [(t, site_uses(site, self.shape, t)) for t in self.targets]
-        return (v for v in values
-                if all(worst(judge_uses(t, su, v, sm)) == FAST for t, su in per))
+        return [v for v in values
+                if all(worst(judge_uses(t, su, v, sm)) == FAST for t, su in per)]
 
     def refused_after(self, sites: list[DimSite],
                       sizes: dict[str, int]) -> list[tuple[DimSite, Target, str]]:
@@ -352,6 +367,17 @@ class SiteVerdicts:
                 if bad is not None:
                     out.append((site, t, f"at {value}: {bad.why}"))
         return out
+
+    def _next_fast(self, t: Target, su: list, v: int, sm: int | None,
+                   key: tuple) -> int | None:
+        """The smallest size in [v, v + SEARCH_SPAN] fast on ``t`` alone (None: none), kept
+        per (target, its own context, v): the 80 layers a layer-blind target judges alike
+        share it."""
+        memo = (*key, v)
+        if memo not in self._fast:
+            self._fast[memo] = next((u for u in range(v, v + SEARCH_SPAN + 1)
+                                     if worst(judge_uses(t, su, u, sm)) == FAST), None)
+        return self._fast[memo]
 
     def summary(self) -> dict[str, dict]:
         """``summary.targets``: each spec's model-level verdict with counts, what it was
