@@ -12,6 +12,7 @@ import gac_check
 from gac_check.api.refusals import require_feasible
 from gac_check.checkpoint.index import open_checkpoint
 from gac_check.errors import BadInput
+from gac_check.ranks.candidates import rank_menus
 from gac_check.ranks.factors import rank_alignment
 from gac_check.sites import Role
 from tests import compressors as C
@@ -65,6 +66,7 @@ def test_a_budget_exactly_the_cheapest_aligned_choice_is_feasible(asvd) -> None:
     assert sizes
     dense = sum(m * n for m, n in sizes)
     least = sum(min(align * (m + n), m * n) for m, n in sizes)
-    require_feasible(result, _budget_for(least, dense), align)  # equal: allowed
-    with pytest.raises(BadInput, match=f"fewer than the cheapest aligned choice \\({least:,}"):
-        require_feasible(result, _budget_for(least - 1, dense), align)
+    menus = rank_menus(result.sites, shapes, result.contract, align, True)
+    require_feasible(result, _budget_for(least, dense), menus)  # equal: allowed
+    with pytest.raises(BadInput, match=f"fewer than the cheapest choice aligned \\({least:,}"):
+        require_feasible(result, _budget_for(least - 1, dense), menus)

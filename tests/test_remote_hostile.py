@@ -87,8 +87,9 @@ def hub(models, tmp_path):
 def gac(hub: HubServer, *args: object, timeout: float = 120, **env: str) -> Run:
     """The CLI against ``hub``, measured: seconds, and peak RSS from ``wait4`` (this child's
     alone, which ``RUSAGE_CHILDREN`` would not give); ``--hub-timeout`` :data:`PATIENT` unless
-    the test sets its own."""
-    if "--hub-timeout" not in args:
+    the test sets its own, or sets the Hub's timeout variables (which the option would win
+    over)."""
+    if "--hub-timeout" not in args and not any(k.endswith("_TIMEOUT") for k in env):
         args = (*args, "--hub-timeout", PATIENT)
     child = {k: v for k, v in os.environ.items()
              if not k.startswith("HF_") and k not in PROXY_VARS and k != "GAC_DEBUG"}

@@ -77,7 +77,7 @@ def _index(hub: HubCommit, name: str, head: bytes, size: int) -> dict[str, Tenso
 def _header_bytes(hub: HubCommit, name: str) -> tuple[bytes, int]:
     """The length prefix and header of a shard, and the shard's size, by range requests."""
     where = hub.where(name)
-    first, size = _range(hub, name, 0, FIRST_READ)
+    first, size = byte_range(hub, name, 0, FIRST_READ)
     listed = hub.listing.get(name)
     if size is None:
         size = listed
@@ -91,12 +91,12 @@ def _header_bytes(hub: HubCommit, name: str) -> tuple[bytes, int]:
         if rest > hub.fetch.bytes_left():  # refused before a byte of it is asked for
             raise over_budget(f"{where}: its header of {n:,} bytes",
                               hub.fetch.limits.max_bytes)
-        more, _ = _range(hub, name, len(first), rest)
+        more, _ = byte_range(hub, name, len(first), rest)
         first += more
     return first[:8 + n], size
 
 
-def _range(hub: HubCommit, name: str, start: int, length: int) -> tuple[bytes, int | None]:
+def byte_range(hub: HubCommit, name: str, start: int, length: int) -> tuple[bytes, int | None]:
     """At most ``length`` bytes from ``start``, and the file's size where the server says.
 
     A server that ignores the range and sends the whole file is read only as far as needed,

@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from gac_check.checkpoint.hub_files import (
@@ -32,7 +33,7 @@ from gac_check.checkpoint.hub_files import (
     sidecars,
     weight_files,
 )
-from gac_check.checkpoint.hub_headers import FIRST_READ, hub_tensors
+from gac_check.checkpoint.hub_headers import FIRST_READ, byte_range, hub_tensors
 from gac_check.checkpoint.hub_io import Fetch, Limits
 from gac_check.checkpoint.hub_listing import resolve
 from gac_check.checkpoint.hub_ref import HF_SCHEME, HubRef, looks_like_repo_id, parse_ref
@@ -80,11 +81,13 @@ def open_remote(ref: HubRef | str, limits: Limits | None = None) -> RemoteCheckp
         container, names = weight_files(hub)
         tensors = hub_tensors(hub, names)
         side = sidecars(hub)  # optional: after what the check needs, from what is left
+        snapshot = hub.snapshot
+        ckpt = read_quantization(  # a quantized layout's shape records: bounded range reads
+            RemoteCheckpoint(snapshot, config, tensors, container,
+                             [snapshot / n for n in names], side, ref=ref, commit=commit,
+                             fetch=fetch), hub_reader(partial(byte_range, hub), snapshot))
     fetch.seconds = time.perf_counter() - start
-    snapshot = hub.snapshot
-    return read_quantization(RemoteCheckpoint(snapshot, config, tensors, container,
-                            [snapshot / n for n in names], side, ref=ref, commit=commit,
-                            fetch=fetch), hub_reader(hub._range, snapshot))
+    return ckpt
 
 
 def renamed(exc: BadInput, ckpt: Checkpoint) -> BadInput:
