@@ -6,7 +6,6 @@ from gac_check.errors import BadInput
 from gac_check.formats.asvd import ASVD
 from gac_check.formats.base import Format
 from gac_check.formats.dense import Dense
-from gac_check.formats.gguf import Gguf
 from gac_check.formats.llm_pruner import LLMPruner
 from gac_check.formats.palu import PaLU
 from gac_check.formats.slicegpt import SliceGPT
@@ -15,11 +14,16 @@ from gac_check.formats.svdllm import SVDLLM
 #: Most specific first: a compressed checkpoint also looks like a (partial) dense one. Formats
 #: with their own tensor names or config keys come before those recognised by shapes alone
 #: (LLM-Pruner: a dense layout whose sizes disagree with config.json or vary across layers).
-#: A GGUF file is told by its container, before any of them.
-FORMATS: list[Format] = [Gguf(), PaLU(), SVDLLM(), ASVD(), SliceGPT(), LLMPruner(), Dense()]
+#: A GGUF file is told by its container, before any of them (and its format, which reads
+#: llama.cpp's rule pack, is imported only then).
+FORMATS: list[Format] = [PaLU(), SVDLLM(), ASVD(), SliceGPT(), LLMPruner(), Dense()]
 
 
 def detect(ckpt: Checkpoint) -> Format:
+    if ckpt.gguf is not None:
+        from gac_check.formats.gguf import Gguf
+
+        return Gguf()
     for fmt in FORMATS:
         if fmt.matches(ckpt):
             return fmt

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from gac_check.analysis import CheckResult
 from gac_check.contract.rules import Finding
-from gac_check.report.gguf_types import gguf_lines
 
 
 def render_text(result: CheckResult) -> str:
@@ -40,7 +39,9 @@ def render_text(result: CheckResult) -> str:
         if len(notes) > 20:
             lines.append(f"  ... and {len(notes) - 20} more")
     lines += _targets_summary(result)
-    if result.gguf is not None:
+    if result.gguf is not None:  # llama.cpp's rule pack is read only for a GGUF file
+        from gac_check.report.gguf_types import gguf_lines
+
         lines += gguf_lines(result.gguf)
     lines += ["", result.summary().line]
     return "\n".join(lines)
