@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,9 +74,10 @@ class Runner:
 
 def gitignore_lines() -> str:
     """The ``.gitignore`` block of the adoption steps, as the docs show it."""
-    block = re.search(r"```\n(# \.gitignore\n.*?)```", ADOPTION.read_text(), re.S)
+    block = re.search(r"^( *)```\n\1(# \.gitignore\n.*?)^\1```", ADOPTION.read_text(),
+                      re.S | re.M)
     assert block, f"{ADOPTION.name} shows no .gitignore block"
-    return block.group(1)
+    return textwrap.dedent(block.group(1) + block.group(2))
 
 
 def fresh_repository(root: Path) -> Path:
