@@ -10,7 +10,7 @@ the workflow's ``run:`` blocks verbatim under ``bash -eo pipefail``, with GitHub
 variable ``GAC_CHECK`` is the wheel built from this checkout (the release asset the docs name),
 and the CPU torch line installs the same torch release from this machine's index.
 
-Slow (a virtualenv with torch is about a minute): ``make test-slow`` and CI run it.
+The run is slow (a virtualenv with torch is about a minute): ``make test-slow`` and CI run it.
 """
 from __future__ import annotations
 
@@ -26,8 +26,6 @@ import yaml
 
 from tests.wheel import ROOT, TORCH_PIN, build_wheel, clean_env, fresh_venv, run
 
-pytestmark = pytest.mark.slow
-
 WORKFLOW = ROOT / "docs" / "examples" / "alignment-gate.yml"
 ADOPTION = ROOT / "docs" / "plugin-and-ci.md"
 #: The one install line that needs the network; the same torch release comes from this
@@ -35,6 +33,8 @@ ADOPTION = ROOT / "docs" / "plugin-and-ci.md"
 TORCH_FROM_ITS_INDEX = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 #: The `if:` conditions the workflow may use, and whether each runs after a failed step.
 RUNS_AFTER_FAILURE = {None: False, "success() || failure()": True, "always()": True}
+#: The step keys this emulation honours; any other (``env``, ``shell``, ...) fails the test.
+STEP_KEYS = {"name", "uses", "with", "run", "if"}
 MISALIGNED_SITE = "model.layers.0.mlp:intermediate"
 
 COMPRESS = '''"""Our compressor (here: a tiny Llama whose MLP was pruned to 172 channels)."""
@@ -114,6 +114,7 @@ def run_job(job: dict, workflow: dict, repo: Path, runner: Runner, workdir: Path
     failed = False
     for i, spec in enumerate(job["steps"]):
         name = spec.get("name") or spec.get("uses") or f"step {i}"
+        assert set(spec) <= STEP_KEYS, f"{name}: keys this test does not emulate: {set(spec)}"
         condition = spec.get("if")
         assert condition in RUNS_AFTER_FAILURE, f"{name}: unknown condition {condition!r}"
         if failed and not RUNS_AFTER_FAILURE[condition]:
@@ -171,6 +172,21 @@ def substitute_torch(workflow: dict) -> None:
     install["run"] = install["run"].replace(TORCH_FROM_ITS_INDEX, f"pip install {TORCH_PIN}")
 
 
+def test_an_unset_gac_check_stops_the_install_in_one_line(tmp_path):
+    """Before the variable is set, the install says what to set (and installs nothing)."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    (install,) = [s["run"] for s in workflow["jobs"]["report"]["steps"] if "GAC_CHECK" in
+                  s.get("run", "")]
+    env = clean_env(GAC_CHECK=expand(workflow["env"]["GAC_CHECK"], {"GAC_CHECK": ""}))
+    proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", install],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().endswith("GAC_CHECK: set the repository variable GAC_CHECK")
+    assert proc.stdout == ""
+
+
+@pytest.mark.slow
 def test_a_fresh_repository_runs_the_example_workflow(wheel, tmp_path):
     workflow = yaml.safe_load(WORKFLOW.read_text())
     assert workflow["env"]["GAC_CHECK"] == "${{ vars.GAC_CHECK }}"
