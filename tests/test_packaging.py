@@ -7,19 +7,12 @@ Slow (a virtualenv with torch is about a minute): ``make test-slow`` and CI run 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import venv
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.helpers import tiny_llama
-
-ROOT = Path(__file__).resolve().parents[1]
-TORCH_PIN = os.environ.get("GAC_TORCH_PIN", f"torch=={torch.__version__.split('+')[0]}")
+from tests.wheel import TORCH_PIN, build_wheel, fresh_venv, run
 
 pytestmark = pytest.mark.slow
 
@@ -34,27 +27,16 @@ def test_gate(gac_models, gac_profile):
 '''
 
 
-def run(*cmd: str | Path, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "PYTHONPATH", "VIRTUAL_ENV"))}
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=900, check=False)
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """A fresh virtualenv with the built wheel installed; returns its bin/ directory."""
     tmp = tmp_path_factory.mktemp("wheel")
-    built = run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
-                tmp / "dist", ROOT, cwd=tmp)
-    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
-    (wheel,) = (tmp / "dist").glob("gac_check-*.whl")
-    venv.create(tmp / "env", with_pip=True)
-    pip = tmp / "env" / "bin" / "pip"
+    wheel = build_wheel(tmp / "dist")
+    bin_dir = fresh_venv(tmp / "env")
     for args in ([TORCH_PIN], [str(wheel)]):
-        res = run(pip, "install", "-q", *args, cwd=tmp)
+        res = run(bin_dir / "pip", "install", "-q", *args, cwd=tmp)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    return tmp / "env" / "bin"
+    return bin_dir
 
 
 def misaligned_llama(path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from gac_check.plugin.options import (
     ALIASES,
+    OPTION_DTYPE,
     OPTION_GPU,
     OPTION_MODEL,
     OPTION_TARGET,
@@ -51,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from gac_check.plugin import collect, workers
 
     _check_targets(config)
+    _check_dtype(config)
     workers.register(config)  # xdist: pin workers to devices, serialise perf tests per device
     collect.register(config)  # --gac-report: collect on the controller, write at session end
 
@@ -68,6 +70,20 @@ def _check_targets(config: pytest.Config) -> None:
             parse_target(spec)
         except BadInput as exc:
             raise pytest.UsageError(str(exc)) from None
+
+
+def _check_dtype(config: pytest.Config) -> None:
+    """An unknown ``--gac-dtype`` is a usage error (exit 4) before any test runs."""
+    dtype = config.getoption(OPTION_DTYPE, None)
+    if dtype is None:
+        return
+    from gac_check.contract.dtype_choice import dtype_name
+    from gac_check.errors import BadInput
+
+    try:
+        dtype_name(dtype)
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture(scope="session")
@@ -94,14 +110,25 @@ def gac_targets(request: pytest.FixtureRequest) -> list:
 
 
 @pytest.fixture(scope="session")
-def gac_check_model(gac_profile: str, gac_targets: list):
+def gac_dtype(request: pytest.FixtureRequest) -> str | None:
+    """The dtype the model is served in (``--gac-dtype``, canonical name), or None: the
+    checkpoint's own."""
+    from gac_check.contract.dtype_choice import dtype_name
+
+    dtype = request.config.getoption(OPTION_DTYPE)
+    return None if dtype is None else dtype_name(dtype)
+
+
+@pytest.fixture(scope="session")
+def gac_check_model(gac_profile: str, gac_targets: list, gac_dtype: str | None):
     """A function: ``gac_check_model(model, dtype=None, config=None)`` is ``gac_check.check``
     of a directory, a Hub model or a model in memory (a module, or a state dict with its
-    config) against this session's ``--gpu`` and ``--gac-target`` (docs/api.md)."""
+    config) against this session's ``--gpu``, ``--gac-dtype`` and ``--gac-target``
+    (docs/api.md)."""
     from gac_check.api import check
 
     def check_model(model, dtype: str | None = None, config=None):
-        return check(model, gac_profile, dtype, gac_targets, config=config)
+        return check(model, gac_profile, dtype or gac_dtype, gac_targets, config=config)
 
     return check_model
 

@@ -18,6 +18,7 @@ OPTION_REPORT = "--gac-report"
 OPTION_UPDATE_BASELINES = "--gac-update-baselines"
 OPTION_PERF_FACTOR = "--gac-perf-factor"
 OPTION_TARGET = "--gac-target"
+OPTION_DTYPE = "--gac-dtype"
 #: Short spellings the plugin also answers to, unless another plugin already owns them.
 ALIASES = {OPTION_GPU: "--gpu", OPTION_MODEL: "--model"}
 
@@ -50,6 +51,10 @@ def add_options(addoption: Callable[..., object]) -> None:
     addoption(OPTION_MODEL, dest="gac_model", action="append", default=[], metavar="DIR",
               help="model directory the suites check (repeatable)")
     add_target_option(addoption, OPTION_TARGET, dest="gac_target")
+    addoption(OPTION_DTYPE, dest="gac_dtype", default=None, metavar="DTYPE",
+              help="the dtype the model is served in (float16, bfloat16, float32): the "
+              "contract gac_check_model and the model suite judge and repair --gac-model "
+              "against (default: the checkpoint's own)")
     addoption(OPTION_REPORT, action="store", default=None, metavar="FILE.html",
               help="write the alignment-regression HTML report here")
     addoption(OPTION_UPDATE_BASELINES, action="store_true", default=False,

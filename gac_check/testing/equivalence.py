@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -94,15 +95,15 @@ def write_layout(model: nn.Module, state: dict[str, torch.Tensor], path: Path,
     return path
 
 
-def repaired(src: Path, out: Path, strategy: str, targets: Sequence[str] = ()
-             ) -> writer.RepairReport | None:
-    """Repair and assert what every repair must: input untouched, repaired sites clean (on the
-    deployment ``targets`` too, when given). None where a target would still refuse OUT (a
-    layout no engine loads, heads or a vocabulary TP does not divide): then the repair must
-    have been refused before writing anything."""
+def repaired(src: Path, out: Path, strategy: str, targets: Sequence[str] = (),
+             gpu: str = PROFILE, dtype: str | None = DTYPE) -> writer.RepairReport | None:
+    """Repair to ``gpu``'s contract for ``dtype`` and assert what every repair must: input
+    untouched, repaired sites clean (on the deployment ``targets`` too, when given). None where
+    a target would still refuse OUT (a layout no engine loads, heads or a vocabulary TP does
+    not divide): then the repair must have been refused before writing anything."""
     before = {p.name: p.stat().st_mtime_ns for p in src.iterdir()}
     try:
-        report = repair(src, out, PROFILE, strategy, DTYPE, target=targets).report
+        report = repair(src, out, gpu, strategy, dtype, target=targets).report
     except BadInput as exc:
         if not targets or "would still refuse OUT" not in str(exc):
             raise
@@ -110,7 +111,7 @@ def repaired(src: Path, out: Path, strategy: str, targets: Sequence[str] = ()
         assert {p.name: p.stat().st_mtime_ns for p in src.iterdir()} == before, "input modified"
         return None
     assert {p.name: p.stat().st_mtime_ns for p in src.iterdir()} == before, "input modified"
-    still = {f.site.name for f in check(out, PROFILE, DTYPE, targets).findings
+    still = {f.site.name for f in check(out, gpu, dtype, targets).findings
              if f.severity in planner.STRATEGIES[strategy]}
     fixed = {r.site.name for r in report.plan.repairs}
     assert not fixed & still, f"repaired sites still misaligned: {sorted(fixed & still)[:3]}"
@@ -118,6 +119,35 @@ def repaired(src: Path, out: Path, strategy: str, targets: Sequence[str] = ()
 
 
 # ------------------------------------------------------------------ checkpoint-level checks
+@dataclass(frozen=True)
+class CheckpointEquivalence:
+    """What :func:`check_checkpoint` proved: how many sites the repair padded, and the
+    largest output errors of OUT against the checkpoint as it was."""
+
+    repairs: int
+    abs_err: float
+    rel_err: float
+
+
+def check_checkpoint(src: Path, out: Path, gpu: str, dtype: str | None,
+                     strategy: str = "minimal") -> CheckpointEquivalence:
+    """A team's own checkpoint, any layout :func:`load_model` runs: repair it to ``gpu``'s
+    contract for ``dtype`` into ``out``, run both on the same tokens in float32 (the
+    strictest tolerance: padding is exact or it is not, whatever dtype serves it) and compare
+    logits (hidden states of an encoder). A checkpoint that is not a model is BadInput."""
+    report = repaired(src, out, strategy, gpu=gpu, dtype=dtype)
+    if not report.plan.repairs:
+        return CheckpointEquivalence(0, 0.0, 0.0)
+    ref_model = load_model(src)
+    ids = inputs(ref_model.config.vocab_size)
+    ref = run(ref_model, ids)
+    got = run(load_model(out), ids)
+    abs_err, rel_err = assert_equivalent(
+        ref, got, f"{src} repaired for {gpu} {dtype or 'its own dtype'} "
+        f"({len(report.plan.repairs)} sites padded)")
+    return CheckpointEquivalence(len(report.plan.repairs), abs_err, rel_err)
+
+
 def check_asvd(tiny: TinyModel, ratio: float, strategy: str, tmp: Path,
                targets: Sequence[str] = ()) -> tuple[float, float]:
     """Reference-compress (irregular ranks), repair (to what is fast on ``targets`` too),
