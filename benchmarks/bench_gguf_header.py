@@ -28,10 +28,9 @@ VOCAB, MERGES = 128_256, 280_147
 
 def build(path: Path) -> None:
     import gguf
-    import numpy as np
 
     sys.path.insert(0, str(ROOT))
-    from tests.gguf_files import PRUNED, llama_tensors, q4_k_m_types
+    from tests.gguf_files import PRUNED, llama_tensors, q4_k_m_types, write_tensors
 
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(PRUNED["layers"])
@@ -44,20 +43,7 @@ def build(path: Path) -> None:
     w.add_token_list([f"tok{i:07d}".encode() for i in range(VOCAB)])
     w.add_token_types([1] * VOCAB)
     w.add_token_merges([f"a{i} b{i}" for i in range(MERGES)])
-    types = q4_k_m_types(PRUNED)
-    for name, ne in llama_tensors(PRUNED):
-        kind = types.get(name, "F32" if len(ne) == 1 else "F16")
-        qt = gguf.GGMLQuantizationType[kind]
-        shape = tuple(reversed(ne))
-        if kind in ("F32", "F16"):
-            w.add_tensor(name, np.zeros(shape, np.float32 if kind == "F32" else np.float16))
-        else:
-            w.add_tensor(name, np.zeros(gguf.quant_shape_to_byte_shape(shape, qt), np.uint8),
-                         raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_tensors(w, llama_tensors(PRUNED), q4_k_m_types(PRUNED))
 
 
 def read(path: Path, reader: str, repeat: int) -> float:

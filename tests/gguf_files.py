@@ -59,7 +59,15 @@ def write_gguf(path: Path, m: dict, ftype: str, types: dict[str, str], default: 
     w.add_vocab_size(m["vocab"])
     w.add_tokenizer_model("llama")
     w.add_token_list([f"t{i}".encode() for i in range(m["vocab"])])
-    for name, ne in [*(t for t in llama_tensors(m) if t[0] not in omit), *extra]:
+    write_tensors(w, [*(t for t in llama_tensors(m) if t[0] not in omit), *extra], types,
+                  default)
+    return path
+
+
+def write_tensors(w, tensors, types: dict[str, str], default: str = "F16") -> None:
+    """Add zero tensors of their stored types (``types`` by name; vectors F32, the rest
+    ``default``) to the writer ``w`` and write the file."""
+    for name, ne in tensors:
         kind = types.get(name, "F32" if len(ne) == 1 else default)
         qt = gguf.GGMLQuantizationType[kind]
         shape = tuple(reversed(ne))  # numpy order
@@ -72,7 +80,6 @@ def write_gguf(path: Path, m: dict, ftype: str, types: dict[str, str], default: 
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
 
 
 #: A Llama whose MLP was pruned to 688, as llama.cpp's quantizer (0c1e57098) stores it at
