@@ -130,8 +130,23 @@ def test_budgets_add_up_to_the_minutes_and_decide_the_layers():
     ends = [budget.stage(n).deadline - budget.start for n in
             ("baseline", "suites", "latency", "slowpaths", "report")]
     assert ends == sorted(ends) and ends[-1] == pytest.approx(480)
-    assert layers_for(GPU, budget.seconds("latency")) == 2
+    assert layers_for(GPU, budget.seconds("latency")) == 1
     assert layers_for(SMOKE, 1.0) == 1
+
+
+def test_some_stages_share_the_whole_budget_in_their_proportions():
+    budget = Budget(5, ("latency", "report"))
+    assert budget.stages == ("latency", "report")
+    assert budget.seconds("latency") == pytest.approx(300 * 0.25 / 0.35)
+    assert budget.stage("report").deadline - budget.start == pytest.approx(300)
+    assert layers_for(GPU, Budget(5, ("latency",)).seconds("latency")) == 2
+
+
+@pytest.mark.parametrize("stages", ["report", "latency,bogus", ","])
+def test_stages_that_cannot_run_are_one_line_and_exit_2(tmp_path, stages):
+    run = gac("evidence", "--smoke", "--stages", stages, "--out", tmp_path / "ev")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not (tmp_path / "ev").exists()
 
 
 def test_each_stage_stops_at_its_budget_and_says_so(tmp_path):

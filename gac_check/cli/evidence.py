@@ -18,6 +18,10 @@ from gac_check.cli.exits import EXIT_FINDINGS, EXIT_OK
 from gac_check.errors import BadInput, HardwareMissing
 from gac_check.profiles import CHOICES
 
+#: the evidence run's stages in their order (gac_check.evidence.budget.SHARES, not imported
+#: here: the package check below comes before any import of torch)
+STAGES = ("baseline", "suites", "latency", "slowpaths", "report")
+
 #: Every third-party module the evidence run imports (gac-check's own imports and the perf
 #: suites' pytest run). tqdm and numpy come with transformers; httpx2 is imported only for Hub
 #: models, which the run never reads.
@@ -26,6 +30,7 @@ NEEDS = ("torch", "transformers", "safetensors", "jinja2", "tqdm", "numpy", "pyt
 EXAMPLES = """examples:
   gac-check evidence --gpu auto --minutes 8 --out evidence-h100   # on a GPU machine
   gac-check evidence --smoke --out /tmp/ev                        # any machine, seconds
+  gac-check evidence --stages latency,report --minutes 5 --out ev   # a second, shorter call
 
 OUT gets seven files: <key>.json (the baseline), results.json, results.md, junit.xml,
 report.html, report.json and evidence.log. docs/measuring.md says how to commit them."""
@@ -45,6 +50,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
                    help="the whole run's budget (default 8), shared by the stages")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="where the files go (created; must be empty if it exists)")
+    p.add_argument("--stages", type=_stages, default=STAGES, metavar="A,B",
+                   help=f"only these stages, sharing --minutes in their usual proportions "
+                   f"(default all: {','.join(STAGES)}); report needs latency's forms")
     p.add_argument("--smoke", action="store_true",
                    help="the same stages at tiny sizes, on a CPU too: checks the path")
     return p
@@ -64,13 +72,23 @@ def main(argv: Sequence[str], parser_class: type[argparse.ArgumentParser]) -> in
     from gac_check.evidence.run import Request, run, summary_lines
 
     command = "gac-check evidence " + shlex.join(argv)
-    doc = run(Request(device, args.out, args.minutes, args.smoke, command))
+    doc = run(Request(device, args.out, args.minutes, args.smoke, command, args.stages))
     for line in summary_lines(doc):
         print(line)
     print(f"wrote {', '.join(doc['files'])} to {args.out}", file=sys.stderr)
     whole = all(s["status"] == "complete" for s in doc["stages"].values()) and not any(
         isinstance(doc.get(n), dict) and "error" in doc[n] for n in doc["stages"])
     return EXIT_OK if whole else EXIT_FINDINGS  # like baseline record: what ran is saved
+
+
+def _stages(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in STAGES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"stages are {', '.join(STAGES)}, not {text!r}")
+    if "report" in names and "latency" not in names:
+        raise argparse.ArgumentTypeError("report checks the forms latency makes: name both")
+    return tuple(n for n in STAGES if n in names)
 
 
 def _device(args: argparse.Namespace):

@@ -46,17 +46,24 @@ class StageClock:
 class Budget:
     """The run's clock: ``stage(name)`` opens the next stage's :class:`StageClock`."""
 
-    def __init__(self, minutes: float) -> None:
+    def __init__(self, minutes: float, stages: tuple[str, ...] = tuple(SHARES)) -> None:
         self.total_s = minutes * 60.0
         self.start = time.monotonic()
+        # a run of some stages shares the whole budget among them, in the same proportions
+        whole = sum(SHARES[name] for name in stages)
+        self._shares = {name: SHARES[name] / whole for name in SHARES if name in stages}
         self._ends: dict[str, float] = {}
         cumulative = 0.0
-        for name, share in SHARES.items():
+        for name, share in self._shares.items():
             cumulative += share * self.total_s
             self._ends[name] = cumulative
 
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return tuple(self._shares)
+
     def seconds(self, name: str) -> float:
-        return SHARES[name] * self.total_s
+        return self._shares[name] * self.total_s
 
     def stage(self, name: str) -> StageClock:
         return StageClock(name, self.seconds(name), self.start + self._ends[name])

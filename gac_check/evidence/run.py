@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gac_check.bench.device import Device
 from gac_check.evidence import baseline, latency, markdown, provenance, report, slowpaths, suites
-from gac_check.evidence.budget import Budget, StageClock
+from gac_check.evidence.budget import SHARES, Budget, StageClock
 from gac_check.evidence.sizes import GPU, SMOKE, layers_for
 
 SCHEMA = "gac-check-evidence/1"
@@ -42,6 +42,7 @@ class Request:
     minutes: float
     smoke: bool
     command: str
+    stages: tuple[str, ...] = tuple(SHARES)
 
 
 def contract_profile(device: Device) -> str:
@@ -53,7 +54,7 @@ def contract_profile(device: Device) -> str:
 def run(req: Request) -> dict:
     """All stages; returns the results document (also written to OUT/results.json)."""
     req.out.mkdir(parents=True, exist_ok=True)
-    budget = Budget(req.minutes)
+    budget = Budget(req.minutes, req.stages)
     sizes = SMOKE if req.smoke else GPU
     doc: dict = {"schema": SCHEMA, "command": req.command, "minutes": req.minutes,
                  "smoke": req.smoke,
@@ -96,8 +97,8 @@ def _stages(req: Request, budget: Budget, sizes, work: Path, doc: dict, log) -> 
         "slowpaths": lambda c: slowpaths.run(sizes, dev.kind, c, log),
         "report": lambda c: report.run(work, profile, out / HTML, c, log),
     }
-    for name, job in jobs.items():
-        clock = budget.stage(name)
+    for name in budget.stages:
+        job, clock = jobs[name], budget.stage(name)
         print(f"== {name}: budget {clock.budget_s:.0f} s, {clock.left():.0f} s left", file=log,
               flush=True)
         doc[name] = _guarded(job, clock, log)
