@@ -18,7 +18,7 @@ import pytest
 
 from gac_check.bench import baselines
 from gac_check.bench.device import cpu
-from gac_check.evidence import baseline, latency, report, slowpaths, suites
+from gac_check.evidence import baseline, latency, provenance, report, slowpaths, suites
 from gac_check.evidence.budget import STOPPED, Budget, StageClock
 from gac_check.evidence.sizes import GPU, SMOKE, layers_for
 from tests.helpers import gac
@@ -102,6 +102,7 @@ def test_smoke_results_md_holds_the_tables_with_provenance(smoke):
     md = (smoke / "results.md").read_text()
     assert "command: `gac-check evidence --smoke --minutes 60 --out" in md
     assert "software: python" in md
+    assert f"source digest {provenance.source_digest()})" in md  # the tree that ran
     assert "| lowrank-realign |" in md and "| prefill | a ~15%-smaller model" in md
     assert "| gemm K 65 vs 72 |" in md
 
@@ -140,6 +141,15 @@ def test_some_stages_share_the_whole_budget_in_their_proportions():
     assert budget.seconds("latency") == pytest.approx(300 * 0.25 / 0.35)
     assert budget.stage("report").deadline - budget.start == pytest.approx(300)
     assert layers_for(GPU, Budget(5, ("latency",)).seconds("latency")) == 2
+
+
+def test_the_source_digest_changes_with_any_source_file(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    before = provenance.source_digest(tmp_path)
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")
+    assert provenance.source_digest(tmp_path) != before
 
 
 @pytest.mark.parametrize("stages", ["report", "latency,bogus", ","])

@@ -3,16 +3,19 @@ provenance a committed figure needs (device, driver, clocks as read, software, c
 committing a GPU run is a copy, not a transcription."""
 from __future__ import annotations
 
+_NAMED_ABOVE = ("commit", "source_digest")
+
 
 def render(doc: dict) -> str:
     dev, sw = doc["device"], doc["software"]
     commit = sw.get("commit") or "not recorded: name the commit the tree was copied from"
     lines = [f"## GPU evidence: {dev.get('name')} ({doc['started_utc']})", "",
-             f"- command: `{doc['command']}` (commit {commit})",
+             f"- command: `{doc['command']}` (commit {commit}, source digest "
+             f"{sw.get('source_digest')})",
              f"- device: {_kv(dev)}",
              f"- clocks before: {_kv(doc.get('clocks_before') or {})}",
              f"- clocks after: {_kv(doc.get('clocks_after') or {})}",
-             f"- software: {_kv({k: v for k, v in sw.items() if k != 'commit'})}",
+             f"- software: {_kv({k: v for k, v in sw.items() if k not in _NAMED_ABOVE})}",
              f"- total: {doc.get('seconds')} s of {doc['minutes']} min", "",
              "| stage | budget (s) | spent (s) | status |", "|---|---|---|---|"]
     lines += [f"| {n} | {s['budget_s']} | {s['spent_s']} | {s['status']} |"

@@ -7,6 +7,7 @@ at its boost clock or throttled. Where nvidia-smi is absent or fails, the record
 """
 from __future__ import annotations
 
+import hashlib
 import platform
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ from pathlib import Path
 SMI_FIELDS = ("name", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm",
               "clocks.max.mem", "power.limit", "temperature.gpu", "persistence_mode")
 SMI_TIMEOUT_S = 15
+#: the gac_check package, whose sources the digest covers
+PACKAGE = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "transformers", "safetensors", "jinja2", "pytest", "numpy")
 
 
@@ -52,7 +55,20 @@ def software() -> dict:
     out["cuda"] = torch.version.cuda
     out["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     out["commit"] = commit()
+    out["source_digest"] = source_digest()
     return out
+
+
+def source_digest(package: Path = PACKAGE) -> str:
+    """A digest of the package's Python sources as they ran: the one provenance that travels
+    with the tree. The first H200 loan showed why the commit alone is not enough: the device
+    machine's copy of ``.git`` lagged the working tree it ran, so two calls named a commit that
+    lacked the option they used. The same function here, at a candidate commit, confirms it."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def commit() -> str | None:
