@@ -29,6 +29,7 @@ import gzip
 import hashlib
 import json
 import re
+import socket
 import threading
 import time
 import zlib
@@ -43,6 +44,10 @@ _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 
 #: No hostile answer lasts longer than this, whatever the client does.
 MAX_HOSTILE_SECONDS = 60.0
+#: A hostile answer's send buffer. Left to autotuning, loopback grows it to tcp_wmem's 4 MiB,
+#: and what a test sees the server push then depends on how fast a loaded client reads; the
+#: server owns its side, so "the server pushed less than N" measures the client.
+HOSTILE_SNDBUF = 64 * 1024
 
 
 @dataclass
@@ -363,6 +368,7 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Connection", "close")  # said, so a client never reuses it
             self.close_connection = True
             self.end_headers()
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, HOSTILE_SNDBUF)
             try:
                 for chunk in body:
                     if time.monotonic() > end or server.stopped.is_set():
