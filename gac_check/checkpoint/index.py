@@ -20,8 +20,6 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
 from gac_check.checkpoint.files import MAX_JSON_BYTES, name_problem, os_reason, read_json
-from gac_check.checkpoint.gguf_header import GgufHeader, read_gguf, split_parts
-from gac_check.checkpoint.pickle_model import PickledModel
 from gac_check.checkpoint.quantized import Quantization, read_quantization
 from gac_check.checkpoint.safetensors_header import (
     MAX_HEADER_BYTES,
@@ -31,7 +29,8 @@ from gac_check.checkpoint.safetensors_header import (
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.errors import BadInput
 
-if TYPE_CHECKING:  # the pickle reader is imported only for a torch zip
+if TYPE_CHECKING:  # the pickle and GGUF readers are imported only for their containers
+    from gac_check.checkpoint.gguf_header import GgufHeader
     from gac_check.checkpoint.pickle_model import PickledModel
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_JSON_BYTES", "SAFETENSORS_DTYPES", "Checkpoint",
@@ -184,6 +183,8 @@ def _lone_gguf(root: Path) -> Path | None:
     found = sorted(p for p in root.glob("*.gguf") if not p.is_dir())
     if not found:
         return None
+    from gac_check.checkpoint.gguf_header import split_parts
+
     sets = {tuple(split_parts(p) or [p]) for p in found}
     if len(sets) > 1:
         names = ", ".join(s[0].name for s in sorted(sets))
@@ -198,6 +199,8 @@ def open_gguf(path: Path) -> Checkpoint:
     dtypes as torch names where the type is a float (``F16`` -> ``float16``), else the ggml
     type's name (``Q4_K``); its sizes as config.json would say them
     (:func:`gguf_config`)."""
+    from gac_check.checkpoint.gguf_header import read_gguf
+
     header = read_gguf(path)
     tensors = {n: TensorInfo(n, tuple(reversed(t.ne)), GGUF_FLOATS.get(t.type, t.type), t.file,
                              t.begin, t.end)
