@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 import gac_check
+from gac_check.api.repair_targets import plan_for_targets
+from gac_check.errors import BadInput
 from gac_check.sites import DimSite, Role
 from gac_check.targets.shards import model_shape
 from gac_check.targets.spec import parse_target
@@ -78,16 +80,37 @@ def test_the_joint_menu_holds_only_the_sizes_fast_on_every_target():
     assert got == [12288, 13824]
 
 
-def test_the_repair_of_a_checkpoint_pads_to_the_joint_width(tmp_path: Path):
-    """Through the public API on a written checkpoint: the plan pads every MLP to the joint
-    width, and the padded model is fast on both targets."""
-    src = sparse_llama(tmp_path / "src", intermediate=WIDTH, kv_heads=8, layers=2)
-    result = gac_check.check(src, "h100", None, [AWQ_TP4, TP3])
-    planned = {r.site.name: r.target for r in result.repair_plan.repairs
-               if r.site.role is Role.INTERMEDIATE}
-    assert len(planned) == 2 and set(planned.values()) == {JOINT}
-    fixed = sparse_llama(tmp_path / "fixed", intermediate=JOINT, kv_heads=8, layers=2)
-    again = gac_check.check(fixed, "h100", None, [AWQ_TP4, TP3])
-    mlp = [v.verdict for s in again.sites if s.role is Role.INTERMEDIATE
-           for v in again.contract.targets.of(s)]
-    assert mlp == [FAST] * 4
+def served_llama(root: Path, intermediate: int, heads: int = 24, kv_heads: int = 12) -> Path:
+    """A Llama both targets start: 24 heads and 12 KV heads divide by 3 and 4, and so does
+    a vocabulary of 32256 once padded to 64 (168 x 192)."""
+    return sparse_llama(root, hidden=3072, intermediate=intermediate, heads=heads,
+                        kv_heads=kv_heads, head_dim=128, layers=2, vocab=32256)
+
+
+@pytest.mark.parametrize("specs", [[AWQ_TP4, TP3], [TP3, AWQ_TP4]], ids=["awq-first",
+                                                                        "tp3-first"])
+def test_the_repair_of_a_checkpoint_pads_to_the_joint_width(tmp_path: Path, specs):
+    """``--repair --target A --target B``'s plan (api/repair_targets.py) on a written
+    checkpoint pads every MLP to the joint width, and the padded model is fast on both
+    targets at every site."""
+    result = gac_check.check(served_llama(tmp_path / "src", WIDTH), "h100", None, specs)
+    planned = plan_for_targets(result, "minimal", uniform=False).plan
+    assert {r.site.name: r.target for r in planned.repairs} == {
+        "model.layers.0.mlp:intermediate": JOINT, "model.layers.1.mlp:intermediate": JOINT}
+    again = gac_check.check(served_llama(tmp_path / "fixed", JOINT), "h100", None, specs)
+    assert {v.verdict for s in again.sites for v in again.contract.targets.of(s)} == {FAST}
+
+
+@pytest.mark.parametrize("specs", [[AWQ_TP4, TP3], [TP3, AWQ_TP4]], ids=["awq-first",
+                                                                        "tp3-first"])
+def test_a_repair_one_target_would_still_refuse_names_it_wherever_it_is_listed(tmp_path: Path,
+                                                                                specs):
+    """32 heads do not divide over 3 ranks and heads are never padded: whichever place
+    ``vllm,tp=3`` has among the targets, the repair is refused naming it, nothing planned."""
+    src = served_llama(tmp_path / "src", WIDTH, heads=32, kv_heads=8)
+    result = gac_check.check(src, "h100", None, specs)
+    with pytest.raises(BadInput) as refused:
+        plan_for_targets(result, "minimal", uniform=False)
+    message = str(refused.value)
+    assert f"--repair: {TP3} would still refuse OUT at model.layers.0.self_attn:heads" in message
+    assert f"drop --target {TP3}" in message and AWQ_TP4 not in message
