@@ -1,12 +1,18 @@
-"""What ``--realign`` refuses from the input's headers, before minutes of SVDs."""
+"""What ``--realign`` refuses from the input's headers, before minutes of SVDs, and the
+targets whose engine does not build the model (refused by ``--repair`` too)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gac_check.analysis import CheckResult
 from gac_check.errors import BadInput
 from gac_check.ranks.candidates import RankMenu
 from gac_check.sites import Role
+
+if TYPE_CHECKING:  # targets are imported only where a check names one
+    from gac_check.targets.loadability import Loadability
 
 #: What to run instead of --realign, per format it cannot rewrite.
 INSTEAD = {
@@ -48,15 +54,27 @@ def require_realignable(result: CheckResult, align: int) -> None:
                        result.checkpoint.path)
 
 
+def refuse_unloadable(result: CheckResult, message: str,
+                      removable: Callable[[Loadability], bool] = lambda _: False
+                      ) -> list[Loadability]:
+    """The targets whose engine does not build the model; :class:`BadInput` for the first
+    whose blocker the flow cannot remove (``removable``), with ``message`` formatted with its
+    ``spec``, ``why`` and ``remedy``: what would serve it, before anything is written."""
+    verdicts = result.contract.targets
+    blocked = [v for v in verdicts.loads.values() if not v.loads] if verdicts else []
+    for load in blocked:
+        if not removable(load):
+            raise BadInput(message.format(spec=load.target.spec, why=load.why,
+                                          remedy=load.remedy), result.checkpoint.path)
+    return blocked
+
+
 def require_loadable(result: CheckResult) -> None:
     """--realign keeps the input's layout, so a target whose engine has no model class for it
     refuses OUT as it refuses the input: refused before any SVD, saying what would serve it."""
-    verdicts = result.contract.targets
-    for load in verdicts.loads.values() if verdicts else ():
-        if not load.loads:
-            raise BadInput(f"--realign: {load.target.spec} would refuse OUT as it refuses the "
-                           f"input: {load.why}; re-selected ranks keep the layout. To serve "
-                           f"it: {load.remedy}. Nothing was written", result.checkpoint.path)
+    refuse_unloadable(result, "--realign: {spec} would refuse OUT as it refuses the input: "
+                      "{why}; re-selected ranks keep the layout. To serve it: {remedy}. "
+                      "Nothing was written")
 
 
 def require_feasible(result: CheckResult, budget: str, menus: list[RankMenu]) -> None:
