@@ -36,6 +36,9 @@ FULL_MODULES = {"attention": (LLAMA.q, LLAMA.k, LLAMA.v, LLAMA.o),
 #: Keys a block config may carry that set no width; accepted only at their "off" value.
 _INERT = {"sparsify": None, "window_length": None, "num_sink_tokens": None,
           "use_prefill_window_in_sink_attention": False, "unshifted_sink": False}
+#: Why an MLP width of this layout is not padded (the whole repair is refused, padding/support.py).
+NOT_PADDED = ("a DeciLM MLP width is recorded as block_configs' ffn_mult, and no model class "
+              "gac-check can load proves a padded one equivalent: not padded")
 _KNOWN = {"attention": {"no_op", "replace_with_linear", "n_heads_in_group", *_INERT},
           "ffn": {"no_op", "replace_with_linear", "ffn_mult", "sparsify"}}
 
@@ -104,6 +107,7 @@ def read(ckpt: Checkpoint) -> tuple[list[DimSite], tuple[LayerBlocks, ...]]:
     for site in sites:
         if site.role is Role.INTERMEDIATE:
             site.config_field = None  # block_configs records ffn_mult, not the width
+            site.inexact = NOT_PADDED
         if site.role is Role.HEADS:  # per-layer KV heads: block_configs' n_heads_in_group
             site.notes[:] = [n for n in site.notes if "num_key_value_heads" not in n]
     return sites, tuple(layers)
