@@ -206,7 +206,8 @@ REFUSED = {
     "no block_configs": (dict(config=lambda c: {k: v for k, v in c.items()
                                                 if k != "block_configs"}),
                          "without a block_configs list"),
-    "another architecture": (dict(config=lambda c: {**c, "architectures": ["NemotronHForCausalLM"]}),
+    "another architecture": (dict(config=lambda c: {**c,
+                                                    "architectures": ["NemotronHForCausalLM"]}),
                              "reads block_configs only as DeciLM / Nemotron-NAS writes them"),
     "linear not hidden x hidden": (dict(tensors=lambda s: {
         **s, "model.layers.3.self_attn.linear_attn.weight": [128, 256]}),
