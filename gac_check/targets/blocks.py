@@ -89,7 +89,7 @@ class BlockClass:
 
 
 _VLLM = Source("vllm-project/vllm", "vllm/model_executor/models/nemotron_nas.py",
-               "DeciLMDecoderLayer.__init__ (DeciModel.load_weights)", "v0.33.0")
+               "DeciLMDecoderLayer.__init__ (DeciLMForCausalLM.load_weights)", "v0.33.0")
 #: Engines whose release was read to build each layer from its own block config: full or
 #: no-op attention (KV heads from n_heads_in_group) and full or no-op FFN (width from
 #: ffn_mult). Neither builds a linear replacement: its weight names no parameter of the class.
@@ -102,7 +102,7 @@ BLOCK_CLASSES: dict[str, BlockClass] = {
     # v0.4.6.post5 has no nemotron_nas.py
     "sglang": BlockClass("DeciLMForCausalLM", Source(
         "sgl-project/sglang", "python/sglang/srt/models/nemotron_nas.py",
-        "DeciLMDecoderLayer.__init__ (DeciModel.load_weights)", "v0.5.23"), "v0.5.23"),
+        "DeciLMDecoderLayer.__init__ (DeciLMForCausalLM.load_weights)", "v0.5.23"), "v0.5.23"),
 }
 #: Engines that were not read for block_configs checkpoints: judging them would be a guess.
 NOT_READ: dict[str, str] = {
