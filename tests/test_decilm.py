@@ -181,6 +181,13 @@ def test_repair_refuses_and_writes_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists() and tree_digest(root) == before
 
 
+def test_realign_refuses_without_sending_to_repair(tmp_path: Path) -> None:
+    root = write_decilm(tmp_path / "m", MIXED, sparse=True)
+    run = gac(root, "--gpu", "h100", "--realign", tmp_path / "out", "--base", root)
+    assert run.returncode == 2 and not (tmp_path / "out").exists()
+    assert "--repair refuses it too" in run.stderr and "run --repair OUT" not in run.stderr
+
+
 def _attn(i: int, **change: object):
     def edit(cfg: dict) -> dict:
         blocks = json.loads(json.dumps(cfg["block_configs"]))
