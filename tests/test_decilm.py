@@ -89,6 +89,18 @@ def test_a_block_the_tensors_contradict_is_read_from_the_tensors(tmp_path: Path)
     assert "says no_op, the tensors have full" in result.contract.targets.loads["vllm"].why
 
 
+def test_a_norm_in_a_no_op_block_is_a_contradiction(tmp_path: Path) -> None:
+    """vLLM builds no norm for a no-op block, so a stored one names no parameter."""
+    blocks = [block(attention(2), ffn(2.0)), block(NO_OP, ffn(2.0))]
+    root = write_decilm(tmp_path / "m", blocks, tensors=lambda s: {
+        **s, "model.layers.1.input_layernorm.weight": [256]})
+    result = gac_check.check(root, gpu="h100", target=["vllm"])
+    assert result.accounting.tensors.read == result.accounting.tensors.in_sites
+    assert _sites(result)["hidden"].notes == [
+        "layer 1 attention: block_configs says no_op, the tensors have its input_layernorm"]
+    assert not result.contract.targets.loads["vllm"].loads
+
+
 def _json(*args: object) -> dict:
     run = gac(*args, "--format", "json", "--fail-on", "never")
     assert run.returncode == 0, run.stderr
@@ -129,6 +141,22 @@ def test_vllm_loads_per_layer_widths_and_judges_each_layers_kv_heads(wide: Path)
     refused = {s["layer"] for s in doc["sites"] if s["role"] == "heads"
                and s["targets"][0]["verdict"] == "refused"}
     assert refused == {0, 2}
+
+
+def test_a_super_49b_shaped_model_checks_from_its_headers(tmp_path: Path) -> None:
+    """80 layers at hidden 8192 (a header and a hole, ~100 GB of holes): the targets block
+    says what vLLM builds once per distinct layer, with the layers that have it."""
+    blocks = ([block(attention(8), ffn(2.625))] * 40 + [block(NO_OP, ffn(1.3))] * 20
+              + [block(attention(64), ffn(5.25))] * 19 + [block(NO_OP, NO_OP)])
+    root = write_decilm(tmp_path / "m", blocks, hidden=8192, heads=64, vocab=128256,
+                        sparse=True)
+    doc = _json(root, "--gpu", "h100", "--target", "vllm,tp=8")
+    assert doc["summary"]["misaligned"] == 0
+    assert doc["summary"]["targets"]["vllm,tp=8"]["load"]["why"].endswith(
+        "layers 0-39: attention with 8 KV heads, MLP 14336 (ffn_mult 2.625); layers 40-59: no "
+        "attention, MLP 7168 (ffn_mult 1.3); layers 60-78: attention with 1 KV head, MLP "
+        "28672 (ffn_mult 5.25); layer 79: no attention, no MLP")
+    assert doc["summary"]["targets"]["vllm,tp=8"]["verdict"] == "fast"
 
 
 def test_engines_without_a_block_configs_class_refuse_it(wide: Path) -> None:

@@ -30,6 +30,8 @@ ARCHITECTURE = "DeciLMForCausalLM"
 MODEL_TYPES = ("nemotron-nas", "deci")
 #: The linear that replaces a block, per block (relative to the layer).
 REPLACEMENT = {"attention": "self_attn.linear_attn", "ffn": "mlp.linear_mlp"}
+#: The norm in front of each block (a no-op block has none: vLLM builds no parameter for it).
+NORM = {"attention": "input_layernorm", "ffn": "post_attention_layernorm"}
 #: The modules of a full block (relative to the layer).
 FULL_MODULES = {"attention": (LLAMA.q, LLAMA.k, LLAMA.v, LLAMA.o),
                 "ffn": (LLAMA.gate, LLAMA.up, LLAMA.down)}
@@ -90,6 +92,10 @@ def read(ckpt: Checkpoint) -> tuple[list[DimSite], tuple[LayerBlocks, ...]]:
         conflicts = [f"layer {i} {block}: block_configs says {want.kind}, the tensors have "
                      f"{found[block]}" for block, want in (("attention", attn), ("ffn", ffn))
                      if want.kind != found[block]]
+        conflicts += [f"layer {i} {block}: block_configs says no_op, the tensors have its "
+                      f"{NORM[block]}" for block, want in (("attention", attn), ("ffn", ffn))
+                      if want.kind == found[block] == NO_OP
+                      and f"{prefix}.{i}.{NORM[block]}.weight" in ckpt.shapes]
         for block in ("attention", "ffn"):
             if found[block] == LINEAR:
                 lin = resolve(f"{prefix}.{i}.{REPLACEMENT[block]}")

@@ -50,7 +50,8 @@ class LayerBlocks:
 
     def built(self) -> str:
         """What the engine builds for this layer (without the layer's index)."""
-        attn = (f"attention with {self.kv_heads} KV heads" if self.attention == FULL
+        heads = f"{self.kv_heads} KV head{'s' if self.kv_heads != 1 else ''}"
+        attn = (f"attention with {heads}" if self.attention == FULL
                 else {NO_OP: "no attention", LINEAR: "attention replaced by a linear"}[
                     self.attention])
         ffn = (f"MLP {self.intermediate} (ffn_mult {self.ffn_mult:g})" if self.ffn == FULL
