@@ -236,6 +236,9 @@ REFUSED = {
     "ffn_mult missing": (dict(config=lambda c: {**c, "block_configs": [
         {**c["block_configs"][0], "ffn": {"no_op": False}}, *c["block_configs"][1:]]}),
         "block_configs[0].ffn.ffn_mult is None"),
+    "ffn_mult overflows": (dict(config=lambda c: {**c, "block_configs": [
+        {**c["block_configs"][0], "ffn": ffn(1e308)}, *c["block_configs"][1:]]}),
+        "ffn_mult is 1e+308: the width it builds is no finite number"),
     "layer count": (dict(config=lambda c: {**c, "num_hidden_layers": 6}),
                     "block_configs has 5 entries, num_hidden_layers is 6"),
     "no block_configs": (dict(config=lambda c: {k: v for k, v in c.items()

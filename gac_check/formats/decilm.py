@@ -16,6 +16,7 @@ does not know is a refusal, never a guess.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from gac_check.checkpoint.index import Checkpoint
@@ -73,12 +74,16 @@ class DeciLM(Format):
 def read(ckpt: Checkpoint) -> tuple[list[DimSite], tuple[LayerBlocks, ...]]:
     """The sites of a block_configs checkpoint and each layer's blocks (for the targets)."""
     cfg = ckpt.config
-    declared = _block_configs(ckpt)
-    prefix, present = _layers(ckpt, len(declared))
     hidden_cfg, heads_cfg = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    declared = _block_configs(ckpt)
     if not (_count(hidden_cfg) and _count(heads_cfg)):
         raise BadInput("block_configs without an integer hidden_size and num_attention_heads: "
                        "the layers' widths cannot be derived", ckpt.path / "config.json")
+    prefix, present = _layers(ckpt, len(declared))
+    for i, (_, ffn) in enumerate(declared):
+        if ffn.value is not None and not math.isfinite(2 * ffn.value * hidden_cfg / 3):
+            raise BadInput(f"block_configs[{i}].ffn.ffn_mult is {ffn.value!r}: the width it "
+                           "builds is no finite number", ckpt.path / "config.json")
 
     def resolve(module: str) -> Linear | None:
         return dense_linear(ckpt.shapes, module)
