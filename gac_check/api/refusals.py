@@ -24,6 +24,12 @@ INSTEAD = {
                "with torch.load as SVD-LLM's users do; or re-run SVDLLM.py with ratios whose "
                "ranks are multiples of {align}",
 }
+#: Formats with no ranks that --repair refuses too: what to do instead of either.
+NEITHER = {
+    "decilm": "it has no low-rank factors to re-select, and --repair refuses it too (each "
+              "layer's MLP width is block_configs' ffn_mult, which the engines round up to a "
+              "multiple of 256); choose the widths in the block search (Puzzle) instead",
+}
 
 
 def not_realignable(fmt: str, align: int, misaligned_ranks: int) -> str:
@@ -31,6 +37,8 @@ def not_realignable(fmt: str, align: int, misaligned_ranks: int) -> str:
     rank is already a multiple of ``align``, that there is nothing to re-select)."""
     head = (f"is in {fmt} format; --realign re-selects ranks only in the ASVD layout "
             "(BLinear/ALinear + truncation_ranks)")
+    if fmt in NEITHER:
+        return f"{head}; {NEITHER[fmt]}"
     if fmt in INSTEAD and not misaligned_ranks:
         return (f"{head}; its ranks are already multiples of {align}, so there is nothing to "
                 "re-select (run without --realign to see what else the check finds)")

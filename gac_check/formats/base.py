@@ -5,6 +5,7 @@ from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.architectures import family_sites, find_family
 from gac_check.formats.layout import Linear, dense_linear
 from gac_check.sites import DimSite
+from gac_check.targets.blocks import LayerBlocks
 
 
 class Format:
@@ -26,6 +27,11 @@ class Format:
 
     def own_sites(self, ckpt: Checkpoint) -> list[DimSite]:
         return []
+
+    def blocks(self, ckpt: Checkpoint) -> tuple[LayerBlocks, ...]:
+        """Per layer, what its config builds, where each layer has its own (DeciLM's
+        block_configs); empty where one width builds every layer."""
+        return ()
 
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:
         found = find_family(ckpt, strict=False)

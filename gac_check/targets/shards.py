@@ -38,6 +38,9 @@ class ModelShape:
     layers: dict[int, LayerShape] = field(default_factory=dict)
     #: activations in float16 (some kernels, ExLlama, take nothing else)
     act_fp16: bool = False
+    #: the model class builds each layer from its own config entry (DeciLM's block_configs),
+    #: so layers of different widths load as uniform ones do
+    per_layer_class: bool = False
 
     @property
     def uniform(self) -> bool:
@@ -117,7 +120,8 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
     determines them. Fused projections carry their fused per-rank width (what the kernel
     sees) as ``shard_out`` and one part's full width as ``part_out`` (what TP divides)."""
     lay = shape.layer(site.layer)
-    base = {"tp": tp, "uniform_layers": int(shape.uniform), "act_fp16": int(shape.act_fp16)}
+    base = {"tp": tp, "uniform_layers": int(shape.uniform or shape.per_layer_class),
+            "act_fp16": int(shape.act_fp16)}
     if group is not None:
         base["group"] = group
     role = site.role

@@ -408,6 +408,7 @@ def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
     """Every site on every target; on a target that does not build the model (``kind``: the
     format, architecture and container), every site is refused with the reason."""
     shape = model_shape(sites, dtype)
+    shape.per_layer_class = bool(kind and kind.blocks)  # only engines with such a class load it
     out = SiteVerdicts(targets, profile, shape)
     out.loads = {t.spec: judge_load(kind or ModelKind(), shape, t) for t in targets}
     seen: dict[tuple, TargetVerdict] = {}
