@@ -104,6 +104,10 @@ def test_vllm_mla_backends_per_layer(tmp_path: Path) -> None:
     decode = _verdicts(h100, "kv_lora_rank")
     assert (decode["verdict"], decode["kernel"]) == ("fast", "FLASH_ATTN_MLA")
     assert _verdicts(h100, "qk_head_dim")["verdict"] == "fast"
+    # the backends read the latent plus the rope part: 448 + 64 = 512 is one of their sizes
+    narrow = check(save(tmp_path / "narrow", {**LITE, "kv_lora_rank": 448}), "--target",
+                   "vllm", "--gpu", "h100")
+    assert _verdicts(narrow, "kv_lora_rank")["kernel"] == "FLASH_ATTN_MLA"
     a100 = check(lite, "--target", "vllm", "--gpu", "a100")
     assert _verdicts(a100, "kv_lora_rank")["kernel"] == "TRITON_MLA"
     assert _verdicts(a100, "kv_lora_rank")["verdict"] == "fast"
