@@ -155,3 +155,20 @@ def test_repair_refuses_the_latents_and_the_qk_head(tmp_path: Path) -> None:
     assert "q_a_layernorm" in sites["q_lora_rank"]["refusal"]
     assert "rotary" in sites["qk_head_dim"]["refusal"]
     assert sites["v_head_dim"]["exact_repair"] is True
+
+
+def test_in_memory_and_on_disk_checks_agree(tmp_path: Path) -> None:
+    import gac_check
+
+    torch.manual_seed(0)
+    model = DeepseekV2ForCausalLM(DeepseekV2Config(**TINY))
+    model.save_pretrained(tmp_path / "m")
+    memory, disk = gac_check.check(model), gac_check.check(tmp_path / "m")
+    assert memory.format.name == disk.format.name == "mla"
+
+    def seen(result: object) -> list[tuple]:
+        return [(s.name, s.role, s.value, s.inexact, tuple(s.notes)) for s in result.sites]
+
+    assert seen(memory) == seen(disk)
+    assert [(f.site.name, f.severity) for f in memory.findings] == [
+        (f.site.name, f.severity) for f in disk.findings]
