@@ -172,3 +172,25 @@ def test_in_memory_and_on_disk_checks_agree(tmp_path: Path) -> None:
     assert seen(memory) == seen(disk)
     assert [(f.site.name, f.severity) for f in memory.findings] == [
         (f.site.name, f.severity) for f in disk.findings]
+
+
+def test_repair_for_vllm_pads_a_pruned_v_head_to_a_triple_vllm_loads(tmp_path: Path) -> None:
+    """v pruned to 120 leaves (128, 64, 120), which no vLLM prefill backend takes; zero padding
+    v to 128 is exact and gives DeepSeek-V2's own (128, 64, 128)."""
+    src = save(tmp_path / "m", {**LITE, "v_head_dim": 120})
+    before = check(src, "--target", "vllm", "--gpu", "h100")
+    assert _verdicts(before, "qk_head_dim")["verdict"] == "fast"
+    v = _verdicts(before, "v_head_dim")
+    assert (v["verdict"], v["fix_to"]) == ("refused", 128)
+    out = tmp_path / "out"
+    run = gac(src, "--target", "vllm", "--gpu", "h100", "--repair", out)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((out / "config.json").read_text())["v_head_dim"] == 128
+    after = check(out, "--target", "vllm", "--gpu", "h100")
+    assert _verdicts(after, "v_head_dim")["verdict"] == "fast"
+    a = AutoModelForCausalLM.from_pretrained(src).eval()
+    b = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        x, y = a(ids).logits, b(ids).logits
+    assert torch.allclose(x, y, rtol=0, atol=1e-5 * x.abs().max().item())
