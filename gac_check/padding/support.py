@@ -17,6 +17,7 @@ REPAIRABLE: dict[str, frozenset[str]] = {
     "asvd": frozenset({"llama", "bert"}),
     "palu": frozenset({"llama"}),
     "dense": frozenset({"llama", "bert"}),
+    "mla": frozenset({"deepseek"}),
 }
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gac_check.sites import DimSite, Role
+from gac_check.targets.mla import is_mla, mla_quantities
 
 
 @dataclass
@@ -125,6 +126,11 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
     if group is not None:
         base["group"] = group
     role = site.role
+    if is_mla(site):  # the MLA backends' own sizes (targets/mla.py), and the latent's GEMMs
+        own = [Use(c, n, f) for c, n, f in mla_quantities(site, base)]
+        if role is Role.KV_LATENT:
+            own += uses(DimSite(site.name, role, site.value, site.axes), shape, tp, group)
+        return own
     if role is Role.INTERMEDIATE:
         def gate_up(v: int) -> dict[str, int]:
             q = {**base, "part_out": v, "out": 2 * v}
