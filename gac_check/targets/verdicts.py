@@ -223,10 +223,20 @@ def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
 
 
 NO_RULE = "no rule of this engine's pack constrains this dimension"
+#: A mixture-of-experts layer's sites, which no pack's rules judge yet: refused, never passed.
+MOE_ROLES = frozenset({Role.EXPERT, Role.SHARED_EXPERT, Role.EXPERTS})
+NOT_JUDGED_MOE = ("not judged for MoE: {engine}'s fused-MoE kernels and their shape rules under "
+                  "tensor and expert parallelism are not in its rule pack yet, so gac-check "
+                  "cannot say whether this layer loads or which kernel runs it")
 
 
 def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> TargetVerdict:
-    """The site's verdict on ``target`` (fast, with no kernel, where no rule speaks)."""
+    """The site's verdict on ``target`` (fast, with no kernel, where no rule speaks; refused
+    for a mixture-of-experts site, which no pack models)."""
+    if site.role in MOE_ROLES:
+        why = NOT_JUDGED_MOE.format(engine=target.engine)
+        return TargetVerdict(target, REFUSED, None, why, None,
+                             cannot_pad="no size is judged for an MoE layer on any engine yet")
     sm = SM_OF_PROFILE.get(profile)
     su = site_uses(site, shape, target)
     outcomes = judge_uses(target, su, site.value, sm)
