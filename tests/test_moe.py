@@ -90,6 +90,9 @@ def test_mixtral_experts_are_read_one_site_each(tmp_path: Path) -> None:
     count = next(s for s in doc["sites"] if s["role"] == "experts")
     assert count["tensors"] == ["model.layers.0.block_sparse_moe.gate.weight"]
     assert count["refusal"] and "zero expert would still be routed" in count["refusal"]
+    hidden = next(s for s in doc["sites"] if s["name"] == "hidden")
+    assert {"model.layers.1.block_sparse_moe.gate.weight",
+            "model.layers.1.block_sparse_moe.experts.2.w2.weight"} <= set(hidden["tensors"])
 
 
 def test_qwen2_moe_experts_shared_expert_and_gates_are_read(tmp_path: Path) -> None:
