@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # targets are imported only where a check names one (or reads
     from gac_check.targets.spec import Target
 
 _LAYER = re.compile(r"(?<=\.)\d+(?=\.)")
+#: an expert's index in its site's name (``...experts.3:intermediate``): folded like layers
+_EXPERT = re.compile(r"(?<=\.experts\.)\d+(?=:)")
 
 
 @dataclass
@@ -157,6 +159,7 @@ class CheckResult:
         for f in self.findings:
             site = f.site
             pattern = _LAYER.sub("*", site.name, count=1) if site.layer is not None else site.name
+            pattern = _EXPERT.sub("*", pattern)  # 64 experts of one width: one row
             cells = tuple(v.short for v in verdicts.of(site)) if verdicts else ()
             key = (pattern, site.value, f.repair_to, tuple(r.id for r in f.rules), cells)
             group = out.setdefault(key, FindingGroup(pattern, f))

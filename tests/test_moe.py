@@ -205,6 +205,15 @@ def test_fused_experts_on_disk_are_still_refused(tmp_path: Path) -> None:
     assert "gac-check did not read, first model.layers.0.mlp.experts.down_proj" in run.stderr
 
 
+def test_the_text_output_folds_experts_of_one_width_into_one_row(tmp_path: Path) -> None:
+    """Six expert sites of width 45 over two layers are one row of the table (a 64-expert
+    model would otherwise print 64 rows a layer)."""
+    run = helpers.gac(_saved(_qwen2_moe(), tmp_path / "qwen"), "--gpu", "h100")
+    assert run.returncode == 1, run.stderr
+    rows = [line for line in run.stdout.splitlines() if "experts.*:intermediate" in line]
+    assert len(rows) == 1 and " 0-1 " in rows[0] and " 45 " in rows[0], run.stdout
+
+
 # ----------------------------------------------------------------------------- targets
 
 def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
@@ -220,6 +229,11 @@ def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
         else:
             assert verdict["verdict"] != "refused" or "MoE" not in verdict["why"]
     assert doc["summary"]["targets"]["vllm,tp=2"]["verdict"] == "refused"
+    out = tmp_path / "out"
+    run = helpers.gac(root, "--gpu", "h100", "--repair", out, "--target", "vllm,tp=2")
+    assert run.returncode == 2 and not out.exists(), run.stdout + run.stderr
+    assert "vllm,tp=2 would still refuse OUT" in run.stderr
+    assert "not judged for MoE" in run.stderr
 
 
 # ----------------------------------------------------------------------------- repair
