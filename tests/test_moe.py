@@ -236,6 +236,25 @@ def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
     assert "not judged for MoE" in run.stderr
 
 
+def test_vllm_refuses_an_expert_width_tp_does_not_divide(tmp_path: Path) -> None:
+    """vLLM v0.33.0's FusedMoEConfig asserts intermediate_size % tp_size == 0 (the pack's
+    vllm-moe-tp, cited): experts 45 wide are refused at tp=2 with that reason and source; at
+    tp=1 and on v0.30.0 (a release the rule was not read for) they are refused only as not
+    judged, never passed."""
+    root = _saved(_mixtral(45), tmp_path / "mixtral")
+    doc = _json(root, "--target", "vllm,tp=2", "--target", "vllm,tp=1",
+                "--target", "vllm@v0.30.0,tp=2")
+    expert = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
+    tp2, tp1, old = expert["targets"]
+    assert tp2["verdict"] == "refused"
+    assert "FusedMoEConfig asserts intermediate_size % tp_size == 0" in tp2["why"]
+    assert tp2["source"]["function"] == "FusedMoEConfig.__post_init__"
+    assert tp2["source"]["ref"] == "v0.33.0"
+    assert tp2["uses"][0]["rule"] == "vllm-moe-tp"
+    for other in (tp1, old):
+        assert other["verdict"] == "refused" and other["why"].startswith("not judged for MoE")
+
+
 # ----------------------------------------------------------------------------- repair
 
 def _logits(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, list]:

@@ -22,7 +22,7 @@ OPERATORS = ("multiple_of", "max", "min", "in", "not_in", "equals")
 QUANTITIES = frozenset({
     "head_dim", "heads", "kv_heads", "heads_per_rank", "kv_heads_per_rank", "tp", "in",
     "out", "shard_in", "shard_out", "group", "vocab", "vocab_per_rank", "row",
-    "uniform_layers", "part_out", "part_shard_out", "act_fp16",
+    "uniform_layers", "part_out", "part_shard_out", "act_fp16", "expert_width",
 })
 SOURCE_KEYS = ("repo", "file", "function", "ref")
 GGUF_EXTRAS = ("fallback_by_version", "no_fallback", "second_step_f16", "output_head",
