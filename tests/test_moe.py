@@ -32,8 +32,11 @@ def _mixtral(width: int = 45, experts: int = 3) -> transformers.MixtralForCausal
     return transformers.MixtralForCausalLM(cfg).eval()
 
 
-def _qwen2_moe(width: int = 45, shared: int = 44) -> transformers.Qwen2MoeForCausalLM:
-    cfg = transformers.Qwen2MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=64,
+def _qwen2_moe(width: int = 45, shared: int = 44,
+               dense_layers: tuple[int, ...] = ()) -> transformers.Qwen2MoeForCausalLM:
+    """``dense_layers``: Qwen2-MoE's ``mlp_only_layers``, a dense MLP (60 wide) there."""
+    cfg = transformers.Qwen2MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=60,
+                                      mlp_only_layers=list(dense_layers),
                                       moe_intermediate_size=width,
                                       shared_expert_intermediate_size=shared,
                                       num_hidden_layers=2, num_attention_heads=2,
@@ -263,14 +266,16 @@ def _logits(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, li
     return out.logits, list(out.router_logits)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen2_moe-dense-layer-0"])
 def test_repair_pads_expert_widths_exactly(tmp_path: Path, family: str) -> None:
     """CLI --repair --strategy optimal pads every expert (and Qwen's shared expert) from 45
-    (44) to 48: the padded rows of gate/up and columns of down are zero, the router is the
+    (44) to 48, and a dense layer's MLP (Qwen's mlp_only_layers) from 60 to 64 beside them:
+    the padded rows of gate/up and columns of down are zero, the router is the
     same bytes, and transformers' own class loads OUT with logits and router logits equal to
     the original's. The original runs with the eager experts: transformers' default grouped
     GEMM refuses an expert width of 45 ("strides should be multiple of 16 bytes")."""
-    make = _mixtral if family == "mixtral" else _qwen2_moe
+    make = {"mixtral": _mixtral, "qwen2_moe": _qwen2_moe,
+            "qwen2_moe-dense-layer-0": lambda: _qwen2_moe(dense_layers=(0,))}[family]
     src = _saved(make(), tmp_path / "src")
     out = tmp_path / "out"
     run = helpers.gac(src, "--gpu", "h100", "--repair", out, "--strategy", "optimal")
@@ -280,8 +285,9 @@ def test_repair_pads_expert_widths_exactly(tmp_path: Path, family: str) -> None:
     after = cls.from_pretrained(out).eval()
     key = "intermediate_size" if family == "mixtral" else "moe_intermediate_size"
     assert getattr(after.config, key) == 48
-    if family == "qwen2_moe":
+    if family != "mixtral":
         assert after.config.shared_expert_intermediate_size == 48
+        assert after.config.intermediate_size == (64 if "dense" in family else 60)
     old, new = load_file(src / "model.safetensors"), load_file(out / "model.safetensors")
     block = "model.layers.1.block_sparse_moe" if family == "mixtral" else "model.layers.1.mlp"
     gate, down = (("w1", "w2") if family == "mixtral" else ("gate_proj", "down_proj"))
