@@ -9,14 +9,16 @@ before anything is written. docs/formats.md has the same table with what each ce
 from __future__ import annotations
 
 #: format -> families whose repaired output is loaded and compared in the tests. ``llama``
-#: covers every model with Llama's module names (Llama, Mistral, Qwen2).
+#: covers every model with Llama's module names (Llama, Mistral, Qwen2); ``mixtral`` and
+#: ``qwen2_moe`` are the mixture-of-experts layouts (gac_check/formats/moe.py), repaired and
+#: reloaded with transformers' own classes in tests/test_moe.py.
 REPAIRABLE: dict[str, frozenset[str]] = {
     "slicegpt": frozenset({"llama", "opt", "phi", "phi3"}),
     "llm-pruner": frozenset({"llama"}),
     "svd-llm": frozenset({"llama"}),
     "asvd": frozenset({"llama", "bert"}),
     "palu": frozenset({"llama"}),
-    "dense": frozenset({"llama", "bert"}),
+    "dense": frozenset({"llama", "bert", "mixtral", "qwen2_moe"}),
     "mla": frozenset({"deepseek"}),
 }
 

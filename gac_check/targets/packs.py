@@ -22,7 +22,7 @@ OPERATORS = ("multiple_of", "max", "min", "in", "not_in", "equals")
 QUANTITIES = frozenset({
     "head_dim", "heads", "kv_heads", "heads_per_rank", "kv_heads_per_rank", "tp", "in",
     "out", "shard_in", "shard_out", "group", "vocab", "vocab_per_rank", "row",
-    "uniform_layers", "part_out", "part_shard_out", "act_fp16",
+    "uniform_layers", "part_out", "part_shard_out", "act_fp16", "expert_width",
     # multi-head latent attention (gac_check/targets/mla.py)
     "mla_head_size", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
 })

@@ -142,6 +142,8 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
 
         return [Use("linear", "gate_up_proj", gate_up), Use("linear", "down_proj", down),
                 Use("model", "layers", lambda v: dict(base))]
+    if role is Role.EXPERT:  # the fused-MoE layer: every expert at one width, split over TP
+        return [Use("model", "experts", lambda v: {**base, "expert_width": v})]
     if role in (Role.RANK, Role.KV_LATENT):
         return [Use("linear", "lowrank_out", lambda v: {**base, "out": v, "shard_out": v}),
                 Use("linear", "lowrank_in", lambda v: {**base, "in": v, "shard_in": v})]
