@@ -9,11 +9,11 @@ the tensors follow the config unless ``widths`` overrides a layer's MLP width or
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gac_check.targets.blocks import ffn_width
+from tests.target_models import write_sparse
 
 NO_OP = {"no_op": True, "replace_with_linear": False}
 LINEAR = {"no_op": False, "replace_with_linear": True}
@@ -88,7 +88,7 @@ def write_decilm(root: Path, blocks: Sequence[Mapping], *, hidden: int = 256, he
     cfg = decilm_config(blocks, hidden=hidden, heads=heads, vocab=vocab)
     (root / "config.json").write_text(json.dumps(config(cfg) if config else cfg, indent=2))
     if sparse:
-        _write_sparse(root / "model.safetensors", shapes)
+        write_sparse(root / "model.safetensors", shapes)
     else:
         import torch
         from safetensors.torch import save_file
@@ -97,19 +97,3 @@ def write_decilm(root: Path, blocks: Sequence[Mapping], *, hidden: int = 256, he
         save_file({n: torch.randn(s, generator=gen).to(torch.bfloat16)
                    for n, s in shapes.items()}, str(root / "model.safetensors"))
     return root
-
-
-def _write_sparse(path: Path, shapes: Mapping[str, list[int]]) -> None:
-    header: dict[str, object] = {}
-    pos = 0
-    for name, shape in shapes.items():
-        n = 2
-        for d in shape:
-            n *= d
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [pos, pos + n]}
-        pos += n
-    blob = json.dumps(header).encode()
-    blob += b" " * (-len(blob) % 8)
-    with path.open("wb") as fh:
-        fh.write(struct.pack("<Q", len(blob)) + blob)
-        fh.truncate(8 + len(blob) + pos)

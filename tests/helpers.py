@@ -55,6 +55,16 @@ CLI_TIMEOUT = 120
 SEED_LLAMA = {"intermediate_size": 170}
 
 
+def decaying(shape: torch.Size) -> torch.Tensor:
+    """A weight with singular values exp(-k/6): a few directions carry it, as in trained
+    models, so "approximates W" means something (a random init's spectrum is flat)."""
+    m, n = shape
+    u, _ = torch.linalg.qr(torch.randn(m, m))
+    v, _ = torch.linalg.qr(torch.randn(n, n))
+    k = min(m, n)
+    return (u[:, :k] * torch.exp(-torch.arange(k) / 6.0)) @ v[:, :k].T
+
+
 # ------------------------------------------------------------------------------ the CLI
 def gac(*args: object, timeout: float | None = CLI_TIMEOUT, cwd: Path | None = None,
         env: Mapping[str, str | None] | None = None, process: bool = False,

@@ -82,16 +82,6 @@ def test_a_fractional_budget_is_that_share_of_the_dense_matrices(pair, tmp_path)
 
 
 # ------------------------------------------------------------------- calibrated realign
-def decaying(shape: torch.Size) -> torch.Tensor:
-    """A weight with singular values exp(-k/6): a few directions carry it, as in trained
-    models, so "approximates W" means something (a random init's spectrum is flat)."""
-    m, n = shape
-    u, _ = torch.linalg.qr(torch.randn(m, m))
-    v, _ = torch.linalg.qr(torch.randn(n, n))
-    k = min(m, n)
-    return (u[:, :k] * torch.exp(-torch.arange(k) / 6.0)) @ v[:, :k].T
-
-
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
     """A tiny BERT with the bundled MiniLM tokenizer, its compressed copy and calibration."""
@@ -105,7 +95,7 @@ def bert(tmp_path_factory):
     with torch.no_grad():
         for lin in model.encoder.modules():
             if isinstance(lin, torch.nn.Linear):
-                lin.weight.copy_(decaying(lin.weight.shape))
+                lin.weight.copy_(helpers.decaying(lin.weight.shape))
     model.save_pretrained(root / "dense")
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
                  "special_tokens_map.json"):

