@@ -1,0 +1,162 @@
+"""--realign on SVD-LLM's own save: ranks re-truncated in the whitened basis SVD-LLM built them
+in, OUT a pickle SVD-LLM's users load with torch.load, aligned and within the budget.
+
+The checkpoints are built as SVDLLM.py ``whitening`` builds them, with an explicit whitening
+matrix per input width (tests/compressors.py ``whitened``/``whitening``), so SVD-LLM's own
+result at any lower rank is known and OUT can be compared with it factor by factor.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import compressors as C
+from tests import helpers
+
+RATIO = 0.6  # ranks 19 (attention) and 28 (MLP): misaligned for float16's 8
+GPU = ("--gpu", "gpu", "--dtype", "float16")
+PAIRS = [f"model.layers.{i}.{p}" for i in range(2)
+         for p in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o",
+                   "mlp.gate", "mlp.up", "mlp.down")]
+
+
+@pytest.fixture(scope="module")
+def scaling() -> dict[int, torch.Tensor]:
+    return C.whitening([helpers.LLAMA["hidden_size"], helpers.LLAMA["intermediate_size"]])
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, scaling) -> C.Built:
+    return C.build_svdllm(tmp_path_factory.mktemp("svdllm") / "model", RATIO, scaling=scaling)
+
+
+def factors(root: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each pair's (svd_u, svd_v) as saved (our own fixture: trusted, so torch.load)."""
+    (pt,) = root.glob("*.pt")
+    model = C.load_pickled(pt)[0]
+    return {p: (model.get_submodule(f"{p}_u_proj").weight.detach().double(),
+                model.get_submodule(f"{p}_v_proj").weight.detach().double()) for p in PAIRS}
+
+
+def energy(u: torch.Tensor) -> float:
+    """Whitened energy kept: sum of sigma_i^2, sigma_i = ||svd_u[:, i]||^2."""
+    return float(((u ** 2).sum(0) ** 2).sum())
+
+
+def realign(built: C.Built, out: Path, *args: str) -> dict:
+    run = helpers.gac(built.path, "--realign", out, *GPU, "--format", "json", *args)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def ranks_of(doc: dict) -> dict[str, int]:
+    return {c["name"]: c["rank"] for c in doc["plan"]["choices"]}
+
+
+def test_sigma_is_the_whitened_singular_value(built, scaling):
+    """||svd_u[:, i]||^2 is the i-th singular value of W S, the columns orthogonal and
+    descending: what makes a prefix SVD-LLM's own lower-rank result."""
+    dense = C.tiny_llama(6).state_dict()
+    for pair, (u, _) in factors(built.path).items():
+        w = dense[pair + "_proj.weight"].double()
+        s = torch.linalg.svdvals(w @ scaling[w.shape[1]])[: u.shape[1]]
+        torch.testing.assert_close((u ** 2).sum(0), s, rtol=1e-4, atol=0)
+
+
+def test_truncation_is_svdllms_own_lower_rank_result(built, scaling, tmp_path):
+    doc = realign(built, tmp_path / "out")
+    ranks = ranks_of(doc)
+    assert set(ranks.values()) == {16, 24}, ranks
+    dense = C.tiny_llama(6).state_dict()
+    for pair, (u, v) in factors(tmp_path / "out").items():
+        w = dense[pair + "_proj.weight"]
+        want_u, want_v = C.whitened(w, ranks[pair + "_proj"], scaling[w.shape[1]])
+        assert u.shape == want_u.shape and v.shape == want_v.shape
+        torch.testing.assert_close(u @ v, (want_u @ want_v).double(), rtol=0, atol=1e-5)
+
+
+def test_out_loads_with_torch_load_and_rechecks_aligned_within_budget(built, tmp_path):
+    before = helpers.tree_digest(built.path)
+    out = tmp_path / "out"
+    doc = realign(built, out)
+    assert helpers.tree_digest(built.path) == before
+    plan = doc["plan"]
+    (pt,) = out.glob("*.pt")
+    code = (
+        "import json, sys, torch\n"
+        f"d = torch.load({str(pt)!r}, map_location='cpu', weights_only=False)\n"
+        "model, tok = d['model'], d['tokenizer']\n"
+        "bad = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)\n"
+        "       and list(m.weight.shape) != [m.out_features, m.in_features]]\n"
+        "ids = torch.tensor([tok('hello world')['input_ids'][:8]]) % 96\n"
+        "with torch.no_grad():\n"
+        "    logits = model(input_ids=ids).logits\n"
+        "ranks = {n[:-len('_u_proj')] + '_proj': m.in_features\n"
+        "         for n, m in model.named_modules() if n.endswith('_u_proj')}\n"
+        "print(json.dumps({'bad': bad, 'finite': bool(torch.isfinite(logits).all()),\n"
+        "                  'ranks': ranks}))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], check=True)
+    got = json.loads(run.stdout)
+    assert got["bad"] == [] and got["finite"]
+    assert got["ranks"] == ranks_of(doc)
+    assert plan["total_params"] <= doc["old_params"] == plan["budget"]
+    recheck = helpers.gac(out, *GPU, "--format", "json")
+    assert recheck.returncode == 0, recheck.stdout
+    sites = json.loads(recheck.stdout)["sites"]
+    rank_sites = [s for s in sites if s["role"] == "rank"]
+    assert len(rank_sites) == len(PAIRS) and all(s["value"] % 8 == 0 for s in rank_sites)
+
+
+def _round_down(ranks: dict[str, int], align: int, scale: float = 1.0) -> dict[str, int]:
+    return {p: max(align, int(r * scale) // align * align) for p, r in ranks.items()}
+
+
+@pytest.mark.parametrize("budget", ["same", "0.35"])
+def test_knapsack_keeps_at_least_rounding_down(built, tmp_path, budget):
+    """The whitened energy OUT keeps is at least that of rounding every rank down to the
+    alignment (scaled down uniformly first where the budget is below the input's), computed
+    from the input's own factors."""
+    doc = realign(built, tmp_path / "out", "--budget", budget)
+    plan = doc["plan"]
+    src = factors(built.path)
+    sizes = {p: u.shape[0] + v.shape[1] for p, (u, v) in src.items()}
+    old = {p: u.shape[1] for p, (u, _) in src.items()}  # keyed by pair: "...self_attn.q"
+    scale = next(s / 100 for s in range(100, 0, -1)
+                 if sum(r * sizes[p] for p, r in _round_down(old, 8, s / 100).items())
+                 <= plan["budget"])
+    rounded = _round_down(old, 8, scale)
+    baseline = sum(energy(src[p][0][:, :r]) for p, r in rounded.items())
+    kept = sum(energy(u) for u, _ in factors(tmp_path / "out").values())
+    assert kept >= baseline * (1 - 1e-9), (kept, baseline)
+    assert plan["total_params"] <= plan["budget"]
+    if budget != "same":  # the knapsack spends the budget where the whitened values are
+        assert kept > baseline * 1.001, (kept, baseline)
+
+
+def test_updated_factors_are_refused(built, tmp_path):
+    """Factors changed after truncation (SVDLLM.py's update steps) are not orthogonal: their
+    norms are not singular values, so a re-truncation would not be SVD-LLM's; refused."""
+    (pt,) = built.path.glob("*.pt")
+    saved = torch.load(pt, weights_only=False)
+    u = saved["model"].model.layers[0].self_attn.q_u_proj.weight.data
+    u[:, 1] += 0.3 * u[:, 0]
+    src = tmp_path / "updated"
+    src.mkdir()
+    torch.save(saved, src / pt.name)
+    run = helpers.gac(src, "--realign", tmp_path / "out", *GPU)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "q_u_proj.weight: its columns are not orthogonal" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_base_is_refused(built, tmp_path):
+    run = helpers.gac(built.path, "--realign", tmp_path / "out", "--base", built.path, *GPU)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "re-selected from its own whitened factors" in run.stderr
+    assert not (tmp_path / "out").exists()
