@@ -139,6 +139,31 @@ def test_knapsack_keeps_at_least_rounding_down(built, tmp_path, budget):
         assert kept > baseline * 1.001, (kept, baseline)
 
 
+def test_knapsack_keeps_the_most_whitened_energy(built, scaling, tmp_path):
+    """Below the input's budget, OUT keeps as much of SVD-LLM's whitened energy (sum sigma^2,
+    so the least truncation loss) as the best plan HiGHS finds from the singular values of
+    W S computed here from the dense weights: the objective is the whitened one, not another."""
+    from gac_check.ranks.knapsack import Matrix
+    from gac_check.testing.knapsack import solve_milp
+
+    doc = realign(built, tmp_path / "out", "--budget", "0.35")
+    dense = C.tiny_llama(6).state_dict()
+    mats, menus = [], {}
+    for pair, (u, _) in factors(built.path).items():
+        w = dense[pair + "_proj.weight"].double()
+        sv = torch.linalg.svdvals(w @ scaling[w.shape[1]])[: u.shape[1]].numpy()
+        mats.append(Matrix(pair, *w.shape, sv=sv))
+        menus[pair] = list(range(8, max(u.shape[1], 8) + 1, 8))
+    best = solve_milp(mats, doc["plan"]["budget"], 8, menus, allow_dense=False)
+    optimum = sum(float((m.sv[: best.ranks[m.name]] ** 2).sum()) for m in mats)
+    out = factors(tmp_path / "out")
+    kept = sum(energy(u) for u, _ in out.values())
+    assert kept >= optimum * (1 - 1e-5), (kept, optimum)
+    allowed = int(0.35 * sum(m.m * m.n for m in mats))
+    assert doc["plan"]["budget"] == allowed
+    assert sum(u.numel() + v.numel() for u, v in out.values()) <= allowed
+
+
 def test_updated_factors_are_refused(built, tmp_path):
     """Factors changed after truncation (SVDLLM.py's update steps) are not orthogonal: their
     norms are not singular values, so a re-truncation would not be SVD-LLM's; refused."""
