@@ -45,24 +45,28 @@ COHERENCE_16BIT = 3e-2
 
 @dataclass
 class Factors:
-    """One SVD-LLM pair: ``u`` [out, r], ``v`` [r, in] and each component's whitened value."""
+    """One SVD-LLM pair, ``u`` [out, r] and ``v`` [r, in], by name (the tensors are read again
+    when written, so only one is in memory at a time), and each component's whitened value."""
 
     module: str
     u_name: str
     v_name: str
-    u: torch.Tensor
-    v: torch.Tensor
+    rank: int
     sigma: torch.Tensor  # whitened singular values, descending
     order: torch.Tensor  # the components in that order (the stored order when it descends)
 
-    def truncated(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rank-``rank`` factors: the largest components, zero-padded past the stored rank."""
+    def truncated(self, ckpt: Checkpoint, name: str, rank: int) -> torch.Tensor:
+        """``u`` or ``v`` at ``rank``: the largest components, zero-padded past the stored rank."""
         keep = self.order[:rank]
-        u = self.u.new_zeros(self.u.shape[0], rank)
-        v = self.v.new_zeros(rank, self.v.shape[1])
-        u[:, :keep.numel()] = self.u[:, keep]
-        v[:keep.numel()] = self.v[keep]
-        return u, v
+        if name == self.u_name:
+            u = tensor(ckpt, name)
+            out = u.new_zeros(u.shape[0], rank)
+            out[:, :keep.numel()] = u[:, keep]
+            return out
+        v = tensor(ckpt, name)
+        out = v.new_zeros(rank, v.shape[1])
+        out[:keep.numel()] = v[keep]
+        return out
 
 
 def factor_menus(menus: list[RankMenu]) -> list[RankMenu]:
@@ -104,7 +108,7 @@ def read_factors(ckpt: Checkpoint, menu: RankMenu) -> Factors:
     """A pair and its whitened values; refuses factors whose u columns are not orthogonal."""
     stem = menu.module.removesuffix("_proj")
     u_name, v_name = stem + U_SUFFIX, stem + V_SUFFIX
-    u, v = tensor(ckpt, u_name), tensor(ckpt, v_name)
+    u = tensor(ckpt, u_name)
     cols = u.double()
     gram = cols.T @ cols
     sigma = gram.diagonal().clone()
@@ -117,7 +121,7 @@ def read_factors(ckpt: Checkpoint, menu: RankMenu) -> Factors:
                        "after truncation, as SVDLLM.py's update steps do): --realign cannot "
                        "re-truncate them exactly; run --repair OUT instead", ckpt.path)
     order = torch.argsort(sigma, descending=True, stable=True)
-    return Factors(menu.module, u_name, v_name, u, v, sigma[order], order)
+    return Factors(menu.module, u_name, v_name, u.shape[1], sigma[order], order)
 
 
 def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
@@ -148,19 +152,22 @@ def _write(ckpt: Checkpoint, pairs: list[Factors], report: RealignReport, force:
     ``in_features``/``out_features`` that record their rank replaced; then the re-check and
     the provenance record, all before OUT appears."""
     ranks = report.plan.ranks
-    moved = [p for p in pairs if ranks[p.module] != p.u.shape[1]]
-    new: dict[str, torch.Tensor] = {}
+    moved = {p.module: p for p in pairs if ranks[p.module] != p.rank}
+    owner: dict[str, tuple[Factors, int]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     edits = []
-    for p in moved:
+    for p in moved.values():
         rank = int(ranks[p.module])
-        new[p.u_name], new[p.v_name] = p.truncated(rank)
-        old = p.u.shape[1]
-        edits += [IntEdit(p.u_name.removesuffix(".weight"), ("in_features",), old, rank),
-                  IntEdit(p.v_name.removesuffix(".weight"), ("out_features",), old, rank)]
-    archives = plan_rewrite(ckpt, {n: tuple(t.shape) for n, t in new.items()}, edits)
+        owner[p.u_name] = owner[p.v_name] = (p, rank)
+        shapes[p.u_name] = (ckpt.tensors[p.u_name].shape[0], rank)
+        shapes[p.v_name] = (rank, ckpt.tensors[p.v_name].shape[1])
+        edits += [IntEdit(p.u_name.removesuffix(".weight"), ("in_features",), p.rank, rank),
+                  IntEdit(p.v_name.removesuffix(".weight"), ("out_features",), p.rank, rank)]
+    archives = plan_rewrite(ckpt, shapes, edits)
 
     def data(name: str) -> memoryview:
-        flat = new[name].contiguous().reshape(-1).view(torch.uint8)
+        pair, rank = owner[name]
+        flat = pair.truncated(ckpt, name, rank).contiguous().reshape(-1).view(torch.uint8)
         return memoryview(flat.numpy())
 
     with atomic_output_dir(report.out, force) as tmp:
@@ -169,7 +176,7 @@ def _write(ckpt: Checkpoint, pairs: list[Factors], report: RealignReport, force:
         copy_side_files(ckpt.path, tmp, skip=weight_file_names(ckpt.path) | {PROVENANCE})
         applied = sum(len(rw.applied) for rw in archives)
         report.notes.append(f"the torch pickle was rewritten in its own layout (same files, "
-                            f"same objects, never unpickled): {len(new)} tensors re-truncated, "
+                            f"same objects, never unpickled): {len(shapes)} tensors re-truncated, "
                             f"{applied} pickled in_features/out_features updated")
         if recheck is not None:
             report.remaining = recheck(tmp)
