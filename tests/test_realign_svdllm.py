@@ -180,6 +180,17 @@ def test_updated_factors_are_refused(built, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_summary_names_the_whitened_objective(built, tmp_path):
+    """The text summary says the error is SVD-LLM's whitened truncation loss, and names each
+    moved pair's rank before, after and why."""
+    run = helpers.gac(built.path, "--realign", tmp_path / "out", *GPU)
+    assert run.returncode == 0, run.stderr
+    assert "whitened error (SVD-LLM's truncation loss, sum of discarded sigma^2): 0 ->" \
+        in run.stdout
+    assert "model.layers.0.self_attn.q_proj: rank 19 -> 16 (rank 19: " in run.stdout
+    assert "the knapsack's choice among the ranks aligned)" in run.stdout
+
+
 def test_base_is_refused(built, tmp_path):
     run = helpers.gac(built.path, "--realign", tmp_path / "out", "--base", built.path, *GPU)
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr

@@ -138,7 +138,9 @@ def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: in
                         allow_dense=False)
     report = RealignReport(Path(out), plan, align, old,
                            sum(old[m.name] * (m.m + m.n) for m in matrices), 0.0, False,
-                           why={m.module: m.why(plan.ranks[m.module]) for m in menus})
+                           why={m.module: m.why(plan.ranks[m.module]) for m in menus},
+                           error_name="whitened error (SVD-LLM's truncation loss, sum of "
+                                      "discarded sigma^2)")
     report.notes.append("svd-llm: ranks re-truncated in the whitened basis SVD-LLM built them "
                         "in (each component's value is ||svd_u[:, i]||^2); the error shown is "
                         "SVD-LLM's truncation loss (discarded sigma^2) relative to the input")
