@@ -191,6 +191,56 @@ def test_summary_names_the_whitened_objective(built, tmp_path):
     assert "the knapsack's choice among the ranks aligned)" in run.stdout
 
 
+def test_bfloat16_factors_are_re_truncated_as_saved(built, tmp_path):
+    """A model cast to bfloat16 before saving: its rounded columns still read as orthogonal,
+    and OUT's factors are the input's own leading components, bit for bit."""
+    (pt,) = built.path.glob("*.pt")
+    saved = torch.load(pt, weights_only=False)
+    saved["model"].to(torch.bfloat16)
+    src = tmp_path / "bf16"
+    src.mkdir()
+    torch.save(saved, src / pt.name)
+    doc = realign(built, tmp_path / "ref")  # the fp32 model's plan: the same ranks
+    run = helpers.gac(src, "--realign", tmp_path / "out", *GPU, "--format", "json")
+    assert run.returncode == 0, run.stderr
+    assert ranks_of(json.loads(run.stdout)) == ranks_of(doc)
+    (out_pt,) = (tmp_path / "out").glob("*.pt")
+    out = C.load_pickled(out_pt)[0]
+    for pair in PAIRS:
+        for side in ("u", "v"):
+            w = out.get_submodule(f"{pair}_{side}_proj").weight
+            assert w.dtype == torch.bfloat16
+            whole = saved["model"].get_submodule(f"{pair}_{side}_proj").weight
+            want = whole[:, : w.shape[1]] if side == "u" else whole[: w.shape[0]]
+            assert torch.equal(w, want), pair
+
+
+def test_another_family_is_refused(tmp_path):
+    """SVD-LLM's OPT layout (fc1/fc2 pairs): no test loads a realigned one with SVD-LLM's OPT
+    code, so --realign refuses it, as --repair does."""
+    import transformers
+
+    from tests import slicegpt
+
+    dense = transformers.OPTForCausalLM(slicegpt.config_of("opt", 64))
+    state = {k: v.detach() for k, v in dense.state_dict().items()}
+    for i in range(dense.config.num_hidden_layers):
+        for fc in ("fc1", "fc2"):
+            u, v = C.truncated(state.pop(f"model.decoder.layers.{i}.{fc}.weight"), 37)
+            state[f"model.decoder.layers.{i}.{fc}_u_proj.weight"] = u.contiguous()
+            state[f"model.decoder.layers.{i}.{fc}_v_proj.weight"] = v.contiguous()
+            state[f"model.decoder.layers.{i}.{fc}_u_proj.bias"] = state.pop(
+                f"model.decoder.layers.{i}.{fc}.bias")
+    src = tmp_path / "svd"
+    src.mkdir()
+    torch.save(state, src / "model.pt")
+    dense.config.save_pretrained(src)
+    run = helpers.gac(src, "--realign", tmp_path / "out", *GPU)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "svd-llm checkpoint of the opt family" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_base_is_refused(built, tmp_path):
     run = helpers.gac(built.path, "--realign", tmp_path / "out", "--base", built.path, *GPU)
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr

@@ -38,9 +38,10 @@ from gac_check.ranks.knapsack import DENSE, Matrix, budget_from_spec, realign_pl
 #: The families whose realigned SVD-LLM output tests load with SVD-LLM's own call.
 FAMILIES = frozenset({"llama"})
 #: Largest |cos| between two columns of svd_u still read as orthogonal, per factor precision:
-#: rounding to 16 bits leaves a few 1e-3; an update after truncation leaves far more.
+#: rounding to 16 bits leaves under 1e-3 (bfloat16, measured on the test models); an update
+#: after truncation leaves far more.
 COHERENCE = {torch.float32: 1e-3, torch.float64: 1e-6}
-COHERENCE_16BIT = 3e-2
+COHERENCE_16BIT = 1e-2
 
 
 @dataclass
