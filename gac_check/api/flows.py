@@ -155,9 +155,9 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     align = rank_alignment(before.contract, strategy)
     require_realignable(before, align)
     require_loadable(before)
-    menus = rank_menus(before.sites, before.checkpoint.shapes, before.contract, align,
-                       base_dir is not None)
     whitened = before.format.name == "svd-llm"
+    menus = rank_menus(before.sites, before.checkpoint.shapes, before.contract, align,
+                       base_dir is not None, pad_up=whitened)
     if whitened:
         from gac_check.ranks.whitened import factor_menus, realign_svdllm, require_rewritable
 

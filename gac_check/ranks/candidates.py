@@ -58,10 +58,13 @@ class RankMenu:
 
 
 def rank_menus(sites: list[DimSite], shapes: Mapping[str, tuple[int, ...]],
-               contract: Contract, align: int, with_base: bool) -> list[RankMenu]:
+               contract: Contract, align: int, with_base: bool, *,
+               pad_up: bool = False) -> list[RankMenu]:
     """Every low-rank site's menu. With the dense weights (``with_base``) any aligned rank
     below the break-even is possible; without them only the existing factors are, so a rank
-    can go down within its own (or up to the alignment, zero-padded)."""
+    can go down within its own (or up to the alignment, zero-padded). ``pad_up`` also offers
+    the next aligned rank above it, zero-padded: no error lost, for parameters the budget may
+    have spare once other ranks went down (SVD-LLM, whose menus have no dense option)."""
     menus = []
     for site in sites:
         if site.role is not Role.RANK:
@@ -69,6 +72,8 @@ def rank_menus(sites: list[DimSite], shapes: Mapping[str, tuple[int, ...]],
         b, a = (ax.tensor for ax in site.axes)  # B [r, in] then A [out, r]
         m, n = shapes[a][0], shapes[b][1]
         top = (min(m, n, (m * n - 1) // (m + n)) if with_base else max(site.value, align))
+        if pad_up and not with_base:
+            top = max(top, min(-(-site.value // align) * align, m, n))
         ranks = list(range(align, top + 1, align))
         targets = ""
         if contract.targets is not None:
