@@ -198,6 +198,9 @@ def test_summary_names_the_whitened_objective(built, tmp_path):
         in run.stdout
     assert "model.layers.0.self_attn.q_proj: rank 19 -> 16 (rank 19: " in run.stdout
     assert "the knapsack's choice among the ranks aligned)" in run.stdout
+    assert ("model.layers.0.mlp.down_proj: rank 28 -> 32 (rank 28: " in run.stdout
+            and "zero-padded up, no component lost, with parameters other matrices freed)"
+            in run.stdout)
 
 
 def test_bfloat16_factors_are_re_truncated_as_saved(built, tmp_path):

@@ -31,6 +31,8 @@ class RankMenu:
     problem: str
     #: the targets the candidates are fast on ("" without --target)
     targets: str
+    #: no dense original: a rank above the input's is its factors zero-padded
+    from_factors: bool = False
 
     @property
     def dense_params(self) -> int:
@@ -52,6 +54,9 @@ class RankMenu:
                       "dense was the knapsack's best use of the budget")
         elif chosen == self.rank:
             reason = f"{offered} already"
+        elif self.from_factors and int(chosen) > self.rank:
+            reason = (f"the knapsack's choice among the ranks {offered}: zero-padded up, no "
+                      "component lost, with parameters other matrices freed")
         else:
             reason = f"the knapsack's choice among the ranks {offered}"
         return f"{self.problem}; {reason}" if self.problem else reason
@@ -81,5 +86,6 @@ def rank_menus(sites: list[DimSite], shapes: Mapping[str, tuple[int, ...]],
             targets = ", ".join(t.spec for t in contract.targets.targets)
         problem = "; ".join(r.why for r in contract.violations(site))
         menus.append(RankMenu(site.module, m, n, site.value, (*ranks, DENSE),
-                              f"rank {site.value}: {problem}" if problem else "", targets))
+                              f"rank {site.value}: {problem}" if problem else "", targets,
+                              not with_base))
     return menus

@@ -17,6 +17,7 @@ no longer orthogonal, so their column norms are not singular values: refused.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,8 +80,7 @@ def factor_menus(menus: list[RankMenu]) -> list[RankMenu]:
             raise BadInput(f"{menu.module}: no rank {menu.targets or 'aligned'} fits within its "
                            f"factors (rank {menu.rank}), and SVD-LLM's u/v modules cannot hold a "
                            "dense matrix: nothing to re-select; run --repair OUT instead")
-        out.append(RankMenu(menu.module, menu.m, menu.n, menu.rank, ranks, menu.problem,
-                            menu.targets))
+        out.append(dataclasses.replace(menu, candidates=ranks))
     return out
 
 
