@@ -19,6 +19,7 @@ from gac_check.contract.select import assemble
 from gac_check.formats import Format, detect
 from gac_check.formats.accounting import Accounting, account, require_accounted
 from gac_check.formats.architectures import find_family
+from gac_check.formats.moe import moe_family
 from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:  # targets are imported only where a check names one (or reads
     from gac_check.targets.spec import Target
 
 _LAYER = re.compile(r"(?<=\.)\d+(?=\.)")
+#: an expert's index in its site's name (``...experts.3:intermediate``): folded like layers
+_EXPERT = re.compile(r"(?<=\.experts\.)\d+(?=:)")
 
 
 @dataclass
@@ -82,8 +85,9 @@ class CheckResult:
     @cached_property
     def family(self) -> str | None:
         """The architecture family the layers belong to (``llama``, ``opt``, ...), or None."""
-        found = find_family(self.checkpoint)
-        return found[0].name if found else None
+        moe = moe_family(self.checkpoint)  # an MoE layer's attention alone looks like Llama
+        found = None if moe else find_family(self.checkpoint)
+        return moe or (found[0].name if found else None)
 
     @property
     def by_site(self) -> dict[str, Finding]:
@@ -155,6 +159,7 @@ class CheckResult:
         for f in self.findings:
             site = f.site
             pattern = _LAYER.sub("*", site.name, count=1) if site.layer is not None else site.name
+            pattern = _EXPERT.sub("*", pattern)  # 64 experts of one width: one row
             cells = tuple(v.short for v in verdicts.of(site)) if verdicts else ()
             key = (pattern, site.value, f.repair_to, tuple(r.id for r in f.rules), cells)
             group = out.setdefault(key, FindingGroup(pattern, f))
@@ -229,4 +234,4 @@ def model_kind(ckpt: Checkpoint, fmt: Format) -> ModelKind:
 
     archs = ckpt.config.get("architectures")
     archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
-    return ModelKind(fmt.name, archs, ckpt.pickled_model is not None)
+    return ModelKind(fmt.name, archs, ckpt.pickled_model is not None, fmt.blocks(ckpt))

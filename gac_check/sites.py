@@ -22,6 +22,9 @@ class Role(str, Enum):
     HIDDEN = "hidden"  # residual stream width
     HEADS = "heads"  # number of attention heads (query or key/value)
     VOCAB = "vocab"  # vocabulary size, when it is a GEMM dimension (lm_head)
+    EXPERT = "expert_intermediate"  # one routed expert's MLP width (mixture of experts)
+    SHARED_EXPERT = "shared_expert_intermediate"  # the always-on shared expert's MLP width
+    EXPERTS = "experts"  # how many experts a layer's router chooses among
 
 
 class AxisKind(str, Enum):

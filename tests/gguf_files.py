@@ -12,8 +12,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-FTYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "Q5_0": 8, "Q4_K_S": 14, "Q4_K_M": 15,
-             "Q5_K_M": 17, "Q6_K": 18, "IQ3_M": 27}
+FTYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "Q5_0": 8, "Q2_K": 10, "Q4_K_S": 14,
+             "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "IQ3_M": 27}
 
 
 def llama_tensors(m: dict) -> list[tuple[str, tuple[int, ...]]]:

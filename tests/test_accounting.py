@@ -5,8 +5,9 @@ other tests use (tiny stock transformers models saved every way, the compressors
 tests/compressors.py and tests/slicegpt.py, the bundled MiniLM, pickled LLM-Pruner and SVD-LLM
 models, OPT, Phi-2, Phi-3): a tensor any of them holds that the check did not read fails
 :func:`test_every_tensor_of_the_corpus_is_accounted`. The refusals are the other half: an
-MoE whose experts no site reads, a layout whose every linear is a kind gac-check does not
-know, and one stray 2-D tensor in a dense Llama, each exit 2 through the CLI, never a pass.
+MoE state dict whose fused experts no site reads (tests/test_moe.py: and fused experts on
+disk), a layout whose every linear is a kind gac-check does not know, and one stray 2-D tensor
+in a dense Llama, each exit 2 through the CLI, never a pass.
 """
 from __future__ import annotations
 
@@ -107,6 +108,18 @@ def _svdllm_opt(root: Path) -> Path:
     return root
 
 
+#: Mixture-of-experts layers as transformers' classes save them (tests/test_moe.py)
+_MIXTRAL = transformers.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=10000,
+                                      num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=1, num_local_experts=2,
+                                      num_experts_per_tok=1, max_position_embeddings=64)
+_QWEN2_MOE = transformers.Qwen2MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=64,
+                                         moe_intermediate_size=40,
+                                         shared_expert_intermediate_size=72,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, num_experts=3,
+                                         num_experts_per_tok=1, max_position_embeddings=64)
+
 #: Every fixture and format the suite builds, by a name that says which.
 CORPUS: dict[str, Builder] = {
     **{f"dense-{f}": _saved(lambda f=f: helpers.tiny(f)) for f in FAMILIES},
@@ -120,6 +133,10 @@ CORPUS: dict[str, Builder] = {
     "in-memory-bert-masked-lm": _in_memory(lambda: helpers.tiny_bert(masked_lm=True)),
     **{f"in-memory-{f}": _in_memory(_stock(f)) for f in ("opt", "phi", "phi3")},
     "torch-state-qwen2": _torch_state(helpers.tiny_qwen2),
+    "moe-mixtral": _saved(lambda: transformers.MixtralForCausalLM(_MIXTRAL)),
+    "moe-qwen2-moe": _saved(lambda: transformers.Qwen2MoeForCausalLM(_QWEN2_MOE)),
+    "in-memory-moe-mixtral": _in_memory(lambda: transformers.MixtralForCausalLM(_MIXTRAL)),
+    "in-memory-moe-qwen2-moe": _in_memory(lambda: transformers.Qwen2MoeForCausalLM(_QWEN2_MOE)),
     "sparse-llama-header-only": lambda root: sparse_llama(root, hidden=256, intermediate=688,
                                                           heads=4, vocab=128),
     "minilm-bundled": _minilm,
@@ -182,38 +199,6 @@ def refused(model: Path, first: str, count: int) -> None:
     assert repair.returncode == 2 and first in repair.stderr and not out.exists()
 
 
-def test_mixtral_experts_pruned_to_10000_are_refused_not_passed(tmp_path: Path) -> None:
-    """transformers' MixtralForCausalLM (block_sparse_moe: a router ``gate`` and experts
-    w1/w2/w3) with every expert 10000 wide, save_pretrained: no site reads an expert, so the
-    check refuses (it used to say "0 of 6 sites misaligned" and vllm,tp=2 fast)."""
-    cfg = transformers.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=10000,
-                                     num_hidden_layers=2, num_attention_heads=2,
-                                     num_key_value_heads=1, num_local_experts=2,
-                                     num_experts_per_tok=1, max_position_embeddings=64)
-    torch.manual_seed(0)
-    transformers.MixtralForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "moe")
-    with safe_open(tmp_path / "moe" / "model.safetensors", "pt") as f:
-        assert f.get_slice("model.layers.1.block_sparse_moe.experts.1.w2.weight").get_shape() \
-            == [32, 10000]
-    # per layer: 2 experts x (w1, w2, w3) and the router
-    refused(tmp_path / "moe", "model.layers.0.block_sparse_moe.experts.0.w1.weight", 2 * 7)
-
-
-def test_qwen2_moe_experts_and_shared_expert_are_refused(tmp_path: Path) -> None:
-    """Qwen2-MoE (DeepSeek's shape too): mlp.experts.N.{gate,up,down}_proj, mlp.gate, a
-    shared expert and its gate; none of it is a dense MLP, none of it is read."""
-    cfg = transformers.Qwen2MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=64,
-                                      moe_intermediate_size=40,
-                                      shared_expert_intermediate_size=72, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1,
-                                      num_experts=3, num_experts_per_tok=1,
-                                      max_position_embeddings=64)
-    torch.manual_seed(0)
-    transformers.Qwen2MoeForCausalLM(cfg).save_pretrained(tmp_path / "moe")
-    # 3 experts x 3, the router, the shared expert's 3 and its gate
-    refused(tmp_path / "moe", "model.layers.0.mlp.experts.0.down_proj.weight", 9 + 1 + 3 + 1)
-
-
 def _llama_state(tmp_path: Path) -> tuple[dict[str, torch.Tensor], Path]:
     model = helpers.tiny_llama()
     root = tmp_path / "model"
@@ -253,17 +238,19 @@ def test_one_stray_matrix_in_a_dense_llama_is_refused(tmp_path: Path) -> None:
     refused(root, "model.layers.1.mlp.adapter.weight", 1)
 
 
-def test_a_model_in_memory_with_unread_tensors_is_refused() -> None:
-    """The Python API refuses too: a MixtralForCausalLM in memory (transformers keeps its
-    experts fused: experts.gate_up_proj [E, 2I, H]) is not judged on its attention alone."""
+def test_a_state_dict_in_memory_with_unread_tensors_is_refused() -> None:
+    """The Python API refuses too: a MixtralForCausalLM's own state dict (transformers keeps
+    its experts fused: experts.gate_up_proj [E, 2I, H]), passed as a state dict rather than
+    the module that knows its saved names, is not judged on its attention alone."""
     from gac_check import api
 
     cfg = transformers.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
                                      num_hidden_layers=1, num_attention_heads=2,
                                      num_key_value_heads=1, num_local_experts=2,
                                      num_experts_per_tok=1)
+    state = transformers.MixtralForCausalLM(cfg).state_dict()
     with pytest.raises(BadInput, match=r"gac-check did not read, first model\.layers\.0\.mlp\."):
-        api.check(transformers.MixtralForCausalLM(cfg), "gpu")
+        api.check(state, "gpu", config=cfg)
 
 
 # ---------------------------------------------------------------------- what is reported

@@ -99,6 +99,21 @@ def minilm_asvd(cwd: Path, cache: Path) -> None:
     shutil.copytree(compressed_minilm(cache), cwd / "demo-out" / "minilm-asvd-0.8")
 
 
+def deepseek_mla(cwd: Path, cache: Path) -> None:
+    """``deepseek-mla/``: a two-layer DeepSeek-V2 with dense MLPs, KV latent 40, q latent 24,
+    q/k head 12 + 8, v head 14 (docs/targets.md, multi-head latent attention)."""
+    import torch
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    torch.manual_seed(0)
+    config = DeepseekV2Config(vocab_size=256, hidden_size=64, intermediate_size=96,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                              kv_lora_rank=40, q_lora_rank=24, qk_rope_head_dim=8,
+                              qk_nope_head_dim=12, v_head_dim=14, first_k_dense_replace=2,
+                              max_position_embeddings=64)
+    DeepseekV2ForCausalLM(config).save_pretrained(cwd / "deepseek-mla")
+
+
 @dataclass(frozen=True)
 class Setup:
     prepare: Callable[[Path, Path], None]  # (working directory, session cache)
@@ -106,7 +121,7 @@ class Setup:
 
 
 SETUPS = {"tiny-llama": Setup(tiny_llama_dir), "llama-8b-pruned": Setup(llama_8b_pruned),
-          "gguf-pruned": Setup(gguf_pruned),
+          "gguf-pruned": Setup(gguf_pruned), "deepseek-mla": Setup(deepseek_mla),
           "minilm-asvd": Setup(minilm_asvd, slow=True)}
 
 

@@ -19,7 +19,7 @@ import pytest
 from gac_check.bench import baselines
 from gac_check.bench.device import cpu
 from gac_check.evidence import baseline, latency, provenance, report, slowpaths, suites
-from gac_check.evidence.budget import STOPPED, Budget, StageClock
+from gac_check.evidence.budget import SHARES, STOPPED, Budget, StageClock
 from gac_check.evidence.sizes import GPU, SMOKE, layers_for
 from tests.helpers import gac
 
@@ -138,7 +138,8 @@ def test_budgets_add_up_to_the_minutes_and_decide_the_layers():
 def test_some_stages_share_the_whole_budget_in_their_proportions():
     budget = Budget(5, ("latency", "report"))
     assert budget.stages == ("latency", "report")
-    assert budget.seconds("latency") == pytest.approx(300 * 0.25 / 0.35)
+    share = SHARES["latency"] / (SHARES["latency"] + SHARES["report"])
+    assert budget.seconds("latency") == pytest.approx(300 * share)
     assert budget.stage("report").deadline - budget.start == pytest.approx(300)
     assert layers_for(GPU, Budget(5, ("latency",)).seconds("latency")) == 2
 

@@ -209,7 +209,8 @@ def test_a_linear_no_site_reads_is_a_refusal(tmp_path):
     types = q4_k_m_types(m) | {"blk.0.attn_q.weight": "F32"}
     path = write_gguf(tmp_path / "x.gguf", m, "Q4_K_M", types, omit=("blk.0.attn_q.weight",),
                       extra=[("blk.0.attn_q.weight", (256 * 256,))])
-    _one_line_refusal(gac(path), "tensor(s) no site accounts for", "'blk.0.attn_q.weight'")
+    _one_line_refusal(gac(path), "1 tensor gac-check did not read, first blk.0.attn_q.weight "
+                      "(float32 [65536])", "refusing to judge a model it did not read")
 
 
 def test_a_tensor_twice_is_a_refusal(tmp_path):

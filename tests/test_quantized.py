@@ -290,6 +290,23 @@ def test_an_unknown_tensor_in_a_known_layout_is_refused(made, tmp_path):
     assert "qweight_mystery" in refusal(root)
 
 
+@pytest.mark.parametrize(("name", "layout"), [
+    ("gptq688", "GPTQ's int32 [in * bits / 32, out]"),
+    ("awq640", "AWQ GEMM's int32 [in, out * bits / 32]"),
+    ("gemv640", "AWQ GEMV's int32 [out, in * bits / 32]")])
+def test_a_qweight_that_is_not_packed_int32_is_refused_naming_the_layout(made, tmp_path, name,
+                                                                         layout):
+    root = tmp_path / "int16"
+    root.mkdir()
+    tensors = load_file(str(made[name] / "model.safetensors"))
+    q = "model.layers.1.mlp.down_proj.qweight"
+    tensors[q] = tensors[q].to(torch.int16)
+    save_file(tensors, str(root / "model.safetensors"))
+    (root / "config.json").write_text((made[name] / "config.json").read_text())
+    shape = list(tensors[q].shape)
+    assert f"{q} is int16 {shape}, not {layout}" in refusal(root)
+
+
 def test_a_weight_shape_that_contradicts_the_packing_is_refused(made, tmp_path):
     root = tmp_path / "lying"
     root.mkdir()

@@ -400,6 +400,54 @@ def test_a_rule_without_a_citation_does_not_load():
         parse_pack(raw)
 
 
+SOURCE = {"repo": "r", "file": "f", "function": "g", "ref": "1"}
+
+
+def _pack_beyond_selections(cited: bool) -> dict:
+    """A pack with a rule in every place outside the selections that needs a citation: the
+    TP rules, SGLang's vocabulary widening, and llama.cpp's types, ftypes and extras."""
+    src = {"source": dict(SOURCE)} if cited else {}
+    return {"schema": "gac-check-pack/1", "engine": "x", "versions": ["1"], "selections": [],
+            "tp": {"kv_heads": {"rule": "replicate", **src},
+                   "vocab_padding": {"multiple": 64, "source": dict(SOURCE),
+                                     "times_tp_when_indivisible": {"from": "1", **src}}},
+            "types": {"Q4_0": {"block": 32, **src}},
+            "ftypes": {"Q4_0": {"default": "Q4_0", **src}},
+            "no_fallback": {"1": {"verdict": "refused", **src}}}
+
+
+@pytest.mark.parametrize("where, says", [
+    (("tp", "kv_heads"), "tp.kv_heads"),
+    (("tp", "vocab_padding", "times_tp_when_indivisible"), "times_tp_when_indivisible"),
+    (("types", "Q4_0"), "type Q4_0"), (("ftypes", "Q4_0"), "ftype Q4_0"),
+    (("no_fallback", "1"), "no_fallback")])
+def test_a_tp_or_gguf_rule_without_a_citation_does_not_load(where, says):
+    """Each rule outside the selections is refused without its source, alone (the rest
+    cited), naming where it is."""
+    raw = _pack_beyond_selections(cited=True)
+    assert parse_pack(raw).tp["kv_heads"]["rule"] == "replicate"
+    node = raw
+    for key in where:
+        node = node[key]
+    del node["source"]
+    with pytest.raises(PackError, match="every rule needs a source") as exc:
+        parse_pack(raw)
+    assert says in str(exc.value)
+
+
+def test_every_shipped_tp_rule_is_among_the_citations_the_source_check_resolves():
+    """tests/test_targets_citations.py resolves what engine_sources.citations() walks: each
+    shipped TP rule's source must be among them, so a TP rule is held to the engine's file."""
+    from engine_sources import citations
+
+    cited = {(c.repo, c.file, c.function, c.ref) for c in citations()}
+    tp_rules = [(p.engine, key, rule["source"]) for p in packs().values()
+                for key, rule in p.tp.items()]
+    assert {e for e, _, _ in tp_rules} >= {"vllm", "sglang"}
+    for engine, key, src in tp_rules:
+        assert (src["repo"], src["file"], src["function"], src["ref"]) in cited, (engine, key)
+
+
 # ---------------------------------------------------------------------------- llama.cpp
 @pytest.mark.parametrize("target, role, value, expected, kernel, fix", [
     # ffn_down's row is the MLP width; Q4_K_M asks Q6_K for "more bits" layers (layer 0 of 8)

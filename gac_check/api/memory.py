@@ -4,7 +4,11 @@ The index is what a save would write, without writing it: each tensor's name, sh
 (tied aliases dropped, as safetensors and ``save_pretrained`` drop them) and the config as
 ``config.json`` would hold it (a transformers config's ``to_diff_dict``, exactly what
 ``save_pretrained`` writes). So the check of a module finds what the check of its saved
-directory finds (tests/test_api_check.py holds the two equal). A format that keeps part of its
+directory finds (tests/test_api_check.py holds the two equal). A transformers model whose
+class keeps weights in another layout than it saves (5.x fuses a mixture-of-experts layer's
+experts into 3-D tensors and writes them back one module per expert) is indexed under the
+saved names, converted by transformers' own ``revert_weight_conversion`` on meta tensors: no
+weight is copied. A format that keeps part of its
 description in a file beside the weights (SliceGPT's slicing config) cannot be judged from the
 module and is refused: save it first.
 """
@@ -27,7 +31,28 @@ def from_module(module, config: object = None) -> Checkpoint:
     """A ``torch.nn.Module``'s checkpoint: its state dict and ``config`` (default: its own
     ``.config``, as every transformers model has)."""
     config = getattr(module, "config", None) if config is None else config
-    return from_state(module.state_dict(), config, type(module).__name__)
+    return from_state(_as_saved(module), config, type(module).__name__)
+
+
+def _as_saved(module) -> Mapping:
+    """The state dict under the names and shapes ``save_pretrained`` writes, tied aliases
+    dropped first (the conversion sees no storage to tell them by)."""
+    state = module.state_dict()
+    try:
+        from transformers import PreTrainedModel
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # not a transformers model, or a transformers that saves as it holds
+        return state
+    if not isinstance(module, PreTrainedModel):
+        return state
+    import torch
+
+    from gac_check.models.lowrank import tied_names
+
+    tied = tied_names(state)
+    meta = {n: torch.empty(t.shape, dtype=t.dtype, device="meta")
+            for n, t in state.items() if tied.get(n, n) == n}
+    return revert_weight_conversion(module, meta)
 
 
 def from_state(state: Mapping, config: object, what: str = "state dict") -> Checkpoint:

@@ -1,12 +1,18 @@
-"""What ``--realign`` refuses from the input's headers, before minutes of SVDs."""
+"""What ``--realign`` refuses from the input's headers, before minutes of SVDs, and the
+targets whose engine does not build the model (refused by ``--repair`` too)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gac_check.analysis import CheckResult
 from gac_check.errors import BadInput
 from gac_check.ranks.candidates import RankMenu
 from gac_check.sites import Role
+
+if TYPE_CHECKING:  # targets are imported only where a check names one
+    from gac_check.targets.loadability import Loadability
 
 #: What to run instead of --realign, per format it cannot rewrite.
 INSTEAD = {
@@ -16,6 +22,12 @@ INSTEAD = {
 }
 #: The layouts --realign rewrites (ASVD's BLinear/ALinear, SVD-LLM's whitened u/v factors).
 REALIGNABLE = frozenset({"asvd", "svd-llm"})
+#: Formats with no ranks that --repair refuses too: what to do instead of either.
+NEITHER = {
+    "decilm": "it has no low-rank factors to re-select, and --repair refuses it too (each "
+              "layer's MLP width is block_configs' ffn_mult, which the engines round up to a "
+              "multiple of 256); choose the widths in the block search (Puzzle) instead",
+}
 
 
 def not_realignable(fmt: str, align: int, misaligned_ranks: int) -> str:
@@ -23,6 +35,8 @@ def not_realignable(fmt: str, align: int, misaligned_ranks: int) -> str:
     rank is already a multiple of ``align``, that there is nothing to re-select)."""
     head = (f"is in {fmt} format; --realign re-selects ranks only in the ASVD layout "
             "(BLinear/ALinear + truncation_ranks) and SVD-LLM's (whitened u/v factors)")
+    if fmt in NEITHER:
+        return f"{head}; {NEITHER[fmt]}"
     if fmt in INSTEAD and not misaligned_ranks:
         return (f"{head}; its ranks are already multiples of {align}, so there is nothing to "
                 "re-select (run without --realign to see what else the check finds)")
@@ -46,15 +60,27 @@ def require_realignable(result: CheckResult, align: int) -> None:
                        result.checkpoint.path)
 
 
+def refuse_unloadable(result: CheckResult, message: str,
+                      removable: Callable[[Loadability], bool] = lambda _: False
+                      ) -> list[Loadability]:
+    """The targets whose engine does not build the model; :class:`BadInput` for the first
+    whose blocker the flow cannot remove (``removable``), with ``message`` formatted with its
+    ``spec``, ``why`` and ``remedy``: what would serve it, before anything is written."""
+    verdicts = result.contract.targets
+    blocked = [v for v in verdicts.loads.values() if not v.loads] if verdicts else []
+    for load in blocked:
+        if not removable(load):
+            raise BadInput(message.format(spec=load.target.spec, why=load.why,
+                                          remedy=load.remedy), result.checkpoint.path)
+    return blocked
+
+
 def require_loadable(result: CheckResult) -> None:
     """--realign keeps the input's layout, so a target whose engine has no model class for it
     refuses OUT as it refuses the input: refused before any SVD, saying what would serve it."""
-    verdicts = result.contract.targets
-    for load in verdicts.loads.values() if verdicts else ():
-        if not load.loads:
-            raise BadInput(f"--realign: {load.target.spec} would refuse OUT as it refuses the "
-                           f"input: {load.why}; re-selected ranks keep the layout. To serve "
-                           f"it: {load.remedy}. Nothing was written", result.checkpoint.path)
+    refuse_unloadable(result, "--realign: {spec} would refuse OUT as it refuses the input: "
+                      "{why}; re-selected ranks keep the layout. To serve it: {remedy}. "
+                      "Nothing was written")
 
 
 def require_feasible(result: CheckResult, budget: str, menus: list[RankMenu]) -> None:

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from gac_check.analysis import CheckResult, model_kind
+from gac_check.api.refusals import refuse_unloadable
 from gac_check.contract.rules import Contract
 from gac_check.contract.select import assemble
 from gac_check.errors import BadInput
@@ -37,14 +38,11 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
     """The plan ``--repair`` carries out; :class:`BadInput` (nothing written) where a target
     would still refuse OUT, with what would help. ``uniform`` pads every layer's MLP to one
     width (with or without targets)."""
-    ckpt, verdicts = before.checkpoint, before.contract.targets
-    blocked = [v for v in verdicts.loads.values() if not v.loads] if verdicts else []
-    for load in blocked:
-        if load.blocker != LAYERS or not _mlp_only(before):
-            raise BadInput(f"--repair: {load.target.spec} would still refuse OUT: "
-                           f"{load.why}; no padding changes that. To serve it: "
-                           f"{load.remedy}. Nothing was written (drop --target "
-                           f"{load.target.spec} to repair for the rest)", ckpt.path)
+    ckpt = before.checkpoint
+    blocked = refuse_unloadable(
+        before, "--repair: {spec} would still refuse OUT: {why}; no padding changes that. "
+        "To serve it: {remedy}. Nothing was written (drop --target {spec} to repair for the "
+        "rest)", removable=lambda load: load.blocker == LAYERS and _mlp_only(before))
     if blocked and not uniform:
         raise BadInput(f"--repair: {', '.join(v.target.spec for v in blocked)} would still "
                        f"refuse OUT: {blocked[0].why}; re-run the compressor with the same "

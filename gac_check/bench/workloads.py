@@ -9,7 +9,6 @@ loop serve every kind.
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -188,11 +187,11 @@ def backend_accepts(q, k, v, causal: bool, backend: str) -> tuple[bool, list[str
              "cudnn": getattr(torch.backends.cuda, "can_use_cudnn_attention", None)}[backend]
     if check is None:
         return False, [f"this torch has no can_use_{backend}_attention"]
+    from gac_check.bench.torch_warnings import with_reasons
+
     params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, causal, False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ok = bool(check(params, True))
-    return ok, [str(w.message) for w in caught]
+    ok, reasons = with_reasons(lambda: bool(check(params, True)))
+    return ok, reasons
 
 
 def _flash_attn_package(q, k, v, causal: bool) -> Prepared:

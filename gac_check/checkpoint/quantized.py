@@ -279,6 +279,23 @@ GPTQ_AUX = {"qzeros": "packed zero points", "scales": "group scales",
             "g_idx": "group index per input column"}
 
 
+def _qweight(layout: Layout, m: str, whose: str, pack: int, packed: int,
+             out_axis: int) -> tuple[int, int]:
+    """``m``'s (out, in) once unpacked, from its int32 ``qweight``: GPTQ packs ``pack``
+    values per int32 along the input (axis 0, outputs on axis 1), AWQ GEMM along the output
+    (axis 1, outputs on axis 1), AWQ GEMV along the input (axis 1, outputs on axis 0)."""
+    q = layout.t(m + ".qweight")
+    if q.dtype != "int32" or len(q.shape) != 2:
+        names = ["in", "in"]
+        names[out_axis] = "out"
+        names[packed] += " * bits / 32"
+        raise layout.refuse(f"{m}.qweight is {q.dtype} {list(q.shape)}, not {whose} int32 "
+                            f"[{', '.join(names)}]")
+    dims = list(q.shape)
+    dims[packed] *= pack
+    return dims[out_axis], dims[1 - out_axis]
+
+
 def _gptq(layout: Layout) -> Quantization:
     qc = layout.qc
     fmt = qc.get("checkpoint_format", qc.get("format", "gptq"))  # GPTQModel: "format"
@@ -295,12 +312,8 @@ def _gptq(layout: Layout) -> Quantization:
     pack = 32 // bits
     modules = layout.modules(".qweight")
     for m in modules:
-        q = layout.t(m + ".qweight")
-        if q.dtype != "int32" or len(q.shape) != 2:
-            raise layout.refuse(f"{m}.qweight is {q.dtype} {list(q.shape)}, not GPTQ's int32 "
-                                "[in * bits / 32, out]")
-        rows, out = q.shape
-        width = rows * pack
+        out, width = _qweight(layout, m, "GPTQ's", pack, packed=0, out_axis=1)
+        rows = width // pack
         if layout.has(m + ".g_idx"):
             g = layout.t(m + ".g_idx").shape
             if len(g) != 1 or g[0] != width:
@@ -340,20 +353,18 @@ def _awq(layout: Layout) -> Quantization:
     pack = 32 // bits
     modules = layout.modules(".qweight")
     for m in modules:
-        q = layout.t(m + ".qweight")
-        if q.dtype != "int32" or len(q.shape) != 2:
-            raise layout.refuse(f"{m}.qweight is {q.dtype} {list(q.shape)}, not AWQ's int32")
+        gemm = version == "gemm"  # qweight [in, out/8]; GEMV: [out, in/8]
+        out, width = _qweight(layout, m, f"AWQ {version.upper()}'s", pack, packed=1,
+                              out_axis=1 if gemm else 0)
         if not layout.has(m + ".scales") or not layout.has(m + ".qzeros"):
             raise layout.refuse(f"{m}.qweight has no {m}.scales or {m}.qzeros beside it")
         scales = layout.t(m + ".scales").shape
-        if version == "gemm":  # qweight [in, out/8], scales [in/group, out]
-            width, out = q.shape[0], q.shape[1] * pack
+        if gemm:  # scales [in/group, out]
             want = (width // group, out)
             if scales != want:
                 raise layout.refuse(f"{m}.scales is {list(scales)}; AWQ GEMM with group {group} "
                                     f"on [{out}, {width}] stores {list(want)}")
-        else:  # GEMV: qweight [out, in/8], scales [out, padded groups]
-            out, width = q.shape[0], q.shape[1] * pack
+        else:  # GEMV: scales [out, padded groups]
             if len(scales) != 2 or scales[0] != out:
                 raise layout.refuse(f"{m}.scales is {list(scales)}; AWQ GEMV stores one row of "
                                     f"scales per output ({out})")

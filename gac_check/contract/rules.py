@@ -26,7 +26,8 @@ FAIL_ON = ("error", "warning", "refused", "fallback", "never")
 #: ``--fail-on`` values that gate on the deployment targets' verdicts alone
 TARGET_GATES = {"refused": ("refused",), "fallback": ("fallback", "refused")}
 
-GEMM_ROLES = frozenset({Role.RANK, Role.INTERMEDIATE, Role.KV_LATENT, Role.HIDDEN, Role.VOCAB})
+GEMM_ROLES = frozenset({Role.RANK, Role.INTERMEDIATE, Role.KV_LATENT, Role.HIDDEN, Role.VOCAB,
+                        Role.EXPERT, Role.SHARED_EXPERT})
 #: FlashAttention-2 compiled head_dim buckets; other sizes run the next one with predication.
 FA2_BUCKETS = (32, 64, 96, 128, 192, 256)
 #: FlashAttention-3 (Hopper) buckets.

@@ -64,15 +64,22 @@ class Family:
     positions: str | None = None
     parallel: bool = False
     intermediate_key: str = "intermediate_size"  # the config.json key of the MLP width
+    #: multi-head latent attention (DeepSeek-V2/V3): the modules that identify it, and the
+    #: linears that read the residual stream (q_a_proj or q_proj, kv_a_proj_with_mqa); its
+    #: own sites are :mod:`gac_check.formats.mla`'s
+    latent: tuple[str, ...] = ()
+    latent_inputs: tuple[str, ...] = ()
 
     def required(self) -> tuple[str, ...]:
         """The modules (relative to a layer) whose presence identifies the family."""
         names = (self.qkv, self.q, self.k, self.v, self.o, self.gate_up, self.up, self.gate,
-                 self.down)
+                 self.down, *self.latent)
         return tuple(n for n in names if n)
 
     @property
     def attention_inputs(self) -> tuple[str, ...]:
+        if self.latent_inputs:
+            return self.latent_inputs
         return (self.qkv,) if self.qkv else tuple(n for n in (self.q, self.k, self.v) if n)
 
     @property
@@ -112,9 +119,16 @@ BERT = Family(
     ("attention.output.LayerNorm", "output.LayerNorm"), "embeddings.word_embeddings",
     "",
 )
+DEEPSEEK = Family(  # DeepSeek-V2/V3 with dense MLPs: multi-head latent attention
+    "deepseek", ("deepseek_v2", "deepseek_v3"), _DECODER,
+    None, None, None, "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj", "mlp.gate_proj", True,
+    ("input_layernorm", "post_attention_layernorm"), "embed_tokens", "norm",
+    latent=("self_attn.kv_a_proj_with_mqa", "self_attn.kv_b_proj"),
+    latent_inputs=("self_attn.q_a_proj", "self_attn.q_proj", "self_attn.kv_a_proj_with_mqa"),
+)
 #: Most specific first: Phi-3's fused names, then OPT's and Phi-2's own output names, before
 #: Llama's (which OPT and Phi-2 share q/k/v names with).
-FAMILIES = (PHI3, OPT, PHI, LLAMA, BERT)
+FAMILIES = (PHI3, OPT, PHI, LLAMA, BERT, DEEPSEEK)
 
 
 def _modules(ckpt: Checkpoint) -> set[str]:

@@ -4,15 +4,17 @@ from __future__ import annotations
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.architectures import family_sites, find_family
 from gac_check.formats.layout import Linear, dense_linear
+from gac_check.formats.moe import moe_sites
 from gac_check.sites import DimSite
+from gac_check.targets.blocks import LayerBlocks
 
 
 class Format:
     """A checkpoint layout. Subclasses say how they store linears and which extra sites they have.
 
     ``sites`` combines the family's shared sites (built over this format's linears) with the
-    format's own (ranks, latents), so a new format overrides only ``matches``, ``linear`` and
-    ``own_sites``.
+    format's own (ranks, latents) and a mixture-of-experts layer's (:mod:`.moe`), so a new
+    format overrides only ``matches``, ``linear`` and ``own_sites``.
     """
 
     name = "dense"
@@ -27,10 +29,15 @@ class Format:
     def own_sites(self, ckpt: Checkpoint) -> list[DimSite]:
         return []
 
+    def blocks(self, ckpt: Checkpoint) -> tuple[LayerBlocks, ...]:
+        """Per layer, what its config builds, where each layer has its own (DeciLM's
+        block_configs); empty where one width builds every layer."""
+        return ()
+
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:
         found = find_family(ckpt, strict=False)
         shared: list[DimSite] = []
         if found:
             fam, prefix, layers = found
             shared = family_sites(ckpt, fam, prefix, layers, lambda m: self.linear(ckpt, m))
-        return self.own_sites(ckpt) + shared
+        return self.own_sites(ckpt) + shared + moe_sites(ckpt, shared)

@@ -147,12 +147,8 @@ def _per_layer_widths(ckpt: Checkpoint, sites: list[DimSite]) -> None:
 
 
 def _account(ckpt: Checkpoint, sites: list[DimSite], auxiliary: dict[str, str]) -> None:
-    """Every tensor is part of a site or carries no width of its own: a linear no site read
-    (a layer missing its partner tensors) is a refusal, never a silent pass."""
+    """Record the tensors that carry no width of their own, so that the general accounting
+    (formats/accounting.py) finds every other tensor in a site or refuses the file: a linear
+    no site read (a layer missing its partner tensors) is never a silent pass."""
     in_sites = {t for s in sites for t in s.tensors}
     ckpt.auxiliary.update({n: what for n, what in auxiliary.items() if n not in in_sites})
-    missed = sorted(n for n in ckpt.tensors if n not in in_sites and n not in auxiliary)
-    if missed:
-        raise BadInput(f"holds {len(missed)} tensor(s) no site accounts for, the first "
-                       f"{missed[0]!r} (a layer without its partner tensors?): refused "
-                       "rather than checked without them", ckpt.path)

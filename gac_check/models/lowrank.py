@@ -134,8 +134,8 @@ def tied_names(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
     first: dict[tuple[int, tuple[int, ...]], str] = {}
     groups: dict[str, str] = {}
     for name, t in state.items():
-        if t.numel() == 0:
-            continue  # empty tensors may all report the same (null) pointer
+        if t.numel() == 0 or t.device.type == "meta":
+            continue  # empty and meta tensors may all report the same (null) pointer
         key = (t.data_ptr(), tuple(t.shape))
         if key in first:
             groups[name] = groups[first[key]] = first[key]

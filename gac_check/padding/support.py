@@ -9,19 +9,38 @@ before anything is written. docs/formats.md has the same table with what each ce
 from __future__ import annotations
 
 #: format -> families whose repaired output is loaded and compared in the tests. ``llama``
-#: covers every model with Llama's module names (Llama, Mistral, Qwen2).
+#: covers every model with Llama's module names (Llama, Mistral, Qwen2); ``mixtral`` and
+#: ``qwen2_moe`` are the mixture-of-experts layouts (gac_check/formats/moe.py), repaired and
+#: reloaded with transformers' own classes in tests/test_moe.py.
 REPAIRABLE: dict[str, frozenset[str]] = {
     "slicegpt": frozenset({"llama", "opt", "phi", "phi3"}),
     "llm-pruner": frozenset({"llama"}),
     "svd-llm": frozenset({"llama"}),
     "asvd": frozenset({"llama", "bert"}),
     "palu": frozenset({"llama"}),
-    "dense": frozenset({"llama", "bert"}),
+    "dense": frozenset({"llama", "bert", "mixtral", "qwen2_moe"}),
+    "mla": frozenset({"deepseek"}),
+}
+
+
+#: Formats --repair refuses whatever the family, and why.
+REFUSED: dict[str, str] = {
+    "decilm": (
+        "is a DeciLM / Nemotron-NAS (block_configs) checkpoint; --repair does not write one: "
+        "each layer's MLP width is recorded only as ffn_mult, which vLLM and SGLang build as "
+        "int(2 * ffn_mult * hidden / 3) rounded up to a multiple of 256 (so every width they "
+        "load is one already, and a padded width must be written as another ffn_mult), and "
+        "transformers has no DeciLM class to load a padded model and compare its logits with "
+        "(only the checkpoint's own remote code, which gac-check does not run): it refuses "
+        "rather than write a repair it cannot prove (the check above still holds)"
+    ),
 }
 
 
 def unsupported(fmt: str, family: str | None) -> str | None:
     """Why ``--repair`` refuses this pair, or None when it is tested end to end."""
+    if fmt in REFUSED:
+        return REFUSED[fmt]
     tested = REPAIRABLE.get(fmt, frozenset())
     if family in tested:
         return None

@@ -73,6 +73,8 @@ def _targets_summary(result: CheckResult) -> list[str]:
         if load is not None and not load.loads:
             out += [f"    does not load: {load.why} [{load.source}]",
                     f"    to serve it: {load.remedy}"]
+        elif load is not None and load.why:  # a per-layer class: what it builds, per layer
+            out.append(f"    loads: {load.why} [{load.source}]")
     engines = {t.engine: t.pack for t in verdicts.targets}
     out += ["", "not modelled by these verdicts (docs/targets.md, \"Not modelled yet\"):"]
     out += [f"  {engine}: {note}" for engine, pack in engines.items() for note in pack.notes]

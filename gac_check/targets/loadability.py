@@ -22,6 +22,15 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from gac_check.errors import BadInput
+from gac_check.targets.blocks import (
+    BLOCK_CLASSES,
+    FULL,
+    NO_OP,
+    NOT_READ,
+    LayerBlocks,
+    describe,
+)
 from gac_check.targets.packs import PackError, Source, _source
 from gac_check.targets.shards import ModelShape
 from gac_check.targets.spec import Target
@@ -44,6 +53,9 @@ class ModelKind:
     format: str = "dense"
     architectures: tuple[str, ...] = ()
     pickled_model: bool = False
+    #: per layer, what config.json's block_configs builds (DeciLM / Nemotron-NAS); empty
+    #: for a model whose layers are all built from one width
+    blocks: tuple[LayerBlocks, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,8 @@ def judge_load(kind: ModelKind, shape: ModelShape, target: Target) -> Loadabilit
                            f"{arch} (not in its model registry)",
                            "serve it on an engine that has a class for it, or convert it to "
                            "an architecture the engine lists", reg.registry)
+    if kind.blocks:
+        return judge_blocks(kind, target)
     widths = layer_widths(shape)
     if len(widths["heads"]) > 1 or len(widths["head_dim"]) > 1:
         message, source = reg.refusals["per_layer"]
@@ -150,6 +164,57 @@ def judge_load(kind: ModelKind, shape: ModelShape, target: Target) -> Loadabilit
                            f"({_per_layer(shape)}); {message}", UNIFORM_REMEDY,
                            source)
     return Loadability(target)
+
+
+def judge_blocks(kind: ModelKind, target: Target) -> Loadability:
+    """A block_configs model on ``target``: its engine builds each layer from its own block
+    config where it has such a class at that release (then per-layer widths and KV groupings
+    load, and what stops it is a block the class does not build or a config the tensors
+    contradict); an engine without one refuses it; one not read is a refusal to judge."""
+    if target.engine in NOT_READ:
+        raise BadInput(f"--target {target.spec}: {NOT_READ[target.engine]}, so gac-check "
+                       "cannot say whether it loads this block_configs (DeciLM / "
+                       f"Nemotron-NAS) model; judge it on {' or '.join(BLOCK_CLASSES)}")
+    cls = BLOCK_CLASSES.get(target.engine)
+    versions = target.pack.versions
+    if cls is None or versions.index(target.version) < versions.index(cls.since):
+        reg = registry(target.engine)
+        since = f" before {cls.since}" if cls else ""
+        return Loadability(target, False, ARCHITECTURE,
+                           f"{target.engine} {target.version} has no model class for "
+                           f"block_configs (DeciLM / Nemotron-NAS) checkpoints{since}; its "
+                           "classes build every layer from one width and head count",
+                           "serve it on an engine release with a DeciLM class ("
+                           + ", ".join(f"{e} from {c.since}" for e, c in BLOCK_CLASSES.items())
+                           + ")", (cls and cls.before) or (reg.registry if reg else None))
+    linear = [f"layer {b.layer} {block}" for b in kind.blocks
+              for block, built in (("attention", b.attention), ("ffn", b.ffn))
+              if built not in (FULL, NO_OP)]
+    if linear:
+        return Loadability(target, False, LAYERS,
+                           f"{target.engine}'s {cls.name} builds full or no-op blocks only, "
+                           f"not the linear replacement of {_some(linear)} (with "
+                           "n_heads_in_group / ffn_mult null it fails building the layer; "
+                           "otherwise the linear's weight names no parameter)",
+                           "serve it where linear replacements are built (the checkpoint's "
+                           "own modeling_decilm.py through transformers' trust_remote_code)",
+                           cls.source)
+    conflicts = [c for b in kind.blocks for c in b.conflicts]
+    if conflicts:
+        return Loadability(target, False, LAYERS,
+                           f"{target.engine}'s {cls.name} builds each layer from config.json's "
+                           f"block_configs, which the tensors contradict ({_some(conflicts)})",
+                           "correct block_configs to the tensors' widths (ffn_mult builds "
+                           "int(2 * ffn_mult * hidden / 3) rounded up to 256)", cls.source)
+    return Loadability(target, why=f"{target.engine}'s {cls.name} builds each layer from its "
+                       "own block config: " + describe(kind.blocks),
+                       source=cls.source)
+
+
+def _some(items: list[str]) -> str:
+    """Up to three of ``items``, and how many more."""
+    more = f" and {len(items) - 3} more" if len(items) > 3 else ""
+    return ", ".join(items[:3]) + more
 
 
 def layer_widths(shape: ModelShape) -> dict[str, list[int]]:

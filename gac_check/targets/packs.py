@@ -17,12 +17,14 @@ from importlib import resources
 from gac_check.errors import BadInput
 
 SCHEMA = "gac-check-pack/1"
-COMPONENTS = ("attention", "linear", "embedding", "model", "tensor")
+COMPONENTS = ("attention", "linear", "embedding", "model", "tensor", "mla")
 OPERATORS = ("multiple_of", "max", "min", "in", "not_in", "equals")
 QUANTITIES = frozenset({
     "head_dim", "heads", "kv_heads", "heads_per_rank", "kv_heads_per_rank", "tp", "in",
     "out", "shard_in", "shard_out", "group", "vocab", "vocab_per_rank", "row",
-    "uniform_layers", "part_out", "part_shard_out", "act_fp16",
+    "uniform_layers", "part_out", "part_shard_out", "act_fp16", "expert_width",
+    # multi-head latent attention (gac_check/targets/mla.py)
+    "mla_head_size", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
 })
 SOURCE_KEYS = ("repo", "file", "function", "ref")
 GGUF_EXTRAS = ("fallback_by_version", "no_fallback", "second_step_f16", "output_head",
@@ -53,17 +55,21 @@ class Source:
 
 @dataclass(frozen=True)
 class Condition:
-    """``quantity OP operand``; ``any`` holds when one of its alternatives does."""
+    """``quantity OP operand``; ``any`` holds when one of its alternatives does, ``all`` when
+    every one does (a backend that takes a list of size combinations)."""
 
     quantity: str = ""
     op: str = ""
     operand: object = None
     message: str | None = None
     any: tuple[Condition, ...] = ()
+    all: tuple[Condition, ...] = ()
 
     def holds(self, q: dict[str, int]) -> bool:
         if self.any:
             return any(c.holds(q) for c in self.any)
+        if self.all:
+            return all(c.holds(q) for c in self.all)
         if self.quantity not in q:
             return True  # judged at the site that determines it (docs/targets.md)
         x = q[self.quantity]
@@ -87,6 +93,8 @@ class Condition:
     def describe(self, q: dict[str, int] | None = None) -> str:
         if self.any:
             return " or ".join(c.describe(q) for c in self.any)
+        if self.all:
+            return "(" + " and ".join(c.describe() for c in self.all) + ")"
         op = {"multiple_of": "%", "max": "<=", "min": ">=", "in": "in", "not_in": "not in",
               "equals": "=="}[self.op]
         arg = self.operand
@@ -190,6 +198,9 @@ def _source(raw: object, where: str) -> Source:
 def _condition(raw: dict, where: str) -> Condition:
     if "any" in raw:
         return Condition(any=tuple(_condition(c, where) for c in raw["any"]),
+                         message=raw.get("message"))
+    if "all" in raw:
+        return Condition(all=tuple(_condition(c, where) for c in raw["all"]),
                          message=raw.get("message"))
     quantity = raw.get("quantity")
     if quantity not in QUANTITIES:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gac_check.sites import DimSite, Role
+from gac_check.targets.mla import is_mla, mla_quantities
 
 
 @dataclass
@@ -38,6 +39,9 @@ class ModelShape:
     layers: dict[int, LayerShape] = field(default_factory=dict)
     #: activations in float16 (some kernels, ExLlama, take nothing else)
     act_fp16: bool = False
+    #: the model class builds each layer from its own config entry (DeciLM's block_configs),
+    #: so layers of different widths load as uniform ones do
+    per_layer_class: bool = False
 
     @property
     def uniform(self) -> bool:
@@ -117,10 +121,16 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
     determines them. Fused projections carry their fused per-rank width (what the kernel
     sees) as ``shard_out`` and one part's full width as ``part_out`` (what TP divides)."""
     lay = shape.layer(site.layer)
-    base = {"tp": tp, "uniform_layers": int(shape.uniform), "act_fp16": int(shape.act_fp16)}
+    base = {"tp": tp, "uniform_layers": int(shape.uniform or shape.per_layer_class),
+            "act_fp16": int(shape.act_fp16)}
     if group is not None:
         base["group"] = group
     role = site.role
+    if is_mla(site):  # the MLA backends' own sizes (targets/mla.py), and the latent's GEMMs
+        own = [Use(c, n, f) for c, n, f in mla_quantities(site, base)]
+        if role is Role.KV_LATENT:
+            own += uses(DimSite(site.name, role, site.value, site.axes), shape, tp, group)
+        return own
     if role is Role.INTERMEDIATE:
         def gate_up(v: int) -> dict[str, int]:
             q = {**base, "part_out": v, "out": 2 * v}
@@ -132,6 +142,8 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
 
         return [Use("linear", "gate_up_proj", gate_up), Use("linear", "down_proj", down),
                 Use("model", "layers", lambda v: dict(base))]
+    if role is Role.EXPERT:  # the fused-MoE layer: every expert at one width, split over TP
+        return [Use("model", "experts", lambda v: {**base, "expert_width": v})]
     if role in (Role.RANK, Role.KV_LATENT):
         return [Use("linear", "lowrank_out", lambda v: {**base, "out": v, "shard_out": v}),
                 Use("linear", "lowrank_in", lambda v: {**base, "in": v, "shard_in": v})]

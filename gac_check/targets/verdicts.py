@@ -223,11 +223,19 @@ def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
 
 
 NO_RULE = "no rule of this engine's pack constrains this dimension"
+#: A mixture-of-experts layer's sites, which no pack's rules judge yet: refused, never passed.
+MOE_ROLES = frozenset({Role.EXPERT, Role.SHARED_EXPERT, Role.EXPERTS})
+NOT_JUDGED_MOE = ("not judged for MoE: {engine}'s fused-MoE kernels and their shape rules under "
+                  "tensor and expert parallelism are not in its rule pack yet, so gac-check "
+                  "cannot say whether this layer loads or which kernel runs it")
 
 
 def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> TargetVerdict:
-    """The site's verdict on ``target`` (fast, with no kernel, where no rule speaks)."""
+    """The site's verdict on ``target`` (fast, with no kernel, where no rule speaks; refused
+    for a mixture-of-experts site, which no pack models)."""
     sm = SM_OF_PROFILE.get(profile)
+    if site.role in MOE_ROLES:
+        return _moe_verdict(site, shape, target, sm)
     su = site_uses(site, shape, target)
     outcomes = judge_uses(target, su, site.value, sm)
     if not outcomes:
@@ -252,6 +260,22 @@ def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> Tar
     else:
         tv.fix_to = fast_at
     return tv
+
+
+def _moe_verdict(site: DimSite, shape: ModelShape, target: Target,
+                 sm: int | None) -> TargetVerdict:
+    """An MoE site is refused on every target: with the engine's own reason where its pack
+    has a rule that refuses to load it (vLLM's fused-MoE layer under TP), else because no
+    pack models the fused-MoE kernels, so nothing says which one runs it."""
+    outcomes = judge_uses(target, site_uses(site, shape, target), site.value, sm)
+    not_judged = NOT_JUDGED_MOE.format(engine=target.engine)
+    cannot = "no size is judged for an MoE layer's kernels on any engine yet"
+    bad = next((o for o in outcomes if o.verdict == REFUSED), None)
+    if bad is not None:
+        return TargetVerdict(target, REFUSED, None, f"{bad.why}; and beyond loading, "
+                             f"{not_judged}", bad.source, cannot_pad=cannot, uses=[bad])
+    return TargetVerdict(target, REFUSED, None, not_judged, None, cannot_pad=cannot,
+                         uses=outcomes)
 
 
 def _smallest_fast(target: Target, su: list[Use], value: int, sm: int | None) -> int | None:
@@ -408,6 +432,7 @@ def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
     """Every site on every target; on a target that does not build the model (``kind``: the
     format, architecture and container), every site is refused with the reason."""
     shape = model_shape(sites, dtype)
+    shape.per_layer_class = bool(kind and kind.blocks)  # only engines with such a class load it
     out = SiteVerdicts(targets, profile, shape)
     out.loads = {t.spec: judge_load(kind or ModelKind(), shape, t) for t in targets}
     seen: dict[tuple, TargetVerdict] = {}

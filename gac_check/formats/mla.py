@@ -1,0 +1,204 @@
+"""Multi-head latent attention (DeepSeek-V2/V3): the latent ranks and head sizes as sites.
+
+An MLA layer keeps no per-head k/v projections from the residual stream. ``kv_a_proj_with_mqa``
+compresses it to a latent of ``kv_lora_rank`` (normed by ``kv_a_layernorm``) plus one shared
+rotary key of ``qk_rope_head_dim``; ``kv_b_proj`` expands the latent into every head's
+non-rotary key (``qk_nope_head_dim``) and value (``v_head_dim``). Queries come from ``q_proj``
+or through a second latent (``q_a_proj`` -> ``q_a_layernorm`` -> ``q_b_proj``,
+``q_lora_rank``). The engines' MLA backends pick their kernel from these sizes
+(:mod:`gac_check.targets.mla`), so each is a site.
+
+The sizes are read from the tensors (config.json is only compared with them, a contradiction
+is a note with both values): the latent from ``kv_b_proj``'s input, the rope part from what
+``kv_a_proj_with_mqa`` makes beyond it, and the head count from the three per-head widths
+(q: H x (nope + rope), kv_b: H x (nope + v), o's input: H x v). Mixture-of-experts layers are
+not read here: such a checkpoint is refused with one line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gac_check.checkpoint.index import Checkpoint
+from gac_check.errors import BadInput
+from gac_check.formats.architectures import DEEPSEEK, HEADS_NOT_PADDED, find_family
+from gac_check.formats.base import Format
+from gac_check.formats.layout import Linear, dense_linear
+from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
+
+LATENT_NORM_INEXACT = (
+    "an MLA latent cannot be zero-padded exactly: its RMSNorm ({norm}) averages over the "
+    "latent width, so padding it changes every normalised value"
+)
+QK_INEXACT = (
+    "the MLA q/k head size is qk_nope_head_dim + qk_rope_head_dim: its rope part cannot grow "
+    "(transformers derives the rotary frequencies from qk_rope_head_dim) and growing the nope "
+    "part changes the softmax scale 1/sqrt(q/k head size), which gac-check does not "
+    "compensate for MLA"
+)
+MOE_REFUSED = (
+    "layer {layer} is a mixture-of-experts block ({tensor}): gac-check reads DeepSeek's "
+    "multi-head latent attention with dense MLPs only"
+)
+#: The layer-relative tensors that make a layer a mixture-of-experts block.
+MOE_MARKERS = (".mlp.experts.", ".mlp.shared_experts.", ".mlp.gate.weight")
+
+
+@dataclass(frozen=True)
+class MLADims:
+    """One layer's MLA sizes as the tensors give them."""
+
+    heads: int
+    kv_lora_rank: int
+    q_lora_rank: int | None
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def as_attrs(self) -> dict[str, int]:
+        """What the MLA backend rules read (:mod:`gac_check.targets.mla`)."""
+        return {"heads": self.heads, "kv_lora_rank": self.kv_lora_rank,
+                "qk_nope_head_dim": self.qk_nope_head_dim,
+                "qk_rope_head_dim": self.qk_rope_head_dim, "v_head_dim": self.v_head_dim}
+
+
+@dataclass(frozen=True)
+class MLALinears:
+    q: Linear  # q_proj, or q_b_proj behind the q latent
+    q_a: Linear | None
+    kv_a: Linear
+    kv_b: Linear
+    o: Linear
+
+
+class MLA(Format):
+    name = "mla"
+    description = ("multi-head latent attention (DeepSeek-V2/V3: kv_lora_rank, q_lora_rank, "
+                   "qk_nope/qk_rope/v head sizes)")
+
+    def matches(self, ckpt: Checkpoint) -> bool:
+        return any(".self_attn.kv_a_proj_with_mqa." in n for n in ckpt.tensors)
+
+    def own_sites(self, ckpt: Checkpoint) -> list[DimSite]:
+        _refuse_moe(ckpt)
+        found = find_family(ckpt)
+        if found is None or found[0] is not DEEPSEEK:
+            raise BadInput("has multi-head latent attention (kv_a_proj_with_mqa) but not "
+                           "DeepSeek's layer layout (q_a_proj/q_b_proj or q_proj, "
+                           "kv_a_layernorm, kv_b_proj, o_proj, a gated MLP)", ckpt.path)
+        _, prefix, layers = found
+        sites: list[DimSite] = []
+        for i in layers:
+            sites.extend(layer_sites(ckpt, f"{prefix}.{i}.self_attn", i))
+        return sites
+
+
+def _refuse_moe(ckpt: Checkpoint) -> None:
+    for name in sorted(ckpt.tensors):
+        if any(m in name for m in MOE_MARKERS):
+            layer = name.split(".mlp.", 1)[0].rsplit(".", 1)[-1]
+            raise BadInput(MOE_REFUSED.format(layer=layer, tensor=name), ckpt.path)
+
+
+def _linears(ckpt: Checkpoint, module: str) -> MLALinears:
+    shapes = ckpt.shapes
+    q_a = dense_linear(shapes, f"{module}.q_a_proj")
+    q = dense_linear(shapes, f"{module}.q_b_proj" if q_a else f"{module}.q_proj")
+    kv_a = dense_linear(shapes, f"{module}.kv_a_proj_with_mqa")
+    kv_b = dense_linear(shapes, f"{module}.kv_b_proj")
+    o = dense_linear(shapes, f"{module}.o_proj")
+    if not (q and kv_a and kv_b and o):
+        missing = [n for n, lin in (("q_proj or q_a_proj/q_b_proj", q),
+                                    ("kv_a_proj_with_mqa", kv_a), ("kv_b_proj", kv_b),
+                                    ("o_proj", o)) if lin is None]
+        raise BadInput(f"{module}: an MLA layer without {', '.join(missing)}", ckpt.path)
+    return MLALinears(q, q_a, kv_a, kv_b, o)
+
+
+def _dims(ckpt: Checkpoint, module: str, lin: MLALinears) -> MLADims:
+    """The layer's sizes from its tensors; the head count from config.json only where the
+    tensors cannot give it (no rope part: q and kv_b then differ by nothing per head)."""
+    latent = lin.kv_b.in_features
+    rope = lin.kv_a.out_features - latent
+    q_out, kv_out, o_in = lin.q.out_features, lin.kv_b.out_features, lin.o.in_features
+    per_head_rope = q_out - kv_out + o_in  # H x rope
+    heads = per_head_rope // rope if rope > 0 and per_head_rope % rope == 0 else None
+    if heads is None:
+        declared = ckpt.config.get("num_attention_heads")
+        heads = declared if type(declared) is int and declared > 0 else None
+    if (rope < 0 or not heads or o_in % heads or q_out % heads or kv_out % heads
+            or q_out // heads < rope):
+        raise BadInput(f"{module}: MLA tensors that split into no whole heads (q {q_out}, "
+                       f"kv_b {kv_out}, o input {o_in}, latent {latent}, rope {rope})",
+                       ckpt.path)
+    v = o_in // heads
+    nope = q_out // heads - rope
+    if kv_out // heads != nope + v:
+        raise BadInput(f"{module}: kv_b_proj makes {kv_out // heads} rows per head, not "
+                       f"qk_nope_head_dim + v_head_dim = {nope} + {v}", ckpt.path)
+    q_rank = lin.q_a.out_features if lin.q_a else None
+    return MLADims(heads, latent, q_rank, nope, rope, v)
+
+
+def _note(site: DimSite, cfg: dict, key: str, value: int | None) -> None:
+    declared = cfg.get(key)
+    if declared is not None and declared != value:
+        site.notes.append(f"config.json says {key}={declared}, tensors have {value}")
+
+
+def layer_sites(ckpt: Checkpoint, module: str, layer: int) -> list[DimSite]:
+    shapes, cfg = ckpt.shapes, ckpt.config
+    lin = _linears(ckpt, module)
+    d = _dims(ckpt, module, lin)
+    mla = d.as_attrs()
+    sites: list[DimSite] = []
+    norm = f"{module}.kv_a_layernorm.weight"
+    kv_axes = ([TensorAxis(t, a, AxisKind.PRODUCER) for t, a in lin.kv_a.rows]
+               + [TensorAxis(b, 0, AxisKind.BIAS) for b in lin.kv_a.biases]
+               + lin.kv_b.consumer_axes(shapes))
+    if shapes.get(norm) == (d.kv_lora_rank,):
+        kv_axes.append(TensorAxis(norm, 0, AxisKind.NORM))
+    kv = DimSite(f"{module}:kv_lora_rank", Role.KV_LATENT, d.kv_lora_rank, kv_axes,
+                 layer=layer, module=module, config_field=("kv_lora_rank",),
+                 inexact=LATENT_NORM_INEXACT.format(norm="kv_a_layernorm"),
+                 attrs={"mla": {**mla, "dim": "kv_lora_rank"}})
+    _note(kv, cfg, "kv_lora_rank", d.kv_lora_rank)
+    sites.append(kv)
+    if lin.q_a:
+        q_norm = f"{module}.q_a_layernorm.weight"
+        axes = lin.q_a.producer_axes(shapes) + lin.q.consumer_axes(shapes)
+        if shapes.get(q_norm) == (d.q_lora_rank,):
+            axes.append(TensorAxis(q_norm, 0, AxisKind.NORM))
+        qr = DimSite(f"{module}:q_lora_rank", Role.RANK, lin.q_a.out_features, axes,
+                     layer=layer, module=module, config_field=("q_lora_rank",),
+                     inexact=LATENT_NORM_INEXACT.format(norm="q_a_layernorm"))
+        _note(qr, cfg, "q_lora_rank", d.q_lora_rank)
+        sites.append(qr)
+    elif cfg.get("q_lora_rank") is not None:
+        kv.notes.append(f"config.json says q_lora_rank={cfg['q_lora_rank']}, tensors have "
+                        "q_proj (no q latent)")
+    qk = DimSite(f"{module}:qk_head_dim", Role.HEAD_DIM, d.qk_head_dim,
+                 lin.q.producer_axes(shapes, d.qk_head_dim), layer=layer, module=module,
+                 inexact=QK_INEXACT, attrs={"rope": True, "mla": {**mla, "dim": "qk_head_dim"}})
+    for key in ("qk_nope_head_dim", "qk_rope_head_dim"):
+        _note(qk, cfg, key, mla[key])
+    sites.append(qk)
+    # v: per head, after the head's nope rows in kv_b_proj; o_proj reads it per head. The
+    # softmax scale is the q/k head size's, so no query row needs compensation.
+    v_axes = [TensorAxis(t, a, AxisKind.PRODUCER, start=d.qk_nope_head_dim, blocks=d.heads,
+                         stride=d.qk_nope_head_dim + d.v_head_dim) for t, a in lin.kv_b.rows]
+    v_axes += lin.o.consumer_axes(shapes, d.v_head_dim)
+    v = DimSite(f"{module}:v_head_dim", Role.HEAD_DIM, d.v_head_dim, v_axes, layer=layer,
+                module=module, config_field=("v_head_dim",),
+                attrs={"softmax_scale_rows": (), "mla": {**mla, "dim": "v_head_dim"}})
+    _note(v, cfg, "v_head_dim", d.v_head_dim)
+    sites.append(v)
+    heads = DimSite(f"{module}:heads", Role.HEADS, d.heads, [], layer=layer, module=module,
+                    config_field=("num_attention_heads",), inexact=HEADS_NOT_PADDED,
+                    attrs={"kv_heads": d.heads})
+    _note(heads, cfg, "num_attention_heads", d.heads)
+    sites.append(heads)
+    return sites

@@ -1,0 +1,114 @@
+"""Per-layer block layouts (DeciLM / Nemotron-NAS ``block_configs``): what an engine's model
+class builds for each layer, and whether the tensors agree with it.
+
+A Nemotron-NAS checkpoint (NVIDIA's Puzzle / ModelOpt Puzzletron) describes every layer in
+config.json: its attention is full (with ``num_attention_heads // n_heads_in_group`` KV
+heads), skipped (``no_op``) or one hidden x hidden linear (``replace_with_linear``), and so is
+its FFN (width from ``ffn_mult``). The engines that have a class for it build each layer from
+that entry, not from one global width, so a per-layer width is no blocker there; what is, is a
+block their class does not build (a linear replacement) and a config the tensors contradict
+(the class is built from the config, the weights then do not fit).
+
+This module holds the data the format (:mod:`gac_check.formats.decilm`) hands the targets, the
+rounding the engines apply to ``ffn_mult``, and which engines were read to have such a class.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gac_check.targets.packs import Source
+
+FULL, NO_OP, LINEAR = "full", "no_op", "linear"
+#: The engines build each FFN's width as ``int(2 * ffn_mult * hidden / 3)`` rounded up to
+#: this multiple (vLLM v0.33.0 vllm/model_executor/models/nemotron_nas.py,
+#: ``_ffn_mult_to_intermediate_size`` and ``_find_multiple``; SGLang v0.5.23 and llama.cpp's
+#: converter (conversion/deci.py, ``DeciModel._ffn_mult_to_intermediate_size``) alike).
+FFN_ROUNDING = 256
+
+
+def ffn_width(ffn_mult: float, hidden: int) -> int:
+    """The MLP width an engine builds from ``ffn_mult`` at ``hidden`` (see FFN_ROUNDING)."""
+    width = int(2 * ffn_mult * hidden / 3)
+    return -(-width // FFN_ROUNDING) * FFN_ROUNDING
+
+
+@dataclass(frozen=True)
+class LayerBlocks:
+    """One layer as config.json's ``block_configs`` builds it, and what its tensors say.
+
+    ``attention`` and ``ffn`` are FULL, NO_OP or LINEAR as the config says; ``conflicts``
+    are the config values the tensors contradict (both values), each of which stops a class
+    built from the config from loading the weights."""
+
+    layer: int
+    attention: str
+    ffn: str
+    kv_heads: int | None = None  # num_attention_heads // n_heads_in_group (full attention)
+    ffn_mult: float | None = None
+    intermediate: int | None = None  # what the engines build from ffn_mult
+    conflicts: tuple[str, ...] = ()
+
+    def built(self) -> str:
+        """What the engine builds for this layer (without the layer's index)."""
+        heads = f"{self.kv_heads} KV head{'s' if self.kv_heads != 1 else ''}"
+        attn = (f"attention with {heads}" if self.attention == FULL
+                else {NO_OP: "no attention", LINEAR: "attention replaced by a linear"}[
+                    self.attention])
+        ffn = (f"MLP {self.intermediate} (ffn_mult {self.ffn_mult:g})" if self.ffn == FULL
+               else {NO_OP: "no MLP", LINEAR: "MLP replaced by a linear"}[self.ffn])
+        return f"{attn}, {ffn}"
+
+
+def describe(blocks: tuple[LayerBlocks, ...]) -> str:
+    """Each distinct layer build once, with the layers that have it (``layers 0-2, 5``)."""
+    groups: dict[str, list[int]] = {}
+    for b in blocks:
+        groups.setdefault(b.built(), []).append(b.layer)
+    return "; ".join(f"{_ranges(layers)}: {built}" for built, layers in groups.items())
+
+
+def _ranges(layers: list[int]) -> str:
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+    return f"layer{'s' if len(layers) > 1 else ''} {text}"
+
+
+@dataclass(frozen=True)
+class BlockClass:
+    """An engine's model class for ``block_configs`` checkpoints, as read at one release."""
+
+    name: str
+    source: Source
+    since: str  # the oldest release read to have it (an older one has no such class)
+    #: what an older release has under that architecture name, where it has something
+    before: Source | None = None
+
+
+_VLLM = Source("vllm-project/vllm", "vllm/model_executor/models/nemotron_nas.py",
+               "DeciLMDecoderLayer.__init__ (DeciLMForCausalLM.load_weights)", "v0.33.0")
+#: Engines whose release was read to build each layer from its own block config: full or
+#: no-op attention (KV heads from n_heads_in_group) and full or no-op FFN (width from
+#: ffn_mult). Neither builds a linear replacement: its weight names no parameter of the class.
+BLOCK_CLASSES: dict[str, BlockClass] = {
+    # v0.6.3.post1's DeciLMForCausalLM (models/decilm.py) is DeciLM-7B's: a Llama that
+    # reads num_key_value_heads_per_layer, no block_configs; nemotron_nas.py from v0.8.5
+    "vllm": BlockClass("DeciLMForCausalLM", _VLLM, "v0.8.5", Source(
+        "vllm-project/vllm", "vllm/model_executor/models/decilm.py",
+        "DeciLMForCausalLM.__init__ (num_key_value_heads_per_layer)", "v0.6.3.post1")),
+    # v0.4.6.post5 has no nemotron_nas.py
+    "sglang": BlockClass("DeciLMForCausalLM", Source(
+        "sgl-project/sglang", "python/sglang/srt/models/nemotron_nas.py",
+        "DeciLMDecoderLayer.__init__ (DeciLMForCausalLM.load_weights)", "v0.5.23"), "v0.5.23"),
+}
+#: Engines that were not read for block_configs checkpoints: judging them would be a guess.
+NOT_READ: dict[str, str] = {
+    "tensorrt-llm": "TensorRT-LLM has its own Nemotron-NAS model class, which gac-check has "
+                    "not read",
+    "llama.cpp": "llama.cpp converts DeciLM with per-layer head counts and FFN widths "
+                 "(conversion/deci.py), which gac-check's llama.cpp rules do not model",
+}

@@ -1,0 +1,272 @@
+"""DeciLM / Nemotron-NAS ``block_configs`` checkpoints (issue 30, item 1): each layer's sites
+from its own tensors, no-op and linear-replacement blocks accounted, tensors over config, the
+engines' DeciLM classes judged per layer, everything not understood refused.
+
+The checkpoints are written by tests/decilm_models.py: real safetensors with random weights
+(tiny) or a header and a hole (realistic widths, header-only checks). The block semantics they
+follow are vLLM v0.33.0's vllm/model_executor/models/nemotron_nas.py (DeciLMDecoderLayer,
+_ffn_mult_to_intermediate_size) and the HF checkpoint keys of the linear replacements
+(``self_attn.linear_attn``, ``mlp.linear_mlp``).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import gac_check
+from gac_check.sites import Role
+from gac_check.targets.blocks import ffn_width
+from tests.decilm_models import LINEAR, NO_OP, attention, block, ffn, write_decilm
+from tests.helpers import gac, tree_digest
+
+#: One of each kind of layer: full/full, no-op attention, linear FFN, linear attention with no
+#: FFN, and a layer with no tensors at all.
+MIXED = [block(attention(2), ffn(2.0)), block(NO_OP, ffn(1.3)), block(attention(4), LINEAR),
+         block(LINEAR, NO_OP), block(NO_OP, NO_OP)]
+
+
+def _sites(result) -> dict[str, object]:
+    return {s.name: s for s in result.sites}
+
+
+def test_ffn_width_is_the_engines_rounding() -> None:
+    # int(2 * ffn_mult * hidden / 3) rounded up to 256: Nemotron-Super-49B's hidden 8192 at
+    # ffn_mult 2.625 builds 14336; 1.3 at 256 builds int(221.86) = 221 -> 256
+    assert ffn_width(2.625, 8192) == 14336
+    assert ffn_width(1.3, 256) == 256
+    assert ffn_width(5.25, 6144) == 21504
+    assert ffn_width(0.95, 4096) == 2816  # int(2593.8) = 2593: up to 2816, not 128's 2688
+
+
+def test_each_layer_has_its_own_sites_and_every_tensor_is_read(tmp_path: Path) -> None:
+    """Per-layer MLP widths and KV heads from each layer's tensors; no site for a no-op
+    block; the linear replacements' hidden x hidden weights on the hidden site's axes."""
+    root = write_decilm(tmp_path / "m", MIXED)
+    result = gac_check.check(root, gpu="h100")
+    sites = _sites(result)
+    assert result.format.name == "decilm"
+    inter = {s.layer: s.value for s in result.sites if s.role is Role.INTERMEDIATE}
+    assert inter == {0: 512, 1: 256}  # ffn_mult 2.0 and 1.3 at hidden 256
+    kv = {s.layer: s.attrs["kv_heads"] for s in result.sites if s.role is Role.HEADS}
+    assert kv == {0: 2, 2: 1}  # 4 heads // n_heads_in_group 2 and 4
+    hidden = sites["hidden"]
+    for name in ("model.layers.2.mlp.linear_mlp.weight",
+                 "model.layers.3.self_attn.linear_attn.weight"):
+        assert {(a.tensor, a.axis) for a in hidden.axes} >= {(name, 0), (name, 1)}
+    tally = result.accounting.tensors
+    assert tally.read == tally.in_sites == 25
+    assert not any(n.startswith("model.layers.4.") for n in result.checkpoint.tensors)
+    assert not hidden.notes  # config and tensors agree: nothing to note
+
+
+def test_tensors_win_and_a_contradiction_is_a_note_with_both_values(tmp_path: Path) -> None:
+    blocks = [block(attention(2), ffn(2.0)), block(NO_OP, ffn(1.3)), block(NO_OP, NO_OP)]
+    root = write_decilm(tmp_path / "m", blocks, widths={0: {"intermediate": 300, "kv_heads": 4}})
+    result = gac_check.check(root, gpu="h100", target=["vllm"])
+    sites = _sites(result)
+    mlp, heads = sites["model.layers.0.mlp:intermediate"], sites["model.layers.0.self_attn:heads"]
+    assert mlp.value == 300 and heads.attrs["kv_heads"] == 4
+    assert mlp.notes == ["layer 0 ffn: block_configs' ffn_mult=2 builds an MLP of 512, the "
+                         "tensors have 300"]
+    assert heads.notes == ["layer 0 attention: block_configs' n_heads_in_group gives 2 KV "
+                           "heads, the tensors have 4"]
+    load = result.contract.targets.loads["vllm"]
+    assert not load.loads and "ffn_mult=2 builds an MLP of 512" in load.why
+
+
+def test_a_block_the_tensors_contradict_is_read_from_the_tensors(tmp_path: Path) -> None:
+    """block_configs says layer 1's attention is a no-op; its tensors are a full attention."""
+    blocks = [block(attention(2), ffn(2.0)), block(NO_OP, ffn(2.0))]
+    full = [block(attention(2), ffn(2.0))] * 2
+    root = write_decilm(tmp_path / "m", full, config=lambda c: {**c, "block_configs": blocks})
+    result = gac_check.check(root, gpu="h100", target=["vllm"])
+    sites = _sites(result)
+    assert "model.layers.1.self_attn:heads" in sites
+    assert sites["hidden"].notes == ["layer 1 attention: block_configs says no_op, the tensors "
+                                     "have full"]
+    assert "says no_op, the tensors have full" in result.contract.targets.loads["vllm"].why
+
+
+def test_a_norm_in_a_no_op_block_is_a_contradiction(tmp_path: Path) -> None:
+    """vLLM builds no norm for a no-op block, so a stored one names no parameter."""
+    blocks = [block(attention(2), ffn(2.0)), block(NO_OP, ffn(2.0))]
+    root = write_decilm(tmp_path / "m", blocks, tensors=lambda s: {
+        **s, "model.layers.1.input_layernorm.weight": [256]})
+    result = gac_check.check(root, gpu="h100", target=["vllm"])
+    assert result.accounting.tensors.read == result.accounting.tensors.in_sites
+    assert _sites(result)["hidden"].notes == [
+        "layer 1 attention: block_configs says no_op, the tensors have its input_layernorm"]
+    assert not result.contract.targets.loads["vllm"].loads
+
+
+def _json(*args: object) -> dict:
+    run = gac(*args, "--format", "json", "--fail-on", "never")
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+#: Realistic widths (hidden 6144, 48 heads of 128): layer 0 groups 8 heads per KV head (6 KV
+#: heads), layer 2 groups 16 (3 KV heads); MLPs 8192, 5376 and 21504 from ffn_mult.
+WIDE = [block(attention(8), ffn(2.0)), block(NO_OP, ffn(1.3)), block(attention(16), ffn(5.25)),
+        block(NO_OP, NO_OP)]
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_decilm(tmp_path_factory.mktemp("decilm") / "wide", WIDE, hidden=6144,
+                        heads=48, vocab=128256, sparse=True)
+
+
+def test_vllm_loads_per_layer_widths_and_judges_each_layers_kv_heads(wide: Path) -> None:
+    """vLLM's DeciLM class builds each layer from its block config: different MLP widths
+    load; at tp=8 layer 0's 6 and layer 2's 3 KV heads are refused, each for its own count,
+    and at tp=2 layer 2's 3 KV heads alone."""
+    doc = _json(wide, "--gpu", "h100", "--target", "vllm,tp=2", "--target", "sglang")
+    load = doc["summary"]["targets"]["vllm,tp=2"]["load"]
+    assert load["loads"] and load["source"]["file"] == "vllm/model_executor/models/nemotron_nas.py"
+    assert load["why"] == (
+        "vllm's DeciLMForCausalLM builds each layer from its own block config: layer 0: "
+        "attention with 6 KV heads, MLP 8192 (ffn_mult 2); layer 1: no attention, MLP 5376 "
+        "(ffn_mult 1.3); layer 2: attention with 3 KV heads, MLP 21504 (ffn_mult 5.25); "
+        "layer 3: no attention, no MLP")
+    verdict = {(s["name"], t["target"]): t["verdict"] for s in doc["sites"] for t in s["targets"]}
+    assert verdict[("model.layers.0.self_attn:heads", "vllm,tp=2")] == "fast"
+    assert verdict[("model.layers.2.self_attn:heads", "vllm,tp=2")] == "refused"
+    for layer in (0, 1, 2):  # per-layer MLP widths load on both classes
+        for target in ("vllm,tp=2", "sglang"):
+            assert verdict[(f"model.layers.{layer}.mlp:intermediate", target)] == "fast"
+    doc = _json(wide, "--gpu", "h100", "--target", "vllm,tp=8")
+    refused = {s["layer"] for s in doc["sites"] if s["role"] == "heads"
+               and s["targets"][0]["verdict"] == "refused"}
+    assert refused == {0, 2}
+
+
+def test_a_super_49b_shaped_model_checks_from_its_headers(tmp_path: Path) -> None:
+    """80 layers at hidden 8192 (a header and a hole, ~100 GB of holes): the targets block
+    says what vLLM builds once per distinct layer, with the layers that have it."""
+    blocks = ([block(attention(8), ffn(2.625))] * 40 + [block(NO_OP, ffn(1.3))] * 20
+              + [block(attention(64), ffn(5.25))] * 19 + [block(NO_OP, NO_OP)])
+    root = write_decilm(tmp_path / "m", blocks, hidden=8192, heads=64, vocab=128256,
+                        sparse=True)
+    doc = _json(root, "--gpu", "h100", "--target", "vllm,tp=8")
+    assert doc["summary"]["misaligned"] == 0
+    assert doc["summary"]["targets"]["vllm,tp=8"]["load"]["why"].endswith(
+        "layers 0-39: attention with 8 KV heads, MLP 14336 (ffn_mult 2.625); layers 40-59: no "
+        "attention, MLP 7168 (ffn_mult 1.3); layers 60-78: attention with 1 KV head, MLP "
+        "28672 (ffn_mult 5.25); layer 79: no attention, no MLP")
+    assert doc["summary"]["targets"]["vllm,tp=8"]["verdict"] == "fast"
+
+
+def test_engines_without_a_block_configs_class_refuse_it(wide: Path) -> None:
+    doc = _json(wide, "--gpu", "h100", "--target", "vllm@v0.6.3.post1", "--target",
+                "transformers", "--target", "sglang@v0.4.6.post5")
+    loads = {spec: t["load"] for spec, t in doc["summary"]["targets"].items()}
+    assert all(not load["loads"] and load["blocker"] == "architecture"
+               for load in loads.values())
+    assert loads["vllm@v0.6.3.post1"]["source"]["file"] == "vllm/model_executor/models/decilm.py"
+    assert "no model class for block_configs" in loads["transformers"]["why"]
+
+
+@pytest.mark.parametrize("target", ["tensorrt-llm", "llama.cpp,quant=Q4_K_M"])
+def test_an_engine_whose_deci_support_was_not_read_is_not_judged(wide: Path,
+                                                                 target: str) -> None:
+    run = gac(wide, "--gpu", "h100", "--target", target)
+    assert run.returncode == 2 and not run.stdout
+    assert "cannot say whether it loads this block_configs" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_a_linear_replacement_does_not_load_on_vllm(tmp_path: Path) -> None:
+    root = write_decilm(tmp_path / "m", MIXED)
+    doc = _json(root, "--gpu", "h100", "--target", "vllm", "--target", "sglang")
+    for spec in ("vllm", "sglang"):
+        load = doc["summary"]["targets"][spec]["load"]
+        assert not load["loads"] and load["blocker"] == "layers"
+        assert "not the linear replacement of layer 2 ffn, layer 3 attention" in load["why"]
+
+
+def test_per_layer_widths_under_a_llama_class_are_still_refused(tmp_path: Path) -> None:
+    """The same per-layer widths without block_configs: vLLM's Llama needs one width."""
+    root = write_decilm(tmp_path / "m", WIDE[:3], hidden=6144, heads=48, vocab=1024,
+                        sparse=True, tensors=lambda s: s,
+                        config=lambda c: {**{k: v for k, v in c.items() if k != "block_configs"},
+                                          "architectures": ["LlamaForCausalLM"],
+                                          "model_type": "llama", "intermediate_size": 8192,
+                                          "num_key_value_heads": 6})
+    doc = _json(root, "--gpu", "h100", "--target", "vllm")
+    assert doc["format"] != "decilm"
+    assert doc["summary"]["targets"]["vllm"]["load"]["blocker"] == "layers"
+
+
+def test_repair_refuses_and_writes_nothing(tmp_path: Path) -> None:
+    root = write_decilm(tmp_path / "m", MIXED, widths={0: {"intermediate": 300}})
+    before = tree_digest(root)
+    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "out")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "DeciLM / Nemotron-NAS (block_configs) checkpoint; --repair does not write" in run.stderr
+    assert not (tmp_path / "out").exists() and tree_digest(root) == before
+
+
+def test_realign_refuses_without_sending_to_repair(tmp_path: Path) -> None:
+    root = write_decilm(tmp_path / "m", MIXED, sparse=True)
+    run = gac(root, "--gpu", "h100", "--realign", tmp_path / "out", "--base", root)
+    assert run.returncode == 2 and not (tmp_path / "out").exists()
+    assert "--repair refuses it too" in run.stderr and "run --repair OUT" not in run.stderr
+
+
+def _attn(i: int, **change: object):
+    def edit(cfg: dict) -> dict:
+        blocks = json.loads(json.dumps(cfg["block_configs"]))
+        blocks[i]["attention"].update(change)
+        return {**cfg, "block_configs": blocks}
+    return edit
+
+
+REFUSED = {
+    "unknown key": (dict(config=_attn(0, mystery=1)), "'mystery', which gac-check does not read"),
+    "sliding window": (dict(config=_attn(0, window_length=4096)),
+                       "window_length is 4096: gac-check models only window_length=None"),
+    "group not a divisor": (dict(config=_attn(0, n_heads_in_group=3)),
+                            "n_heads_in_group is 3: a full attention block needs a positive "
+                            "divisor of num_attention_heads=4"),
+    "no_op and linear": (dict(config=_attn(0, no_op=True, replace_with_linear=True)),
+                         "no_op=True, replace_with_linear=True"),
+    "ffn_mult missing": (dict(config=lambda c: {**c, "block_configs": [
+        {**c["block_configs"][0], "ffn": {"no_op": False}}, *c["block_configs"][1:]]}),
+        "block_configs[0].ffn.ffn_mult is None"),
+    "ffn_mult overflows": (dict(config=lambda c: {**c, "block_configs": [
+        {**c["block_configs"][0], "ffn": ffn(1e308)}, *c["block_configs"][1:]]}),
+        "ffn_mult is 1e+308: the width it builds is no finite number"),
+    "layer count": (dict(config=lambda c: {**c, "num_hidden_layers": 6}),
+                    "block_configs has 5 entries, num_hidden_layers is 6"),
+    "no block_configs": (dict(config=lambda c: {k: v for k, v in c.items()
+                                                if k != "block_configs"}),
+                         "without a block_configs list"),
+    "another architecture": (dict(config=lambda c: {**c,
+                                                    "architectures": ["NemotronHForCausalLM"]}),
+                             "reads block_configs only as DeciLM / Nemotron-NAS writes them"),
+    "linear not hidden x hidden": (dict(tensors=lambda s: {
+        **s, "model.layers.3.self_attn.linear_attn.weight": [128, 256]}),
+        "is [128x256]: a linear replacement is hidden x hidden (256 x 256)"),
+    "full and linear": (dict(tensors=lambda s: {
+        **s, "model.layers.2.mlp.up_proj.weight": [512, 256]}),
+        "layer 2 has both mlp.linear_mlp and mlp.up_proj"),
+    "layer past block_configs": (dict(tensors=lambda s: {
+        **s, "model.layers.5.input_layernorm.weight": [256]}),
+        "has tensors of layer 5, but block_configs describes 5 layers"),
+    "unread tensor in a block": (dict(tensors=lambda s: {
+        **s, "model.layers.1.self_attn.sink.weight": [4, 64]}),
+        "1 tensor gac-check did not read, first model.layers.1.self_attn.sink.weight"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_what_is_not_understood_is_refused(tmp_path: Path, case: str) -> None:
+    edits, message = REFUSED[case]
+    root = write_decilm(tmp_path / "m", MIXED, sparse=True, **edits)
+    run = gac(root, "--gpu", "h100")
+    assert run.returncode == 2, run.stdout
+    assert message in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr

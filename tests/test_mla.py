@@ -1,0 +1,196 @@
+"""Multi-head latent attention (issue 30 item 3): DeepSeek-V2/V3 checkpoints written by
+transformers' own classes, read from their safetensors; vLLM's MLA backend verdicts; the exact
+v_head_dim repair proven on the real module, and the refusals (latents, q/k head, MoE)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+)
+
+from tests.helpers import gac
+
+#: a DeepSeek-V2-shaped layer at toy widths, odd on purpose (kv latent 40, q latent 24,
+#: nope 12 + rope 8, v 14), dense MLPs in every layer
+TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 40,
+        "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 12, "v_head_dim": 14,
+        "first_k_dense_replace": 2, "max_position_embeddings": 64}
+#: DeepSeek-V2-Lite's MLA sizes (kv latent 512, no q latent, 128 + 64, v 128) at 2 heads
+LITE = {**TINY, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128, "v_head_dim": 128, "num_attention_heads": 2,
+        "num_key_value_heads": 2}
+
+
+def save(path: Path, overrides: dict, v3: bool = False) -> Path:
+    torch.manual_seed(0)
+    config, model = ((DeepseekV3Config, DeepseekV3ForCausalLM) if v3
+                     else (DeepseekV2Config, DeepseekV2ForCausalLM))
+    model(config(**overrides)).save_pretrained(path)
+    return path
+
+
+def check(path: Path, *args: str) -> dict:
+    run = gac(path, "--format", "json", "--fail-on", "never", *args)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def by_name(doc: dict, layer: int = 0) -> dict[str, dict]:
+    prefix = f"model.layers.{layer}.self_attn:"
+    return {s["name"].removeprefix(prefix): s for s in doc["sites"]
+            if s["name"].startswith(prefix)}
+
+
+@pytest.mark.parametrize("v3", [False, True], ids=["deepseek_v2", "deepseek_v3"])
+def test_sizes_read_from_the_tensors_and_every_tensor_read(tmp_path: Path, v3: bool) -> None:
+    doc = check(save(tmp_path / "m", TINY, v3))
+    assert doc["format"] == "mla"
+    tensors = doc["summary"]["tensors"]
+    assert tensors["read"] == tensors["in_sites"] == 27
+    sites = by_name(doc)
+    values = {k: (s["role"], s["value"]) for k, s in sites.items()}
+    assert values == {"kv_lora_rank": ("kv_latent", 40), "q_lora_rank": ("rank", 24),
+                      "qk_head_dim": ("head_dim", 20), "v_head_dim": ("head_dim", 14),
+                      "heads": ("heads", 4)}
+    assert not any(s["notes"] for s in sites.values())
+
+
+def test_v2_lite_shape_without_a_q_latent(tmp_path: Path) -> None:
+    sites = by_name(check(save(tmp_path / "m", LITE)))
+    assert "q_lora_rank" not in sites
+    assert sites["kv_lora_rank"]["value"] == 512 and sites["qk_head_dim"]["value"] == 192
+    assert "model.layers.0.self_attn.q_proj.weight" in sites["qk_head_dim"]["tensors"]
+
+
+def test_a_config_the_tensors_contradict_is_a_note_with_both_values(tmp_path: Path) -> None:
+    path = save(tmp_path / "m", TINY)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(kv_lora_rank=48, v_head_dim=16, qk_rope_head_dim=4)
+    (path / "config.json").write_text(json.dumps(cfg))
+    sites = by_name(check(path))
+    assert sites["kv_lora_rank"]["value"] == 40
+    assert "config.json says kv_lora_rank=48, tensors have 40" in sites["kv_lora_rank"]["notes"]
+    assert "config.json says v_head_dim=16, tensors have 14" in sites["v_head_dim"]["notes"]
+    assert ("config.json says qk_rope_head_dim=4, tensors have 8"
+            in sites["qk_head_dim"]["notes"])
+
+
+def test_a_mixture_of_experts_deepseek_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = save(tmp_path / "m", {**TINY, "first_k_dense_replace": 1, "n_routed_experts": 4,
+                                  "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                  "n_shared_experts": 1})
+    run = gac(path)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "layer 1 is a mixture-of-experts block" in lines[0], lines
+
+
+def _verdicts(doc: dict, site: str) -> dict:
+    return by_name(doc)[site]["targets"][0]
+
+
+def test_vllm_mla_backends_per_layer(tmp_path: Path) -> None:
+    lite = save(tmp_path / "lite", LITE)
+    h100 = check(lite, "--target", "vllm", "--gpu", "h100")
+    decode = _verdicts(h100, "kv_lora_rank")
+    assert (decode["verdict"], decode["kernel"]) == ("fast", "FLASH_ATTN_MLA")
+    assert _verdicts(h100, "qk_head_dim")["verdict"] == "fast"
+    # the backends read the latent plus the rope part: 448 + 64 = 512 is one of their sizes
+    narrow = check(save(tmp_path / "narrow", {**LITE, "kv_lora_rank": 448}), "--target",
+                   "vllm", "--gpu", "h100")
+    assert _verdicts(narrow, "kv_lora_rank")["kernel"] == "FLASH_ATTN_MLA"
+    a100 = check(lite, "--target", "vllm", "--gpu", "a100")
+    assert _verdicts(a100, "kv_lora_rank")["kernel"] == "TRITON_MLA"
+    assert _verdicts(a100, "kv_lora_rank")["verdict"] == "fast"
+    tiny = check(save(tmp_path / "tiny", TINY), "--target", "vllm", "--gpu", "h100")
+    latent = _verdicts(tiny, "kv_lora_rank")
+    assert (latent["verdict"], latent["kernel"]) == ("fallback", "TRITON_MLA")
+    assert "kv_lora_rank + qk_rope_head_dim" in latent["why"]
+    assert latent["fix_to"] is None and "RMSNorm" in latent["cannot_pad"]
+    prefill = _verdicts(tiny, "qk_head_dim")
+    assert prefill["verdict"] == "refused"
+    assert "No valid MLA prefill backend" in prefill["why"]
+    assert prefill["source"]["ref"] == "v0.33.0"
+
+
+def test_a_pruned_nope_width_does_not_load_in_vllm(tmp_path: Path) -> None:
+    doc = check(save(tmp_path / "m", {**LITE, "qk_nope_head_dim": 96}), "--target", "vllm",
+                "--gpu", "h100")
+    qk = _verdicts(doc, "qk_head_dim")
+    assert qk["verdict"] == "refused" and qk["fix_to"] is None
+    assert qk["cannot_pad"].startswith("fast at 192, but the MLA q/k head size")
+    assert _verdicts(doc, "kv_lora_rank")["verdict"] == "fast"
+
+
+def test_repair_pads_v_head_dim_exactly_and_refuses_the_rest(tmp_path: Path) -> None:
+    src = save(tmp_path / "m", TINY)
+    out = tmp_path / "out"
+    run = gac(src, "--repair", out, "--format", "json")
+    assert run.returncode == 0, run.stderr
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["v_head_dim"], cfg["qk_nope_head_dim"], cfg["kv_lora_rank"]) == (16, 12, 40)
+    a = AutoModelForCausalLM.from_pretrained(src).eval()
+    b = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert b.model.layers[0].self_attn.o_proj.in_features == 4 * 16
+    ids = torch.randint(0, 256, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        x, y = a(ids).logits, b(ids).logits
+    assert torch.allclose(x, y, rtol=0, atol=1e-5 * x.abs().max().item())
+
+
+def test_repair_refuses_the_latents_and_the_qk_head(tmp_path: Path) -> None:
+    src = save(tmp_path / "m", TINY)
+    sites = by_name(check(src))
+    assert sites["kv_lora_rank"]["exact_repair"] is False
+    assert "kv_a_layernorm" in sites["kv_lora_rank"]["refusal"]
+    assert "q_a_layernorm" in sites["q_lora_rank"]["refusal"]
+    assert "rotary" in sites["qk_head_dim"]["refusal"]
+    assert sites["v_head_dim"]["exact_repair"] is True
+
+
+def test_in_memory_and_on_disk_checks_agree(tmp_path: Path) -> None:
+    import gac_check
+
+    torch.manual_seed(0)
+    model = DeepseekV2ForCausalLM(DeepseekV2Config(**TINY))
+    model.save_pretrained(tmp_path / "m")
+    memory, disk = gac_check.check(model), gac_check.check(tmp_path / "m")
+    assert memory.format.name == disk.format.name == "mla"
+
+    def seen(result: object) -> list[tuple]:
+        return [(s.name, s.role, s.value, s.inexact, tuple(s.notes)) for s in result.sites]
+
+    assert seen(memory) == seen(disk)
+    assert [(f.site.name, f.severity) for f in memory.findings] == [
+        (f.site.name, f.severity) for f in disk.findings]
+
+
+def test_repair_for_vllm_pads_a_pruned_v_head_to_a_triple_vllm_loads(tmp_path: Path) -> None:
+    """v pruned to 120 leaves (128, 64, 120), which no vLLM prefill backend takes; zero padding
+    v to 128 is exact and gives DeepSeek-V2's own (128, 64, 128)."""
+    src = save(tmp_path / "m", {**LITE, "v_head_dim": 120})
+    before = check(src, "--target", "vllm", "--gpu", "h100")
+    assert _verdicts(before, "qk_head_dim")["verdict"] == "fast"
+    v = _verdicts(before, "v_head_dim")
+    assert (v["verdict"], v["fix_to"]) == ("refused", 128)
+    out = tmp_path / "out"
+    run = gac(src, "--target", "vllm", "--gpu", "h100", "--repair", out)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((out / "config.json").read_text())["v_head_dim"] == 128
+    after = check(out, "--target", "vllm", "--gpu", "h100")
+    assert _verdicts(after, "v_head_dim")["verdict"] == "fast"
+    a = AutoModelForCausalLM.from_pretrained(src).eval()
+    b = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        x, y = a(ids).logits, b(ids).logits
+    assert torch.allclose(x, y, rtol=0, atol=1e-5 * x.abs().max().item())

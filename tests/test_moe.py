@@ -1,0 +1,304 @@
+"""Mixture-of-experts checkpoints (gac_check/formats/moe.py): Mixtral and Qwen2-MoE as
+transformers' own classes save them, read expert by expert; expert pruning and expert-width
+pruning made on those real tensors; ``--repair`` pads expert widths and OUT loads in
+transformers' class with equal logits and equal routing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from gac_check import api
+from gac_check.api.memory import from_module
+from gac_check.checkpoint.index import open_checkpoint
+from gac_check.formats import detect
+from tests import helpers
+
+MIXTRAL_BLOCK = "model.layers.{}.block_sparse_moe"
+QWEN_BLOCK = "model.layers.{}.mlp"
+
+
+def _mixtral(width: int = 45, experts: int = 3) -> transformers.MixtralForCausalLM:
+    cfg = transformers.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=width,
+                                     num_hidden_layers=2, num_attention_heads=2,
+                                     num_key_value_heads=1, num_local_experts=experts,
+                                     num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.MixtralForCausalLM(cfg).eval()
+
+
+def _qwen2_moe(width: int = 45, shared: int = 44,
+               dense_layers: tuple[int, ...] = ()) -> transformers.Qwen2MoeForCausalLM:
+    """``dense_layers``: Qwen2-MoE's ``mlp_only_layers``, a dense MLP (60 wide) there."""
+    cfg = transformers.Qwen2MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=60,
+                                      mlp_only_layers=list(dense_layers),
+                                      moe_intermediate_size=width,
+                                      shared_expert_intermediate_size=shared,
+                                      num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=1, num_experts=3,
+                                      num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.Qwen2MoeForCausalLM(cfg).eval()
+
+
+def _saved(model: torch.nn.Module, root: Path) -> Path:
+    model.save_pretrained(root)
+    return root
+
+
+def _json(model: Path, *args: object) -> dict:
+    run = helpers.gac(model, "--gpu", "h100", "--format", "json", *args)
+    assert run.returncode in (0, 1), run.stderr
+    return json.loads(run.stdout)
+
+
+def _sites(doc: dict, role: str) -> dict[str, int]:
+    return {s["name"]: s["value"] for s in doc["sites"] if s["role"] == role}
+
+
+def _rewrite(root: Path, edit) -> None:
+    """Edit the saved tensors (real ones, read back) and write the file again."""
+    path = root / "model.safetensors"
+    state = load_file(path)
+    edit(state)
+    save_file(state, path, metadata={"format": "pt"})
+
+
+# ----------------------------------------------------------------------------- reading
+
+def test_mixtral_experts_are_read_one_site_each(tmp_path: Path) -> None:
+    """save_pretrained writes block_sparse_moe.experts.N.w1/w2/w3 and the router gate: each
+    expert is an expert_intermediate site over its w1/w3 rows and w2 columns, each layer an
+    experts site over the router's rows, and every tensor is read (none refused)."""
+    root = _saved(_mixtral(), tmp_path / "mixtral")
+    with safe_open(root / "model.safetensors", "pt") as f:
+        assert f.get_slice("model.layers.1.block_sparse_moe.experts.2.w2.weight").get_shape() \
+            == [32, 45]
+    doc = _json(root)
+    assert doc["summary"]["tensors"]["in_sites"] == doc["summary"]["tensors"]["read"]
+    experts = _sites(doc, "expert_intermediate")
+    assert experts == {f"{MIXTRAL_BLOCK.format(i)}.experts.{e}:intermediate": 45
+                       for i in range(2) for e in range(3)}
+    assert _sites(doc, "experts") == {f"{MIXTRAL_BLOCK.format(i)}:experts": 3 for i in range(2)}
+    site = next(s for s in doc["sites"] if s["name"].endswith("layers.0.block_sparse_moe."
+                                                              "experts.1:intermediate"))
+    assert site["tensors"] == sorted(f"model.layers.0.block_sparse_moe.experts.1.{w}.weight"
+                                     for w in ("w1", "w2", "w3"))
+    assert site["severity"] == "error" and site["repair_to"] == 48
+    count = next(s for s in doc["sites"] if s["role"] == "experts")
+    assert count["tensors"] == ["model.layers.0.block_sparse_moe.gate.weight"]
+    assert count["refusal"] and "zero expert would still be routed" in count["refusal"]
+    hidden = next(s for s in doc["sites"] if s["name"] == "hidden")
+    assert {"model.layers.1.block_sparse_moe.gate.weight",
+            "model.layers.1.block_sparse_moe.experts.2.w2.weight"} <= set(hidden["tensors"])
+
+
+def test_qwen2_moe_experts_shared_expert_and_gates_are_read(tmp_path: Path) -> None:
+    """Qwen2-MoE: mlp.experts.N.gate/up/down_proj, mlp.gate, the shared expert (its own
+    width, 44: a warning) and its one-row gate, which sits on the hidden site."""
+    root = _saved(_qwen2_moe(), tmp_path / "qwen")
+    doc = _json(root)
+    assert doc["summary"]["tensors"]["in_sites"] == doc["summary"]["tensors"]["read"]
+    assert set(_sites(doc, "expert_intermediate").values()) == {45}
+    assert len(_sites(doc, "expert_intermediate")) == 6
+    assert _sites(doc, "shared_expert_intermediate") == {
+        f"{QWEN_BLOCK.format(i)}.shared_expert:intermediate": 44 for i in range(2)}
+    hidden = next(s for s in doc["sites"] if s["name"] == "hidden")
+    assert "model.layers.1.mlp.shared_expert_gate.weight" in hidden["tensors"]
+
+
+def test_expert_width_pruning_gives_each_expert_its_own_site(tmp_path: Path) -> None:
+    """Experts pruned to different widths (expert 1 of layer 0 to 40, real rows and columns
+    kept): each expert's site has its own value, and config.json's one width is a note on
+    the expert it does not describe."""
+    root = _saved(_mixtral(48), tmp_path / "mixtral")
+    block = "model.layers.0.block_sparse_moe.experts.1"
+
+    def prune(state: dict) -> None:
+        for w in ("w1", "w3"):
+            state[f"{block}.{w}.weight"] = state[f"{block}.{w}.weight"][:40].contiguous()
+        state[f"{block}.w2.weight"] = state[f"{block}.w2.weight"][:, :40].contiguous()
+
+    _rewrite(root, prune)
+    doc = _json(root)
+    experts = _sites(doc, "expert_intermediate")
+    assert experts[f"{block}:intermediate"] == 40
+    assert sorted(experts.values()) == [40] + [48] * 5
+    site = next(s for s in doc["sites"] if s["name"] == f"{block}:intermediate")
+    assert "config.json says intermediate_size=48, tensors have 40" in site["notes"]
+
+
+def test_expert_pruning_the_same_in_every_layer_is_read_with_a_note(tmp_path: Path) -> None:
+    """REAP-style pruning drops expert 2 of every layer and its router row; a config.json
+    left at 3 is a note with both values: the tensors win."""
+    root = _saved(_mixtral(48), tmp_path / "mixtral")
+
+    def drop_last_expert(state: dict) -> None:
+        for i in range(2):
+            block = MIXTRAL_BLOCK.format(i)
+            for w in ("w1", "w2", "w3"):
+                del state[f"{block}.experts.2.{w}.weight"]
+            state[f"{block}.gate.weight"] = state[f"{block}.gate.weight"][:2].contiguous()
+
+    _rewrite(root, drop_last_expert)
+    doc = _json(root)
+    counts = [s for s in doc["sites"] if s["role"] == "experts"]
+    assert [s["value"] for s in counts] == [2, 2]
+    assert "config.json says num_local_experts=3, tensors have 2" in counts[0]["notes"]
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("layer 1 keeps 2", "the MoE layers keep different expert counts (layer 0: 3, layer 1: 2)"),
+    ("router", "model.layers.0.block_sparse_moe.gate routes to 2 experts but the layer has 3"),
+    ("gap", "model.layers.1.block_sparse_moe has experts [0, 2]: the indices must run 0..E-1"),
+])
+def test_an_expert_count_no_moe_class_loads_is_refused(tmp_path: Path, damage: str,
+                                                       message: str) -> None:
+    """Layers with different expert counts, a router whose rows were not pruned with its
+    experts, or expert indices with a gap: one line, exit 2, naming the layer."""
+    root = _saved(_mixtral(48), tmp_path / "mixtral")
+
+    def edit(state: dict) -> None:
+        if damage == "router":
+            name = "model.layers.0.block_sparse_moe.gate.weight"
+            state[name] = state[name][:2].contiguous()
+            return
+        block = MIXTRAL_BLOCK.format(1)
+        gone = 2 if damage == "layer 1 keeps 2" else 1
+        for w in ("w1", "w2", "w3"):
+            del state[f"{block}.experts.{gone}.{w}.weight"]
+        state[f"{block}.gate.weight"] = state[f"{block}.gate.weight"][:2].contiguous()
+
+    _rewrite(root, edit)
+    run = helpers.gac(root, "--gpu", "h100")
+    assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
+    assert message in run.stderr and "\n" not in run.stderr.strip(), run.stderr
+
+
+def test_a_model_in_memory_is_checked_as_its_saved_directory(tmp_path: Path) -> None:
+    """transformers holds the experts fused (experts.gate_up_proj [E, 2I, H]); the check of
+    the module indexes them under the names save_pretrained writes, so it finds the sites
+    its saved directory has."""
+    model = _qwen2_moe()
+    assert "model.layers.0.mlp.experts.gate_up_proj" in model.state_dict()
+    in_memory = api.check(model, "h100")
+    on_disk = api.check(_saved(model, tmp_path / "qwen"), "h100")
+    assert ([(s.name, s.role, s.value) for s in in_memory.sites]
+            == [(s.name, s.role, s.value) for s in on_disk.sites])
+    assert in_memory.accounting.tensors == on_disk.accounting.tensors
+    assert set(from_module(model).tensors) == set(open_checkpoint(tmp_path / "qwen").tensors)
+
+
+def test_fused_experts_on_disk_are_still_refused(tmp_path: Path) -> None:
+    """3-D fused expert tensors written as they are held (gpt-oss style: experts.gate_up_proj
+    on disk) are a layout this reader does not know: refused as unread, never passed."""
+    model = _mixtral(48)
+    root = tmp_path / "fused"
+    root.mkdir()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, root / "model.safetensors", metadata={"format": "pt"})
+    model.config.to_json_file(root / "config.json")
+    run = helpers.gac(root, "--gpu", "h100")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "gac-check did not read, first model.layers.0.mlp.experts.down_proj" in run.stderr
+
+
+def test_the_text_output_folds_experts_of_one_width_into_one_row(tmp_path: Path) -> None:
+    """Six expert sites of width 45 over two layers are one row of the table (a 64-expert
+    model would otherwise print 64 rows a layer)."""
+    run = helpers.gac(_saved(_qwen2_moe(), tmp_path / "qwen"), "--gpu", "h100")
+    assert run.returncode == 1, run.stderr
+    rows = [line for line in run.stdout.splitlines() if "experts.*:intermediate" in line]
+    assert len(rows) == 1 and " 0-1 " in rows[0] and " 45 " in rows[0], run.stdout
+
+
+# ----------------------------------------------------------------------------- targets
+
+def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
+    """No engine's pack models the fused-MoE kernels yet: every MoE site is refused on a
+    target, saying so, and the model's verdict is refused, never fast."""
+    root = _saved(_mixtral(48), tmp_path / "mixtral")
+    doc = _json(root, "--target", "vllm,tp=2")
+    for site in doc["sites"]:
+        verdict = site["targets"][0]
+        if site["role"] in ("expert_intermediate", "experts"):
+            assert verdict["verdict"] == "refused"
+            assert verdict["why"].startswith("not judged for MoE: vllm's fused-MoE kernels")
+        else:
+            assert verdict["verdict"] != "refused" or "MoE" not in verdict["why"]
+    assert doc["summary"]["targets"]["vllm,tp=2"]["verdict"] == "refused"
+    out = tmp_path / "out"
+    run = helpers.gac(root, "--gpu", "h100", "--repair", out, "--target", "vllm,tp=2")
+    assert run.returncode == 2 and not out.exists(), run.stdout + run.stderr
+    assert "vllm,tp=2 would still refuse OUT" in run.stderr
+    assert "not judged for MoE" in run.stderr
+
+
+def test_vllm_refuses_an_expert_width_tp_does_not_divide(tmp_path: Path) -> None:
+    """vLLM v0.33.0's FusedMoEConfig asserts intermediate_size % tp_size == 0 (the pack's
+    vllm-moe-tp, cited): experts 45 wide are refused at tp=2 with that reason and source; at
+    tp=1 and on v0.30.0 (a release the rule was not read for) they are refused only as not
+    judged, never passed."""
+    root = _saved(_mixtral(45), tmp_path / "mixtral")
+    doc = _json(root, "--target", "vllm,tp=2", "--target", "vllm,tp=1",
+                "--target", "vllm@v0.30.0,tp=2")
+    expert = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
+    tp2, tp1, old = expert["targets"]
+    assert tp2["verdict"] == "refused"
+    assert "FusedMoEConfig asserts intermediate_size % tp_size == 0" in tp2["why"]
+    assert tp2["source"]["function"] == "FusedMoEConfig.__post_init__"
+    assert tp2["source"]["ref"] == "v0.33.0"
+    assert tp2["uses"][0]["rule"] == "vllm-moe-tp"
+    for other in (tp1, old):
+        assert other["verdict"] == "refused" and other["why"].startswith("not judged for MoE")
+
+
+# ----------------------------------------------------------------------------- repair
+
+def _logits(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, list]:
+    with torch.no_grad():
+        out = model(ids, output_router_logits=True)
+    return out.logits, list(out.router_logits)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen2_moe-dense-layer-0"])
+def test_repair_pads_expert_widths_exactly(tmp_path: Path, family: str) -> None:
+    """CLI --repair --strategy optimal pads every expert (and Qwen's shared expert) from 45
+    (44) to 48, and a dense layer's MLP (Qwen's mlp_only_layers) from 60 to 64 beside them:
+    the padded rows of gate/up and columns of down are zero, the router is the
+    same bytes, and transformers' own class loads OUT with logits and router logits equal to
+    the original's. The original runs with the eager experts: transformers' default grouped
+    GEMM refuses an expert width of 45 ("strides should be multiple of 16 bytes")."""
+    make = {"mixtral": _mixtral, "qwen2_moe": _qwen2_moe,
+            "qwen2_moe-dense-layer-0": lambda: _qwen2_moe(dense_layers=(0,))}[family]
+    src = _saved(make(), tmp_path / "src")
+    out = tmp_path / "out"
+    run = helpers.gac(src, "--gpu", "h100", "--repair", out, "--strategy", "optimal")
+    assert run.returncode == 0, run.stdout + run.stderr
+    cls = type(make())
+    before = cls.from_pretrained(src, experts_implementation="eager").eval()
+    after = cls.from_pretrained(out).eval()
+    key = "intermediate_size" if family == "mixtral" else "moe_intermediate_size"
+    assert getattr(after.config, key) == 48
+    if family != "mixtral":
+        assert after.config.shared_expert_intermediate_size == 48
+        assert after.config.intermediate_size == (64 if "dense" in family else 60)
+    old, new = load_file(src / "model.safetensors"), load_file(out / "model.safetensors")
+    block = "model.layers.1.block_sparse_moe" if family == "mixtral" else "model.layers.1.mlp"
+    gate, down = (("w1", "w2") if family == "mixtral" else ("gate_proj", "down_proj"))
+    assert torch.equal(new[f"{block}.gate.weight"], old[f"{block}.gate.weight"])
+    assert new[f"{block}.experts.2.{gate}.weight"][45:].abs().sum() == 0
+    assert new[f"{block}.experts.2.{down}.weight"][:, 45:].abs().sum() == 0
+    ids = torch.randint(0, 96, (3, 16), generator=torch.Generator().manual_seed(1))
+    (ref, ref_route), (got, got_route) = _logits(before, ids), _logits(after, ids)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    for r, g in zip(ref_route, got_route, strict=True):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)
+    recheck = api.check(out, "h100")
+    assert {s.value for s in recheck.sites if s.role.value == "expert_intermediate"} == {48}
+    assert detect(open_checkpoint(out)).name == "dense"
