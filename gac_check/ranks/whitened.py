@@ -155,11 +155,11 @@ def _write(ckpt: Checkpoint, pairs: list[Factors], report: RealignReport, force:
     ``in_features``/``out_features`` that record their rank replaced; then the re-check and
     the provenance record, all before OUT appears."""
     ranks = report.plan.ranks
-    moved = {p.module: p for p in pairs if ranks[p.module] != p.rank}
+    moved = [p for p in pairs if ranks[p.module] != p.rank]
     owner: dict[str, tuple[Factors, int]] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     edits = []
-    for p in moved.values():
+    for p in moved:
         rank = int(ranks[p.module])
         owner[p.u_name] = owner[p.v_name] = (p, rank)
         shapes[p.u_name] = (ckpt.tensors[p.u_name].shape[0], rank)
@@ -179,8 +179,8 @@ def _write(ckpt: Checkpoint, pairs: list[Factors], report: RealignReport, force:
         copy_side_files(ckpt.path, tmp, skip=weight_file_names(ckpt.path) | {PROVENANCE})
         applied = sum(len(rw.applied) for rw in archives)
         report.notes.append(f"the torch pickle was rewritten in its own layout (same files, "
-                            f"same objects, never unpickled): {len(shapes)} tensors re-truncated, "
-                            f"{applied} pickled in_features/out_features updated")
+                            f"same objects, never unpickled): {len(shapes)} factor tensors "
+                            f"rewritten, {applied} pickled in_features/out_features updated")
         if recheck is not None:
             report.remaining = recheck(tmp)
         (tmp / PROVENANCE).write_text(json.dumps(
