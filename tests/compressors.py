@@ -193,9 +193,36 @@ def svdllm_ranks(ratio: float) -> set[int]:
     return {svd_rank(attn, ratio), svd_rank(mlp, ratio), svd_rank(mlp[::-1], ratio)}
 
 
-def _pair(w: torch.Tensor, rank: int) -> tuple[nn.Linear, nn.Linear]:
+def whitened(w: torch.Tensor, rank: int, scaling: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """SVDLLM.py ``whitening``'s factors: ``U, S, VT = svd(W @ scaling)`` (``scaling`` the
+    Cholesky factor of the calibration Gram matrix), ``svd_u = U_r sqrt(S_r)``, ``svd_v =
+    sqrt(S_r) VT_r scaling^-1``, computed in fp32 as SVD-LLM does."""
+    w, scaling = w.float(), scaling.float()
+    u, s, vt = torch.linalg.svd(w @ scaling, full_matrices=False)
+    root = torch.diag(torch.sqrt(s[:rank]))
+    return u[:, :rank] @ root, root @ (vt[:rank] @ torch.linalg.inv(scaling))
+
+
+def whitening(sizes: Sequence[int], seed: int = 0) -> dict[int, torch.Tensor]:
+    """A Cholesky factor per input width, of the Gram matrix of activations with uneven channel
+    scales (what SVDLLM.py's ``profle_svdllm`` computes from calibration data)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for n in sizes:
+        x = torch.randn(4 * n, n, generator=gen, dtype=torch.float64)
+        x *= torch.logspace(-1, 1, n, dtype=torch.float64)
+        out[n] = torch.linalg.cholesky(x.T @ x)
+    return out
+
+
+Scaling = dict[int, torch.Tensor] | None  # per input width, the whitening (None: a plain SVD)
+
+
+def _pair(w: torch.Tensor, rank: int, scaling: Scaling) -> tuple[nn.Linear, nn.Linear]:
     """SVD-LLM's ``X_u_proj`` (Linear(r, out)) and ``X_v_proj`` (Linear(in, r))."""
-    left, right = truncated(w, rank)
+    left, right = (truncated(w, rank) if scaling is None
+                   else whitened(w, rank, scaling[w.shape[1]]))
     u, v = nn.Linear(rank, w.shape[0], bias=False), nn.Linear(w.shape[1], rank, bias=False)
     u.weight.data, v.weight.data = left, right
     return u, v
@@ -204,12 +231,12 @@ def _pair(w: torch.Tensor, rank: int) -> tuple[nn.Linear, nn.Linear]:
 class SVDLlamaMLP(nn.Module):
     """SVD-LLM's SVD_LlamaMLP: ``{gate,up,down}_{u,v}_proj`` and the ratio it was built at."""
 
-    def __init__(self, mlp: nn.Module, ratio: float) -> None:
+    def __init__(self, mlp: nn.Module, ratio: float, scaling: Scaling = None) -> None:
         super().__init__()
         self.ratio = ratio
         for name in ("gate", "up", "down"):
             w = getattr(mlp, f"{name}_proj").weight.data
-            u, v = _pair(w, svd_rank(w.shape, ratio))
+            u, v = _pair(w, svd_rank(w.shape, ratio), scaling)
             setattr(self, f"{name}_u_proj", u)
             setattr(self, f"{name}_v_proj", v)
         self.act_fn = nn.SiLU()
@@ -225,7 +252,8 @@ class SVDLlamaAttention(nn.Module):
     attributes and its own rotary module (inv_freq persistent); the forward takes current
     transformers' (cos, sin) and runs causal attention."""
 
-    def __init__(self, attn: nn.Module, config: LlamaConfig, ratio: float) -> None:
+    def __init__(self, attn: nn.Module, config: LlamaConfig, ratio: float,
+                 scaling: Scaling = None) -> None:
         super().__init__()
         self.config, self.ratio = config, ratio
         self.hidden_size = config.hidden_size
@@ -234,7 +262,7 @@ class SVDLlamaAttention(nn.Module):
         self.max_position_embeddings = config.max_position_embeddings
         for name in "qkvo":
             w = getattr(attn, f"{name}_proj").weight.data
-            u, v = _pair(w, svd_rank(w.shape, ratio))
+            u, v = _pair(w, svd_rank(w.shape, ratio), scaling)
             setattr(self, f"{name}_u_proj", u)
             setattr(self, f"{name}_v_proj", v)
         self.rotary_emb = LegacyRotaryEmbedding(self.head_dim)
@@ -254,16 +282,19 @@ class SVDLlamaAttention(nn.Module):
         return self.o_u_proj(self.o_v_proj(out.transpose(1, 2).reshape(b, n, -1))), None
 
 
-def build_svdllm(root: Path, ratio: float = 0.6, config_dtype: torch.dtype | None = None) -> Built:
+def build_svdllm(root: Path, ratio: float = 0.6, config_dtype: torch.dtype | None = None,
+                 scaling: Scaling = None) -> Built:
     """SVDLLM.py's save: every layer's attention and MLP replaced by their SVD modules, then
     ``torch.save({'model': model, 'tokenizer': tokenizer}, <model>_whitening_only_<ratio>.pt)``
     in fp32, and no config.json. ``config_dtype``: what the pickled config says (SVD-LLM loads
-    the base in float16, so its real saves say float16 over fp32 factors)."""
+    the base in float16, so its real saves say float16 over fp32 factors). ``scaling``: per
+    input width, the whitening matrix SVD-LLM factorises ``W @ scaling`` with (:func:`whitening`);
+    without it, a plain SVD (the identity)."""
     model = tiny_llama(6)
     model.config.dtype = config_dtype
     for layer in model.model.layers:
-        layer.self_attn = SVDLlamaAttention(layer.self_attn, model.config, ratio)
-        layer.mlp = SVDLlamaMLP(layer.mlp, ratio)
+        layer.self_attn = SVDLlamaAttention(layer.self_attn, model.config, ratio, scaling)
+        layer.mlp = SVDLlamaMLP(layer.mlp, ratio, scaling)
     name = f"tiny_llama_whitening_only_{ratio}.pt"
     root.mkdir(parents=True)
     torch.save({"model": model, "tokenizer": tokenizer()}, root / name)

@@ -1,4 +1,4 @@
-"""--realign on layouts it cannot rewrite (PaLU, SVD-LLM, pruned models): one line, exit 2,
+"""--realign on layouts it cannot rewrite (PaLU, pruned models): one line, exit 2,
 nothing written, and the command it names instead works on the same input."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from tests import compressors as C
 from tests import helpers
 
-BUILDERS = {"palu": C.build_palu, "svd-llm": C.build_svdllm,
+BUILDERS = {"palu": C.build_palu,
             "llm-pruner": lambda p: C.build_llm_pruner(p, gqa=False)}
 
 

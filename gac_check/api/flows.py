@@ -127,8 +127,10 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
             gpu: str = "auto", dtype: str | None = None, budget: str = "same",
             strategy: str = "minimal", force: bool = False, calib: Path | str | None = None,
             target: Targets = (), *, progress: bool = True) -> FixResult[RealignReport]:
-    """Re-select aligned ranks of an ASVD-layout model under the same parameter budget (or
-    ``budget``, a fraction of the dense matrices), write it to ``out`` and re-check ``out``.
+    """Re-select aligned ranks of an ASVD-layout or SVD-LLM model under the same parameter
+    budget (or ``budget``, a fraction of the dense matrices), write it to ``out`` in its own
+    layout and re-check ``out``. SVD-LLM's ranks are re-truncated from its whitened factors
+    (:mod:`gac_check.ranks.whitened`), so it takes no ``base``.
 
     ``base`` is the dense original, so any aligned rank can be chosen; without it ranks only
     go down within the existing factors. With ``target``, a rank is chosen only where every
@@ -153,13 +155,24 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     align = rank_alignment(before.contract, strategy)
     require_realignable(before, align)
     require_loadable(before)
+    whitened = before.format.name == "svd-llm"
     menus = rank_menus(before.sites, before.checkpoint.shapes, before.contract, align,
-                       base_dir is not None)
+                       base_dir is not None, pad_up=whitened)
+    if whitened:
+        from gac_check.ranks.whitened import factor_menus, realign_svdllm, require_rewritable
+
+        require_rewritable(before.checkpoint, before.family, base_dir,
+                           Path(calib) if calib is not None else None)
+        menus = factor_menus(menus)
     require_feasible(before, budget, menus)
     recheck = Recheck(gpu, before)
-    report = write_realigned(before.checkpoint, menus, Path(out), align, base_dir, budget,
-                             force, Path(calib) if calib is not None else None, progress,
-                             recheck=recheck)
+    if whitened:
+        report = realign_svdllm(before.checkpoint, menus, Path(out), align, budget, force,
+                                recheck=recheck)
+    else:
+        report = write_realigned(before.checkpoint, menus, Path(out), align, base_dir, budget,
+                                 force, Path(calib) if calib is not None else None, progress,
+                                 recheck=recheck)
     if before.dtype_choice and before.dtype_choice.note:
         report.notes.insert(0, before.dtype_choice.note)
     return FixResult(before, report, recheck.moved_to(report.out))

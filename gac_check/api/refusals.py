@@ -19,11 +19,9 @@ INSTEAD = {
     "palu": "run --repair OUT instead: it pads each group latent r_g exactly, in PaLU's own "
             "layout (VT/U, head_wise_ranks), loadable with PaLU's from_pretrained; or re-run "
             "PaLU's compress.py so that every r_g is a multiple of {align}",
-    "svd-llm": "run --repair OUT instead: it pads every rank exactly, in SVD-LLM's own layout "
-               "(a pickled {{'model', 'tokenizer'}} stays one, u/v factors padded), loadable "
-               "with torch.load as SVD-LLM's users do; or re-run SVDLLM.py with ratios whose "
-               "ranks are multiples of {align}",
 }
+#: The layouts --realign rewrites (ASVD's BLinear/ALinear, SVD-LLM's whitened u/v factors).
+REALIGNABLE = frozenset({"asvd", "svd-llm"})
 #: Formats with no ranks that --repair refuses too: what to do instead of either.
 NEITHER = {
     "decilm": "it has no low-rank factors to re-select, and --repair refuses it too (each "
@@ -36,7 +34,7 @@ def not_realignable(fmt: str, align: int, misaligned_ranks: int) -> str:
     """Why --realign refuses a format, and the command that fixes it instead (or, when every
     rank is already a multiple of ``align``, that there is nothing to re-select)."""
     head = (f"is in {fmt} format; --realign re-selects ranks only in the ASVD layout "
-            "(BLinear/ALinear + truncation_ranks)")
+            "(BLinear/ALinear + truncation_ranks) and SVD-LLM's (whitened u/v factors)")
     if fmt in NEITHER:
         return f"{head}; {NEITHER[fmt]}"
     if fmt in INSTEAD and not misaligned_ranks:
@@ -48,14 +46,14 @@ def not_realignable(fmt: str, align: int, misaligned_ranks: int) -> str:
 
 
 def require_realignable(result: CheckResult, align: int) -> None:
-    """Refuse every format but the ASVD layout, saying what to run instead."""
+    """Refuse every format but the ASVD and SVD-LLM layouts, saying what to run instead."""
     if result.gguf is not None:
         from gac_check.padding.support import gguf_instead
 
         raise BadInput(gguf_instead(result.gguf.ftype).replace("--repair does not",
                                                                 "--realign does not"),
                        result.checkpoint.path)
-    if result.format.name != "asvd":
+    if result.format.name not in REALIGNABLE:
         ranks = [s for s in result.sites if s.role in (Role.RANK, Role.KV_LATENT)
                  and s.value % align]
         raise BadInput(not_realignable(result.format.name, align, len(ranks)),

@@ -31,6 +31,8 @@ class RankMenu:
     problem: str
     #: the targets the candidates are fast on ("" without --target)
     targets: str
+    #: no dense original: a rank above the input's is its factors zero-padded
+    from_factors: bool = False
 
     @property
     def dense_params(self) -> int:
@@ -52,16 +54,22 @@ class RankMenu:
                       "dense was the knapsack's best use of the budget")
         elif chosen == self.rank:
             reason = f"{offered} already"
+        elif self.from_factors and int(chosen) > self.rank:
+            reason = (f"the knapsack's choice among the ranks {offered}: zero-padded up, no "
+                      "component lost, with parameters other matrices freed")
         else:
             reason = f"the knapsack's choice among the ranks {offered}"
         return f"{self.problem}; {reason}" if self.problem else reason
 
 
 def rank_menus(sites: list[DimSite], shapes: Mapping[str, tuple[int, ...]],
-               contract: Contract, align: int, with_base: bool) -> list[RankMenu]:
+               contract: Contract, align: int, with_base: bool, *,
+               pad_up: bool = False) -> list[RankMenu]:
     """Every low-rank site's menu. With the dense weights (``with_base``) any aligned rank
     below the break-even is possible; without them only the existing factors are, so a rank
-    can go down within its own (or up to the alignment, zero-padded)."""
+    can go down within its own (or up to the alignment, zero-padded). ``pad_up`` also offers
+    the next aligned rank above it, zero-padded: no error lost, for parameters the budget may
+    have spare once other ranks went down (SVD-LLM, whose menus have no dense option)."""
     menus = []
     for site in sites:
         if site.role is not Role.RANK:
@@ -69,6 +77,8 @@ def rank_menus(sites: list[DimSite], shapes: Mapping[str, tuple[int, ...]],
         b, a = (ax.tensor for ax in site.axes)  # B [r, in] then A [out, r]
         m, n = shapes[a][0], shapes[b][1]
         top = (min(m, n, (m * n - 1) // (m + n)) if with_base else max(site.value, align))
+        if pad_up and not with_base:
+            top = max(top, min(-(-site.value // align) * align, m, n))
         ranks = list(range(align, top + 1, align))
         targets = ""
         if contract.targets is not None:
@@ -76,5 +86,6 @@ def rank_menus(sites: list[DimSite], shapes: Mapping[str, tuple[int, ...]],
             targets = ", ".join(t.spec for t in contract.targets.targets)
         problem = "; ".join(r.why for r in contract.violations(site))
         menus.append(RankMenu(site.module, m, n, site.value, (*ranks, DENSE),
-                              f"rank {site.value}: {problem}" if problem else "", targets))
+                              f"rank {site.value}: {problem}" if problem else "", targets,
+                              not with_base))
     return menus

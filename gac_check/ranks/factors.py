@@ -69,6 +69,8 @@ class RealignReport:
     remaining: list[Finding] = field(default_factory=list)
     #: per matrix, why it ended at its rank (what its old rank broke, what it was offered)
     why: dict[str, str] = field(default_factory=dict)
+    #: what the error measures (SVD-LLM's is its whitened truncation loss)
+    error_name: str = "weight-space error (sum of discarded s^2)"
 
     def matrices(self) -> list[dict]:
         """Each matrix's rank before and after, and why: the report's per-matrix table."""

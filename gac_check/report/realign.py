@@ -20,7 +20,7 @@ def render_realign(report: RealignReport) -> str:
         "now stored as dense matrices (the knapsack's best use of the budget for them)",
         f"  parameters in low-rank matrices: {report.old_params:,} -> {p.total_params:,} "
         f"(budget {p.budget:,})",
-        f"  weight-space error (sum of discarded s^2): {report.old_error:.6g} -> "
+        f"  {report.error_name}: {report.old_error:.6g} -> "
         f"{p.objective:.6g}" + (f" ({p.objective / report.old_error:.3f}x)"
                                 if report.old_error else ""),
         _solver_line(p),

@@ -1,0 +1,187 @@
+"""``--realign`` for SVD-LLM: re-truncate its factors in the whitened basis they were built in.
+
+SVD-LLM (AIoT-MLSys-Lab/SVD-LLM, SVDLLM.py ``whitening``) factorises ``W S`` (``S`` the Cholesky
+factor of the calibration activations' Gram matrix): ``U, Sigma, V^T = svd(W S)``, then
+``svd_u = U_r sqrt(Sigma_r)`` and ``svd_v = sqrt(Sigma_r) V_r^T S^{-1}``. The columns of
+``svd_u`` are orthogonal with squared norms ``sigma_i``, in descending order, so the first
+``r'`` columns of ``svd_u`` and rows of ``svd_v`` are exactly SVD-LLM's own rank-``r'`` result,
+and ``sigma_i = ||svd_u[:, i]||^2`` is each component's whitened singular value: the factors
+alone say what every lower rank costs on the calibration data (``sum`` of the discarded
+``sigma_i^2``, SVD-LLM's truncation loss), without ``S`` or the dense weights. A rank can go
+down exactly, or up to the alignment by zero padding; never dense (the pickled module stays
+SVD-LLM's u/v pair). The pickle is rewritten in place, never unpickled
+(:mod:`gac_check.checkpoint.torchzip_write`), as ``--repair`` does.
+
+Factors updated after truncation (SVDLLM.py's ``whitening_then_update``/``update_only``) are
+no longer orthogonal, so their column norms are not singular values: refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gac_check.checkpoint.index import Checkpoint
+from gac_check.checkpoint.outdir import atomic_output_dir, copy_side_files, weight_file_names
+from gac_check.checkpoint.tensors import tensor
+from gac_check.checkpoint.torchzip_write import IntEdit, plan_rewrite, write_archive
+from gac_check.contract.rules import Finding
+from gac_check.errors import BadInput
+from gac_check.formats.svdllm import U_SUFFIX, V_SUFFIX
+from gac_check.ranks.candidates import RankMenu
+from gac_check.ranks.factors import PROVENANCE, RealignReport
+from gac_check.ranks.knapsack import DENSE, Matrix, budget_from_spec, realign_plan
+
+#: The families whose realigned SVD-LLM output tests load with SVD-LLM's own call.
+FAMILIES = frozenset({"llama"})
+#: Largest |cos| between two columns of svd_u still read as orthogonal, per factor precision:
+#: rounding to 16 bits leaves under 1e-3 (bfloat16, measured on the test models); an update
+#: after truncation leaves far more.
+COHERENCE = {torch.float32: 1e-3, torch.float64: 1e-6}
+COHERENCE_16BIT = 1e-2
+
+
+@dataclass
+class Factors:
+    """One SVD-LLM pair, ``u`` [out, r] and ``v`` [r, in], by name (the tensors are read again
+    when written, so only one is in memory at a time), and each component's whitened value."""
+
+    module: str
+    u_name: str
+    v_name: str
+    rank: int
+    sigma: torch.Tensor  # whitened singular values, descending
+    order: torch.Tensor  # the components in that order (the stored order when it descends)
+
+    def truncated(self, ckpt: Checkpoint, name: str, rank: int) -> torch.Tensor:
+        """``u`` or ``v`` at ``rank``: the largest components, zero-padded past the stored rank."""
+        keep = self.order[:rank]
+        if name == self.u_name:
+            u = tensor(ckpt, name)
+            out = u.new_zeros(u.shape[0], rank)
+            out[:, :keep.numel()] = u[:, keep]
+            return out
+        v = tensor(ckpt, name)
+        out = v.new_zeros(rank, v.shape[1])
+        out[:keep.numel()] = v[keep]
+        return out
+
+
+def factor_menus(menus: list[RankMenu]) -> list[RankMenu]:
+    """The menus without the dense option, which SVD-LLM's pickled u/v modules cannot hold."""
+    out = []
+    for menu in menus:
+        ranks = tuple(r for r in menu.candidates if r != DENSE)
+        if not ranks:
+            raise BadInput(f"{menu.module}: no rank {menu.targets or 'aligned'} fits within its "
+                           f"factors (rank {menu.rank}), and SVD-LLM's u/v modules cannot hold a "
+                           "dense matrix: nothing to re-select; run --repair OUT instead")
+        out.append(dataclasses.replace(menu, candidates=ranks))
+    return out
+
+
+def require_rewritable(ckpt: Checkpoint, family: str | None, base: Path | None,
+                       calib: Path | None) -> None:
+    """Refuse, from the headers, what this rewrite cannot honour: a family no test loads with
+    SVD-LLM's code, and a dense ``--base`` (its SVD is not the whitened one SVD-LLM chose by)."""
+    if family not in FAMILIES:
+        raise BadInput(f"is an svd-llm checkpoint of the {family or 'unknown'} family; "
+                       "--realign writes svd-llm checkpoints only of families whose output is "
+                       f"tested in SVD-LLM's own loader ({', '.join(sorted(FAMILIES))})",
+                       ckpt.path)
+    if ckpt.container != "torch-zip" or len(ckpt.files) != 1:
+        raise BadInput("--realign rewrites SVD-LLM's own save, one torch pickle "
+                       "(torch.save({'model', 'tokenizer'})); this svd-llm checkpoint is "
+                       f"{len(ckpt.files)} {ckpt.container} file(s): run --repair OUT instead",
+                       ckpt.path)
+    if base is not None or calib is not None:
+        raise BadInput("--base/--calib: an svd-llm model is re-selected from its own whitened "
+                       "factors (SVD-LLM's calibration is already in them); the dense weights' "
+                       "SVD would rank components by another objective. Run without them",
+                       ckpt.path)
+
+
+def read_factors(ckpt: Checkpoint, menu: RankMenu) -> Factors:
+    """A pair and its whitened values; refuses factors whose u columns are not orthogonal."""
+    stem = menu.module.removesuffix("_proj")
+    u_name, v_name = stem + U_SUFFIX, stem + V_SUFFIX
+    u = tensor(ckpt, u_name)
+    cols = u.double()
+    gram = cols.T @ cols
+    sigma = gram.diagonal().clone()
+    norms = sigma.sqrt().clamp_min(torch.finfo(torch.float64).tiny)
+    cos = (gram / norms[:, None] / norms[None, :]).fill_diagonal_(0).abs()
+    worst = float(cos.max()) if cos.numel() else 0.0
+    if worst > COHERENCE.get(u.dtype, COHERENCE_16BIT):
+        raise BadInput(f"{u_name}: its columns are not orthogonal (|cos| up to {worst:.3g}), "
+                       "so they are not SVD-LLM's whitened singular vectors (factors updated "
+                       "after truncation, as SVDLLM.py's update steps do): --realign cannot "
+                       "re-truncate them exactly; run --repair OUT instead", ckpt.path)
+    order = torch.argsort(sigma, descending=True, stable=True)
+    return Factors(menu.module, u_name, v_name, u.shape[1], sigma[order], order)
+
+
+def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
+                   budget: str = "same", force: bool = False,
+                   recheck: Callable[[Path], list[Finding]] | None = None) -> RealignReport:
+    """Maximise the whitened energy kept (minimise SVD-LLM's own truncation loss) under the
+    budget, over aligned ranks within each pair's factors, and write OUT in SVD-LLM's layout."""
+    pairs = [read_factors(ckpt, menu) for menu in menus]
+    matrices = [Matrix(p.module, menu.m, menu.n, sv=p.sigma.numpy())
+                for p, menu in zip(pairs, menus, strict=True)]
+    old = {menu.module: menu.rank for menu in menus}
+    spent = budget_from_spec(budget, matrices, old)
+    plan = realign_plan(matrices, spent, align, {m.module: m.candidates for m in menus},
+                        allow_dense=False)
+    report = RealignReport(Path(out), plan, align, old,
+                           sum(old[m.name] * (m.m + m.n) for m in matrices), 0.0, False,
+                           why={m.module: m.why(plan.ranks[m.module]) for m in menus},
+                           error_name="whitened error (SVD-LLM's truncation loss, sum of "
+                                      "discarded sigma^2)")
+    report.notes.append("svd-llm: ranks re-truncated in the whitened basis SVD-LLM built them "
+                        "in (each component's value is ||svd_u[:, i]||^2); the error shown is "
+                        "SVD-LLM's truncation loss (discarded sigma^2) relative to the input")
+    _write(ckpt, pairs, report, force, recheck)
+    return report
+
+
+def _write(ckpt: Checkpoint, pairs: list[Factors], report: RealignReport, force: bool,
+           recheck: Callable[[Path], list[Finding]] | None) -> None:
+    """Every file of the pickle under its own name, the moved pairs' tensors and the
+    ``in_features``/``out_features`` that record their rank replaced; then the re-check and
+    the provenance record, all before OUT appears."""
+    ranks = report.plan.ranks
+    moved = [p for p in pairs if ranks[p.module] != p.rank]
+    owner: dict[str, tuple[Factors, int]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    edits = []
+    for p in moved:
+        rank = int(ranks[p.module])
+        owner[p.u_name] = owner[p.v_name] = (p, rank)
+        shapes[p.u_name] = (ckpt.tensors[p.u_name].shape[0], rank)
+        shapes[p.v_name] = (rank, ckpt.tensors[p.v_name].shape[1])
+        edits += [IntEdit(p.u_name.removesuffix(".weight"), ("in_features",), p.rank, rank),
+                  IntEdit(p.v_name.removesuffix(".weight"), ("out_features",), p.rank, rank)]
+    archives = plan_rewrite(ckpt, shapes, edits)
+
+    def data(name: str) -> memoryview:
+        pair, rank = owner[name]
+        flat = pair.truncated(ckpt, name, rank).contiguous().reshape(-1).view(torch.uint8)
+        return memoryview(flat.numpy())
+
+    with atomic_output_dir(report.out, force) as tmp:
+        for rw in archives:
+            write_archive(rw, tmp / rw.src.name, data)
+        copy_side_files(ckpt.path, tmp, skip=weight_file_names(ckpt.path) | {PROVENANCE})
+        applied = sum(len(rw.applied) for rw in archives)
+        report.notes.append(f"the torch pickle was rewritten in its own layout (same files, "
+                            f"same objects, never unpickled): {len(shapes)} factor tensors "
+                            f"rewritten, {applied} pickled in_features/out_features updated")
+        if recheck is not None:
+            report.remaining = recheck(tmp)
+        (tmp / PROVENANCE).write_text(json.dumps(
+            {"source": str(ckpt.path), **report.to_json()}, indent=2) + "\n")
