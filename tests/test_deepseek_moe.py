@@ -97,6 +97,19 @@ def test_a_pruned_expert_count_is_a_note_with_both_values(tmp_path: Path) -> Non
     assert "config.json says n_routed_experts=6, tensors have 4" in count["notes"]
 
 
+def test_shared_experts_config_json_contradicts_are_a_note(tmp_path: Path) -> None:
+    """Three shared experts (one MLP 135 wide) under a config.json saying two: the note gives
+    the product config.json implies and the tensors' width."""
+    root = save(tmp_path / "m", "v2", n_shared_experts=3)
+    cfg = json.loads((root / "config.json").read_text())
+    cfg["n_shared_experts"] = 2
+    (root / "config.json").write_text(json.dumps(cfg))
+    shared = sites(check(root), "shared_expert_intermediate")
+    assert shared["model.layers.2.mlp.shared_experts:intermediate"]["notes"] == [
+        "config.json says moe_intermediate_size x n_shared_experts = 45 x 2 = 90, tensors "
+        "have 135"]
+
+
 def test_a_deepseek_with_no_dense_layer_is_read(tmp_path: Path) -> None:
     """first_k_dense_replace 0: no layer has the dense MLP the family names, and the check
     still reads it (the family is matched on the attention alone)."""
