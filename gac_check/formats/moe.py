@@ -5,12 +5,16 @@ transformers (5.x) keeps a layer's experts fused in memory (``mlp.experts.gate_u
 2I, H], ``mlp.experts.down_proj`` [E, H, I]) but its ``save_pretrained`` writes them back as one
 module per expert, the names the Hub's checkpoints carry (``conversion_mapping.py``, reverted
 on save); :mod:`gac_check.api.memory` indexes a model in memory under those saved names too. So
-one reader serves both, for the two layouts in priority order:
+one reader serves both, for the three layouts in priority order:
 
 - Mixtral (``MixtralForCausalLM``): ``block_sparse_moe.experts.N.w1/w3`` (gate, up: [I, H]),
   ``w2`` (down: [H, I]), router ``block_sparse_moe.gate`` [E, H]; ``intermediate_size``,
   ``num_local_experts``;
-- Qwen2-MoE (``Qwen2MoeForCausalLM``, the layout Qwen3-MoE and DeepSeek's MoE layers share):
+- DeepSeek-V2/V3 (``DeepseekV2ForCausalLM``, ``DeepseekV3ForCausalLM``; told from Qwen2-MoE,
+  whose expert names they share, by their multi-head latent attention): ``mlp.shared_experts``
+  (no gate), router ``mlp.gate`` and V3's ``e_score_correction_bias``;
+  ``moe_intermediate_size``, ``n_routed_experts``, ``n_shared_experts``;
+- Qwen2-MoE (``Qwen2MoeForCausalLM``, the layout Qwen3-MoE shares):
   ``mlp.experts.N.gate_proj/up_proj/down_proj``, router ``mlp.gate``, and a dense
   ``mlp.shared_expert`` with its one-row ``mlp.shared_expert_gate``;
   ``moe_intermediate_size``, ``num_experts``, ``shared_expert_intermediate_size``.
