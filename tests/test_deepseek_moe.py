@@ -215,11 +215,15 @@ def test_repair_leaves_experts_that_share_a_key_with_several_shared_experts(
 
 def test_moe_sites_are_refused_on_a_target_as_for_mixtral(tmp_path: Path) -> None:
     """No engine rule judges DeepSeek's fused-MoE layers yet: its expert sites are refused as
-    not judged (the MLA sites keep their backend verdicts), never passed."""
+    not judged, never passed. The dense first layer is not a per-layer pruned one: vLLM's
+    DeepseekV2DecoderLayer builds it from intermediate_size and the MoE layers from
+    moe_intermediate_size, so its site is judged as a dense model's MLP is, never refused."""
     doc = check(save(tmp_path / "m", "v2"), "--target", "vllm,tp=2")
     for site in doc["sites"]:
         verdict = site["targets"][0]
         if site["role"] in ("expert_intermediate", "shared_expert_intermediate", "experts"):
             assert verdict["verdict"] == "refused", site["name"]
             assert "MoE" in verdict["why"]
+    dense = sites(doc, "intermediate")["model.layers.0.mlp:intermediate"]["targets"][0]
+    assert dense["verdict"] != "refused", dense["why"]
     assert doc["summary"]["targets"]["vllm,tp=2"]["verdict"] == "refused"
