@@ -42,11 +42,10 @@ EXPERTS_NOT_PADDED = (
     "expert counts are reported, not padded: a zero expert would still be routed to (its "
     "router logit 0 can enter the top-k and take weight from the real experts)"
 )
-
 SHARED_NOT_PADDED = (
-    "DeepSeek builds its shared experts {shared} x moe_intermediate_size wide from the one "
-    "config key the routed experts' width is written to: padded, they would not load; only a "
-    "checkpoint with n_shared_experts = 1 has its expert widths padded"
+    "DeepSeek builds its shared experts n_shared_experts ({shared}) x moe_intermediate_size "
+    "wide from the one config key the routed experts' width is written to: padded, they would "
+    "not load; only a checkpoint with n_shared_experts = 1 has its expert widths padded"
 )
 
 
@@ -203,8 +202,9 @@ def _count_site(ckpt: Checkpoint, found: MoeLayers, layer: int, experts: list[in
 
 
 def _mlp_site(ckpt: Checkpoint, module: str, gate: str, up: str, down: str, role: Role,
-              key: str, layer: int, hidden: DimSite | None) -> DimSite:
-    """One gated MLP (an expert, or the shared expert): gate and up rows, down columns."""
+              key: str | None, layer: int, hidden: DimSite | None) -> DimSite:
+    """One gated MLP (an expert, or the shared expert): gate and up rows, down columns;
+    ``key``: the config.json key that records its width, where one does."""
     g, u, d = (_linear(ckpt, f"{module}.{n}") for n in (gate, up, down))
     if g.out_features != u.out_features:
         raise BadInput(f"{g.module} makes {g.out_features} rows but {u.module} makes "
@@ -214,8 +214,9 @@ def _mlp_site(ckpt: Checkpoint, module: str, gate: str, up: str, down: str, role
     axes = g.producer_axes(ckpt.shapes) + u.producer_axes(ckpt.shapes) + d.consumer_axes(
         ckpt.shapes)
     site = DimSite(f"{module}:intermediate", role, width, axes, layer=layer, module=module,
-                   config_field=(key,))
-    _note(site, ckpt.config, key)
+                   config_field=(key,) if key else None)
+    if key:
+        _note(site, ckpt.config, key)
     if d.in_features != width:
         site.notes.append(f"down takes {d.in_features} inputs, up makes {width}")
     _add_hidden(hidden, ckpt, consumers=(g, u), producers=(d,))
@@ -260,12 +261,11 @@ def _deepseek_shared_site(ckpt: Checkpoint, found: MoeLayers, module: str, layer
     :func:`moe_sites` gives the layer's experts as well)."""
     lay = found.layout
     shared = ckpt.config.get("n_shared_experts")
+    one = type(shared) is int and shared == 1
     site = _mlp_site(ckpt, module, "gate_proj", "up_proj", "down_proj", Role.SHARED_EXPERT,
-                     lay.width_key, layer, hidden)
-    if shared == 1:
+                     lay.width_key if one else None, layer, hidden)
+    if one:
         return site
-    site.config_field = None
-    site.notes[:] = [n for n in site.notes if not n.startswith("config.json says")]
     site.inexact = SHARED_NOT_PADDED.format(shared=shared)
     width = ckpt.config.get(lay.width_key)
     if type(shared) is int and type(width) is int and shared * width != site.value:
