@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import (
     DeepseekV2Config,
     DeepseekV2ForCausalLM,
@@ -108,6 +108,25 @@ def test_shared_experts_config_json_contradicts_are_a_note(tmp_path: Path) -> No
     assert shared["model.layers.2.mlp.shared_experts:intermediate"]["notes"] == [
         "config.json says moe_intermediate_size x n_shared_experts = 45 x 2 = 90, tensors "
         "have 135"]
+
+
+def test_a_routing_bias_not_pruned_with_its_experts_is_refused(tmp_path: Path) -> None:
+    """V3: expert 3 dropped from every layer with its router row, but the per-expert
+    e_score_correction_bias left at 4: one line, exit 2, naming the tensor."""
+    root = save(tmp_path / "m", "v3")
+    path = root / "model.safetensors"
+    state = load_file(path)
+    for i in (1, 2):
+        block = f"model.layers.{i}.mlp"
+        for w in ("gate_proj", "up_proj", "down_proj"):
+            del state[f"{block}.experts.3.{w}.weight"]
+        state[f"{block}.gate.weight"] = state[f"{block}.gate.weight"][:3].contiguous()
+    save_file(state, path, metadata={"format": "pt"})
+    run = gac(root, "--gpu", "h100")
+    assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
+    assert run.stderr.strip().count("\n") == 0, run.stderr
+    assert ("model.layers.1.mlp.gate.e_score_correction_bias has shape [4], not one value "
+            "per expert ([3])") in run.stderr
 
 
 def test_a_deepseek_with_no_dense_layer_is_read(tmp_path: Path) -> None:

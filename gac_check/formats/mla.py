@@ -37,6 +37,8 @@ QK_INEXACT = (
     "part changes the softmax scale 1/sqrt(q/k head size), which gac-check does not "
     "compensate for MLA"
 )
+
+
 @dataclass(frozen=True)
 class MLADims:
     """One layer's MLA sizes as the tensors give them."""

@@ -82,7 +82,7 @@ QWEN2_MOE = MoeLayout("qwen2_moe", "mlp", "gate_proj", "up_proj", "down_proj",
                       "shared_expert_gate", "shared_expert_intermediate_size")
 #: DeepSeek-V2/V3: Qwen2-MoE's expert names, ``n_shared_experts`` always-on experts fused
 #: into one ``mlp.shared_experts`` MLP (``moe_intermediate_size x n_shared_experts`` wide, no
-#: gate of its own; config key: :func:`_shared_key`), the router ``mlp.gate`` and V3's
+#: gate of its own; its config key: :func:`_deepseek_shared_site`), the router ``mlp.gate`` and V3's
 #: per-expert ``e_score_correction_bias`` (added to the router's scores to pick the top-k).
 DEEPSEEK_MOE = MoeLayout("deepseek_moe", "mlp", "gate_proj", "up_proj", "down_proj",
                          "moe_intermediate_size", "n_routed_experts", "shared_experts",
