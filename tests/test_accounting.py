@@ -119,6 +119,14 @@ _QWEN2_MOE = transformers.Qwen2MoeConfig(vocab_size=96, hidden_size=32, intermed
                                          num_hidden_layers=1, num_attention_heads=2,
                                          num_key_value_heads=1, num_experts=3,
                                          num_experts_per_tok=1, max_position_embeddings=64)
+#: DeepSeek-V3: multi-head latent attention, a dense first layer, then routed experts, shared
+#: experts, the router and its e_score_correction_bias (tests/test_deepseek_moe.py)
+_DEEPSEEK_V3 = transformers.DeepseekV3Config(
+    vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=24,
+    num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16,
+    q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+    first_k_dense_replace=1, n_routed_experts=3, n_shared_experts=1, num_experts_per_tok=2,
+    n_group=1, topk_group=1, max_position_embeddings=64)
 
 #: Every fixture and format the suite builds, by a name that says which.
 CORPUS: dict[str, Builder] = {
@@ -137,6 +145,9 @@ CORPUS: dict[str, Builder] = {
     "moe-qwen2-moe": _saved(lambda: transformers.Qwen2MoeForCausalLM(_QWEN2_MOE)),
     "in-memory-moe-mixtral": _in_memory(lambda: transformers.MixtralForCausalLM(_MIXTRAL)),
     "in-memory-moe-qwen2-moe": _in_memory(lambda: transformers.Qwen2MoeForCausalLM(_QWEN2_MOE)),
+    "moe-deepseek-v3": _saved(lambda: transformers.DeepseekV3ForCausalLM(_DEEPSEEK_V3)),
+    "in-memory-moe-deepseek-v3": _in_memory(
+        lambda: transformers.DeepseekV3ForCausalLM(_DEEPSEEK_V3)),
     "sparse-llama-header-only": lambda root: sparse_llama(root, hidden=256, intermediate=688,
                                                           heads=4, vocab=128),
     "minilm-bundled": _minilm,

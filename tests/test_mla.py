@@ -1,6 +1,7 @@
 """Multi-head latent attention (issue 30 item 3): DeepSeek-V2/V3 checkpoints written by
 transformers' own classes, read from their safetensors; vLLM's MLA backend verdicts; the exact
-v_head_dim repair proven on the real module, and the refusals (latents, q/k head, MoE)."""
+v_head_dim repair proven on the real module, and the refusals (latents, q/k head). DeepSeek's
+mixture-of-experts layers: tests/test_deepseek_moe.py."""
 from __future__ import annotations
 
 import json
@@ -82,16 +83,6 @@ def test_a_config_the_tensors_contradict_is_a_note_with_both_values(tmp_path: Pa
     assert "config.json says v_head_dim=16, tensors have 14" in sites["v_head_dim"]["notes"]
     assert ("config.json says qk_rope_head_dim=4, tensors have 8"
             in sites["qk_head_dim"]["notes"])
-
-
-def test_a_mixture_of_experts_deepseek_is_refused_in_one_line(tmp_path: Path) -> None:
-    path = save(tmp_path / "m", {**TINY, "first_k_dense_replace": 1, "n_routed_experts": 4,
-                                  "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                                  "n_shared_experts": 1})
-    run = gac(path)
-    assert run.returncode == 2
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "layer 1 is a mixture-of-experts block" in lines[0], lines
 
 
 def _verdicts(doc: dict, site: str) -> dict:

@@ -119,7 +119,7 @@ BERT = Family(
     ("attention.output.LayerNorm", "output.LayerNorm"), "embeddings.word_embeddings",
     "",
 )
-DEEPSEEK = Family(  # DeepSeek-V2/V3 with dense MLPs: multi-head latent attention
+DEEPSEEK = Family(  # DeepSeek-V2/V3: multi-head latent attention; MoE layers: formats/moe.py
     "deepseek", ("deepseek_v2", "deepseek_v3"), _DECODER,
     None, None, None, "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj", "mlp.gate_proj", True,
     ("input_layernorm", "post_attention_layernorm"), "embed_tokens", "norm",

@@ -11,8 +11,9 @@ or through a second latent (``q_a_proj`` -> ``q_a_layernorm`` -> ``q_b_proj``,
 The sizes are read from the tensors (config.json is only compared with them, a contradiction
 is a note with both values): the latent from ``kv_b_proj``'s input, the rope part from what
 ``kv_a_proj_with_mqa`` makes beyond it, and the head count from the three per-head widths
-(q: H x (nope + rope), kv_b: H x (nope + v), o's input: H x v). Mixture-of-experts layers are
-not read here: such a checkpoint is refused with one line.
+(q: H x (nope + rope), kv_b: H x (nope + v), o's input: H x v). The mixture-of-experts layers
+DeepSeek-V2/V3 have after ``first_k_dense_replace`` dense ones are read by
+:mod:`gac_check.formats.moe` (its ``deepseek_moe`` layout), as every format's are.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from gac_check.errors import BadInput
 from gac_check.formats.architectures import DEEPSEEK, HEADS_NOT_PADDED, find_family
 from gac_check.formats.base import Format
 from gac_check.formats.layout import Linear, dense_linear
+from gac_check.formats.moe import find_moe
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
 LATENT_NORM_INEXACT = (
@@ -35,12 +37,6 @@ QK_INEXACT = (
     "part changes the softmax scale 1/sqrt(q/k head size), which gac-check does not "
     "compensate for MLA"
 )
-MOE_REFUSED = (
-    "layer {layer} is a mixture-of-experts block ({tensor}): gac-check reads DeepSeek's "
-    "multi-head latent attention with dense MLPs only"
-)
-#: The layer-relative tensors that make a layer a mixture-of-experts block.
-MOE_MARKERS = (".mlp.experts.", ".mlp.shared_experts.", ".mlp.gate.weight")
 
 
 @dataclass(frozen=True)
@@ -83,8 +79,9 @@ class MLA(Format):
         return any(".self_attn.kv_a_proj_with_mqa." in n for n in ckpt.tensors)
 
     def own_sites(self, ckpt: Checkpoint) -> list[DimSite]:
-        _refuse_moe(ckpt)
-        found = find_family(ckpt)
+        # every layer past first_k_dense_replace has experts in place of the dense MLP the
+        # family names: with no dense layer at all, the family is matched without it
+        found = find_family(ckpt, strict=find_moe(ckpt) is None)
         if found is None or found[0] is not DEEPSEEK:
             raise BadInput("has multi-head latent attention (kv_a_proj_with_mqa) but not "
                            "DeepSeek's layer layout (q_a_proj/q_b_proj or q_proj, "
@@ -94,13 +91,6 @@ class MLA(Format):
         for i in layers:
             sites.extend(layer_sites(ckpt, f"{prefix}.{i}.self_attn", i))
         return sites
-
-
-def _refuse_moe(ckpt: Checkpoint) -> None:
-    for name in sorted(ckpt.tensors):
-        if any(m in name for m in MOE_MARKERS):
-            layer = name.split(".mlp.", 1)[0].rsplit(".", 1)[-1]
-            raise BadInput(MOE_REFUSED.format(layer=layer, tensor=name), ckpt.path)
 
 
 def _linears(ckpt: Checkpoint, module: str) -> MLALinears:

@@ -5,12 +5,16 @@ transformers (5.x) keeps a layer's experts fused in memory (``mlp.experts.gate_u
 2I, H], ``mlp.experts.down_proj`` [E, H, I]) but its ``save_pretrained`` writes them back as one
 module per expert, the names the Hub's checkpoints carry (``conversion_mapping.py``, reverted
 on save); :mod:`gac_check.api.memory` indexes a model in memory under those saved names too. So
-one reader serves both, for the two layouts in priority order:
+one reader serves both, for the three layouts in priority order:
 
 - Mixtral (``MixtralForCausalLM``): ``block_sparse_moe.experts.N.w1/w3`` (gate, up: [I, H]),
   ``w2`` (down: [H, I]), router ``block_sparse_moe.gate`` [E, H]; ``intermediate_size``,
   ``num_local_experts``;
-- Qwen2-MoE (``Qwen2MoeForCausalLM``, the layout Qwen3-MoE and DeepSeek's MoE layers share):
+- DeepSeek-V2/V3 (``DeepseekV2ForCausalLM``, ``DeepseekV3ForCausalLM``; told from Qwen2-MoE,
+  whose expert names they share, by their multi-head latent attention): ``mlp.shared_experts``
+  (no gate), router ``mlp.gate`` and V3's ``e_score_correction_bias``;
+  ``moe_intermediate_size``, ``n_routed_experts``, ``n_shared_experts``;
+- Qwen2-MoE (``Qwen2MoeForCausalLM``, the layout Qwen3-MoE shares):
   ``mlp.experts.N.gate_proj/up_proj/down_proj``, router ``mlp.gate``, and a dense
   ``mlp.shared_expert`` with its one-row ``mlp.shared_expert_gate``;
   ``moe_intermediate_size``, ``num_experts``, ``shared_expert_intermediate_size``.
@@ -32,11 +36,16 @@ from dataclasses import dataclass
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
 from gac_check.formats.layout import Linear, dense_linear
-from gac_check.sites import DimSite, Role
+from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
 EXPERTS_NOT_PADDED = (
     "expert counts are reported, not padded: a zero expert would still be routed to (its "
     "router logit 0 can enter the top-k and take weight from the real experts)"
+)
+SHARED_NOT_PADDED = (
+    "DeepSeek builds its shared experts n_shared_experts ({shared}) x moe_intermediate_size "
+    "wide from the one config key the routed experts' width is written to: padded, they would "
+    "not load; only a checkpoint with n_shared_experts = 1 has its expert widths padded"
 )
 
 
@@ -55,6 +64,11 @@ class MoeLayout:
     shared: str | None = None
     shared_gate: str | None = None
     shared_key: str | None = None
+    #: a tensor-name fragment the checkpoint must also have (DeepSeek's experts carry
+    #: Qwen2-MoE's names; its multi-head latent attention tells them apart)
+    marker: str | None = None
+    #: per-expert router tensors besides the router's weight (DeepSeek-V3's routing bias)
+    router_extras: tuple[str, ...] = ()
 
     @property
     def router(self) -> str:
@@ -66,8 +80,17 @@ MIXTRAL = MoeLayout("mixtral", "block_sparse_moe", "w1", "w3", "w2", "intermedia
 QWEN2_MOE = MoeLayout("qwen2_moe", "mlp", "gate_proj", "up_proj", "down_proj",
                       "moe_intermediate_size", "num_experts", "shared_expert",
                       "shared_expert_gate", "shared_expert_intermediate_size")
-#: In priority order: the first whose expert tensors a checkpoint has is its layout.
-LAYOUTS = (MIXTRAL, QWEN2_MOE)
+#: DeepSeek-V2/V3: Qwen2-MoE's expert names, ``n_shared_experts`` always-on experts fused
+#: into one ``mlp.shared_experts`` MLP (``moe_intermediate_size x n_shared_experts`` wide, no
+#: gate of its own; its config key: :func:`_deepseek_shared_site`), the router ``mlp.gate`` and V3's
+#: per-expert ``e_score_correction_bias`` (added to the router's scores to pick the top-k).
+DEEPSEEK_MOE = MoeLayout("deepseek_moe", "mlp", "gate_proj", "up_proj", "down_proj",
+                         "moe_intermediate_size", "n_routed_experts", "shared_experts",
+                         marker=".self_attn.kv_a_proj_with_mqa.",
+                         router_extras=("e_score_correction_bias",))
+#: In priority order: the first whose expert tensors (and marker) a checkpoint has is its
+#: layout.
+LAYOUTS = (MIXTRAL, DEEPSEEK_MOE, QWEN2_MOE)
 
 
 @dataclass(frozen=True)
@@ -86,6 +109,8 @@ class MoeLayers:
 def find_moe(ckpt: Checkpoint) -> MoeLayers | None:
     """The first layout (in :data:`LAYOUTS` order) whose per-expert tensors are present."""
     for layout in LAYOUTS:
+        if layout.marker and not any(layout.marker in n for n in ckpt.tensors):
+            continue
         rx = re.compile(rf"^(.*?layers)\.(\d+)\.{re.escape(layout.block)}\.experts\.(\d+)\."
                         rf"{re.escape(layout.gate)}\.weight$")
         found: dict[str, dict[int, set[int]]] = {}
@@ -112,10 +137,14 @@ def moe_sites(ckpt: Checkpoint, shared: list[DimSite]) -> list[DimSite]:
     sites: list[DimSite] = []
     for layer, experts in found.experts.items():
         sites.append(_count_site(ckpt, found, layer, experts, hidden))
-        sites += [_expert_site(ckpt, found, layer, e, hidden) for e in experts]
+        layer_sites = [_expert_site(ckpt, found, layer, e, hidden) for e in experts]
         shared_site = _shared_site(ckpt, found, layer, hidden)
         if shared_site:
-            sites.append(shared_site)
+            layer_sites.append(shared_site)
+        if shared_site and shared_site.inexact:  # DeepSeek's one key for both widths
+            for site in layer_sites:
+                site.inexact = shared_site.inexact
+        sites += layer_sites
     return sites
 
 
@@ -156,7 +185,15 @@ def _count_site(ckpt: Checkpoint, found: MoeLayers, layer: int, experts: list[in
                        f"has {count}: the router's rows must be pruned with the experts",
                        ckpt.path)
     module = found.block(layer)
-    site = DimSite(f"{module}:experts", Role.EXPERTS, count, router.producer_axes(ckpt.shapes),
+    axes = router.producer_axes(ckpt.shapes)
+    for extra in found.layout.router_extras:  # one number per expert, read on the count
+        name = f"{router.module}.{extra}"
+        if name in ckpt.shapes:
+            if ckpt.shapes[name] != (count,):
+                raise BadInput(f"{name} has shape {list(ckpt.shapes[name])}, not one value "
+                               f"per expert ([{count}])", ckpt.path)
+            axes.append(TensorAxis(name, 0, AxisKind.BIAS))
+    site = DimSite(f"{module}:experts", Role.EXPERTS, count, axes,
                    layer=layer, module=module, config_field=(found.layout.count_key,),
                    inexact=EXPERTS_NOT_PADDED)
     _note(site, ckpt.config, found.layout.count_key)
@@ -165,8 +202,9 @@ def _count_site(ckpt: Checkpoint, found: MoeLayers, layer: int, experts: list[in
 
 
 def _mlp_site(ckpt: Checkpoint, module: str, gate: str, up: str, down: str, role: Role,
-              key: str, layer: int, hidden: DimSite | None) -> DimSite:
-    """One gated MLP (an expert, or the shared expert): gate and up rows, down columns."""
+              key: str | None, layer: int, hidden: DimSite | None) -> DimSite:
+    """One gated MLP (an expert, or the shared expert): gate and up rows, down columns;
+    ``key``: the config.json key that records its width, where one does."""
     g, u, d = (_linear(ckpt, f"{module}.{n}") for n in (gate, up, down))
     if g.out_features != u.out_features:
         raise BadInput(f"{g.module} makes {g.out_features} rows but {u.module} makes "
@@ -176,8 +214,9 @@ def _mlp_site(ckpt: Checkpoint, module: str, gate: str, up: str, down: str, role
     axes = g.producer_axes(ckpt.shapes) + u.producer_axes(ckpt.shapes) + d.consumer_axes(
         ckpt.shapes)
     site = DimSite(f"{module}:intermediate", role, width, axes, layer=layer, module=module,
-                   config_field=(key,))
-    _note(site, ckpt.config, key)
+                   config_field=(key,) if key else None)
+    if key:
+        _note(site, ckpt.config, key)
     if d.in_features != width:
         site.notes.append(f"down takes {d.in_features} inputs, up makes {width}")
     _add_hidden(hidden, ckpt, consumers=(g, u), producers=(d,))
@@ -196,16 +235,42 @@ def _expert_site(ckpt: Checkpoint, found: MoeLayers, layer: int, expert: int,
 def _shared_site(ckpt: Checkpoint, found: MoeLayers, layer: int,
                  hidden: DimSite | None) -> DimSite | None:
     lay = found.layout
-    if not (lay.shared and lay.shared_key and lay.shared_gate):
+    if not lay.shared:
         return None
     module = f"{found.block(layer)}.{lay.shared}"
     if not any(n.startswith(module + ".") for n in ckpt.tensors):
         return None
-    site = _mlp_site(ckpt, module, "gate_proj", "up_proj", "down_proj", Role.SHARED_EXPERT,
-                     lay.shared_key, layer, hidden)
-    gate = dense_linear(ckpt.shapes, f"{found.block(layer)}.{lay.shared_gate}")
+    if lay.shared_key:
+        site = _mlp_site(ckpt, module, "gate_proj", "up_proj", "down_proj",
+                         Role.SHARED_EXPERT, lay.shared_key, layer, hidden)
+    else:
+        site = _deepseek_shared_site(ckpt, found, module, layer, hidden)
+    gate = (dense_linear(ckpt.shapes, f"{found.block(layer)}.{lay.shared_gate}")
+            if lay.shared_gate else None)
     if gate is not None:  # one logit per token: its only width is the hidden size
         _add_hidden(hidden, ckpt, consumers=(gate,))
+    return site
+
+
+def _deepseek_shared_site(ckpt: Checkpoint, found: MoeLayers, module: str, layer: int,
+                          hidden: DimSite | None) -> DimSite:
+    """DeepSeek's class builds its shared experts as one MLP ``moe_intermediate_size x
+    n_shared_experts`` wide, so one config key records both it and the routed experts' width
+    only where ``n_shared_experts`` is 1; elsewhere a padded expert width would change the
+    shared experts' too, so neither is padded (the site's ``inexact``, which
+    :func:`moe_sites` gives the layer's experts as well)."""
+    lay = found.layout
+    shared = ckpt.config.get("n_shared_experts")
+    one = type(shared) is int and shared == 1
+    site = _mlp_site(ckpt, module, "gate_proj", "up_proj", "down_proj", Role.SHARED_EXPERT,
+                     lay.width_key if one else None, layer, hidden)
+    if one:
+        return site
+    site.inexact = SHARED_NOT_PADDED.format(shared=shared)
+    width = ckpt.config.get(lay.width_key)
+    if type(shared) is int and type(width) is int and shared * width != site.value:
+        site.notes.append(f"config.json says {lay.width_key} x n_shared_experts = {width} x "
+                          f"{shared} = {width * shared}, tensors have {site.value}")
     return site
 
 

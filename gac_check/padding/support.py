@@ -19,7 +19,7 @@ REPAIRABLE: dict[str, frozenset[str]] = {
     "asvd": frozenset({"llama", "bert"}),
     "palu": frozenset({"llama"}),
     "dense": frozenset({"llama", "bert", "mixtral", "qwen2_moe"}),
-    "mla": frozenset({"deepseek"}),
+    "mla": frozenset({"deepseek", "deepseek_moe"}),
 }
 
 

@@ -28,6 +28,8 @@ class LayerShape:
     kv_heads: int | None = None
     head_dim: int | None = None
     intermediate: int | None = None
+    #: a mixture-of-experts layer: its experts, not a dense MLP (built from their own key)
+    moe: bool = False
 
 
 @dataclass
@@ -45,9 +47,13 @@ class ModelShape:
 
     @property
     def uniform(self) -> bool:
-        """Whether every layer has the same widths and head counts (one config value each)."""
-        seen = {(s.heads, s.kv_heads, s.head_dim, s.intermediate) for s in self.layers.values()}
-        return len(seen) <= 1
+        """Whether every layer has the same widths and head counts (one config value each). An
+        MoE layer's MLP is its experts, which the classes build from another key than the dense
+        layers' intermediate_size (DeepSeek's first_k_dense_replace, Qwen2-MoE's
+        mlp_only_layers), so the dense widths are compared among the dense layers."""
+        attention = {(s.heads, s.kv_heads, s.head_dim) for s in self.layers.values()}
+        dense = {s.intermediate for s in self.layers.values() if not s.moe}
+        return len(attention) <= 1 and len(dense) <= 1
 
     def layer(self, i: int | None) -> LayerShape:
         return self.layers.get(i, LayerShape()) if i is not None else LayerShape()
@@ -70,6 +76,8 @@ def model_shape(sites: list[DimSite], dtype: str = "bfloat16") -> ModelShape:
                 lay.head_dim = s.value
             elif s.role is Role.INTERMEDIATE:
                 lay.intermediate = s.value
+            elif s.role is Role.EXPERTS:
+                lay.moe = True
     return shape
 
 
