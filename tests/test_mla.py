@@ -185,3 +185,25 @@ def test_repair_for_vllm_pads_a_pruned_v_head_to_a_triple_vllm_loads(tmp_path: P
     with torch.no_grad():
         x, y = a(ids).logits, b(ids).logits
     assert torch.allclose(x, y, rtol=0, atol=1e-5 * x.abs().max().item())
+
+
+def test_layers_of_different_latent_ranks_do_not_load_in_vllm(tmp_path: Path) -> None:
+    """DeepSeek's classes build every layer from one kv_lora_rank: a checkpoint whose layer 1
+    was cut to another latent rank is read, and refused by vLLM at that layer's sites."""
+    from safetensors.torch import load_file, save_file
+
+    wide, narrow = save(tmp_path / "wide", LITE), save(tmp_path / "narrow",
+                                                       {**LITE, "kv_lora_rank": 448})
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    state = load_file(wide / "model.safetensors")
+    state |= {n: t for n, t in load_file(narrow / "model.safetensors").items()
+              if n.startswith("model.layers.1.")}
+    save_file(state, mixed / "model.safetensors", metadata={"format": "pt"})
+    (mixed / "config.json").write_text((wide / "config.json").read_text())
+    doc = check(mixed, "--target", "vllm", "--gpu", "h100")
+    assert by_name(doc, 1)["kv_lora_rank"]["value"] == 448
+    latent = by_name(doc, 1)["kv_lora_rank"]["targets"][0]
+    assert latent["verdict"] == "refused" and "one intermediate_size" in latent["why"]
+    uniform = check(wide, "--target", "vllm", "--gpu", "h100")
+    assert _verdicts(uniform, "kv_lora_rank")["verdict"] == "fast"

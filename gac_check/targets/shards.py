@@ -30,6 +30,9 @@ class LayerShape:
     intermediate: int | None = None
     #: a mixture-of-experts layer: its experts, not a dense MLP (built from their own key)
     moe: bool = False
+    #: a latent-attention layer's sizes (kv_lora_rank, q_lora_rank, the head parts), which
+    #: DeepSeek's classes build every layer from, one config value each
+    mla: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -51,7 +54,7 @@ class ModelShape:
         MoE layer's MLP is its experts, which the classes build from another key than the dense
         layers' intermediate_size (DeepSeek's first_k_dense_replace, Qwen2-MoE's
         mlp_only_layers), so the dense widths are compared among the dense layers."""
-        attention = {(s.heads, s.kv_heads, s.head_dim) for s in self.layers.values()}
+        attention = {(s.heads, s.kv_heads, s.head_dim, s.mla) for s in self.layers.values()}
         dense = {s.intermediate for s in self.layers.values() if not s.moe}
         return len(attention) <= 1 and len(dense) <= 1
 
@@ -78,6 +81,9 @@ def model_shape(sites: list[DimSite], dtype: str = "bfloat16") -> ModelShape:
                 lay.intermediate = s.value
             elif s.role is Role.EXPERTS:
                 lay.moe = True
+            if is_mla(s):
+                mla = s.attrs["mla"]
+                lay.mla = tuple(sorted((k, v) for k, v in mla.items() if k != "dim"))  # type: ignore[union-attr]
     return shape
 
 
@@ -136,6 +142,7 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
     role = site.role
     if is_mla(site):  # the MLA backends' own sizes (targets/mla.py), and the latent's GEMMs
         own = [Use(c, n, f) for c, n, f in mla_quantities(site, base)]
+        own.append(Use("model", "layers", lambda v: dict(base)))  # one size for every layer
         if role is Role.KV_LATENT:
             own += uses(DimSite(site.name, role, site.value, site.axes), shape, tp, group)
         return own
