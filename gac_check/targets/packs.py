@@ -15,6 +15,7 @@ from functools import cache
 from importlib import resources
 
 from gac_check.errors import BadInput
+from gac_check.targets.source import Source
 
 SCHEMA = "gac-check-pack/1"
 COMPONENTS = ("attention", "linear", "embedding", "model", "tensor", "mla")
@@ -33,24 +34,6 @@ GGUF_EXTRAS = ("fallback_by_version", "no_fallback", "second_step_f16", "output_
 
 class PackError(ValueError):
     """A pack that breaks the schema: a bug in the shipped data, caught by the tests."""
-
-
-@dataclass(frozen=True)
-class Source:
-    repo: str
-    file: str
-    function: str
-    ref: str
-    issue: str | None = None
-
-    def __str__(self) -> str:
-        return f"{self.repo}@{self.ref}:{self.file} ({self.function})"
-
-    def as_dict(self) -> dict:
-        d = {"repo": self.repo, "file": self.file, "function": self.function, "ref": self.ref}
-        if self.issue:
-            d["issue"] = self.issue
-        return d
 
 
 @dataclass(frozen=True)
