@@ -297,8 +297,18 @@ def packs() -> dict[str, Pack]:
 
 def find_pack(engine: str) -> Pack:
     """The pack for an engine id or alias; BadInput listing the known ones."""
-    name = engine.strip().lower()
-    for pack in packs().values():
-        if name == pack.engine or name in pack.aliases:
-            return pack
+    pack = _by_name().get(engine.strip().lower())
+    if pack is not None:
+        return pack
     raise BadInput(f"unknown engine {engine!r} in --target (known: {', '.join(packs())})")
+
+
+@cache
+def _by_name() -> dict[str, Pack]:
+    """Each engine id and alias to its pack (the first pack that claims it): every verdict
+    asks a target for its pack, thousands of times a check."""
+    out: dict[str, Pack] = {}
+    for pack in packs().values():
+        for name in (pack.engine, *pack.aliases):
+            out.setdefault(name, pack)
+    return out
