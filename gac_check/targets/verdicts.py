@@ -439,14 +439,16 @@ class SiteVerdicts:
 def _context(site: DimSite, shape: ModelShape, targets: tuple[Target, ...]) -> tuple:
     """What a site's verdicts depend on: sites of equal context (the same width in every
     layer of a uniform model) are judged once. llama.cpp's type mix depends on the layer
-    index itself, so with a GGUF target the layer is part of the context."""
+    index, so with a GGUF target the types the mix asks of the layer's tensors are part of
+    the context (the mix gives most layers the same: they are judged once per mix, not per
+    layer)."""
     lay = shape.layer(site.layer)
     kv = site.attrs.get("kv_heads")
-    by_layer = (site.role in gguf.PER_LAYER_ROLES
-                and any(t.pack.gguf_types for t in targets))
+    mix = (tuple(tuple(gguf.tensor_uses(t.pack, t.quant, site, shape))
+                 for t in targets if t.pack.gguf_types)
+           if site.role in gguf.PER_LAYER_ROLES else ())
     return (site.role, site.value, site.inexact, kv if isinstance(kv, int) else None,
-            lay.heads, lay.kv_heads, lay.head_dim, lay.intermediate,
-            site.layer if by_layer else None)
+            lay.heads, lay.kv_heads, lay.head_dim, lay.intermediate, mix)
 
 
 def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
