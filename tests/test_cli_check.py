@@ -118,7 +118,8 @@ def test_llm_pruner_odd_mlp_is_flagged(tmp_path: Path) -> None:
 NOT_IMPORTED = ("torch", "transformers", "jinja2", "gac_check.checkpoint.pickle_model",
                 "gac_check.checkpoint.gguf_header", "gac_check.targets.spec",
                 "gac_check.targets.packs", "gac_check.checkpoint.quantized",
-                "gac_check.checkpoint.quantized_layout")
+                "gac_check.checkpoint.quantized_layout", "gac_check.report.run",
+                "gac_check.report.json_report")
 
 
 def test_plain_check_imports_no_torch(models) -> None:
