@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from functools import cache
-from importlib import resources
+from pathlib import Path
 
 from gac_check.errors import BadInput
 from gac_check.targets.source import Source
@@ -28,6 +28,10 @@ QUANTITIES = frozenset({
     "mla_head_size", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
 })
 SOURCE_KEYS = ("repo", "file", "function", "ref")
+#: The shipped packs, read as files beside this module (as :mod:`gac_check.bench.published`
+#: reads its tables): gac-check is installed as files, and ``importlib.resources``' readers
+#: cost every target run 4 ms of imports (zipfile, threading) to list one directory.
+PACKS_DIR = Path(__file__).resolve().parent / "packs"
 GGUF_EXTRAS = ("fallback_by_version", "no_fallback", "second_step_f16", "output_head",
                "requires_imatrix", "bump_70b")
 
@@ -286,8 +290,7 @@ def parse_pack(raw: dict, name: str = "pack") -> Pack:
 def packs() -> dict[str, Pack]:
     """Every shipped pack, by engine id."""
     out = {}
-    for entry in sorted(resources.files("gac_check.targets").joinpath("packs").iterdir(),
-                        key=lambda e: e.name):
+    for entry in sorted(PACKS_DIR.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
             data = entry.read_bytes()
             pack = parse_pack(json.loads(data.decode("utf-8")), entry.name)
