@@ -13,6 +13,13 @@ the plain check. Measure with farm-bench, interleaved and paired:
     farm-bench -n 15 --vs '.venv/bin/gac-check /tmp/l70 --gpu h100 --fail-on never' \\
         -- .venv/bin/gac-check /tmp/l70 --gpu h100 --fail-on never --target vllm,tp=8,quant=awq \\
         --target vllm,tp=4,quant=gptq --target llama.cpp,quant=Q4_K_M --target tensorrt-llm,tp=2
+
+Say whether gac_check's bytecode was compiled (``python -m compileall gac_check``): with
+PYTHONDONTWRITEBYTECODE=1 and no ``__pycache__``, every run compiles the check's modules from
+source while safetensors runs from its installed bytecode, and that alone moves the first
+ratio from ~0.9x to ~1.4x (benchmarks/RESULTS.md). To time another commit, run it from its own
+tree (``env -C TREE python -m gac_check.cli ...``): ``python -m`` puts the working directory
+ahead of PYTHONPATH, so from this checkout it would time this checkout's code.
 """
 from __future__ import annotations
 

@@ -116,7 +116,10 @@ def test_llm_pruner_odd_mlp_is_flagged(tmp_path: Path) -> None:
 #: what a plain check of a safetensors directory must not import: torch costs more than the
 #: whole check (bench_check.py); the other readers and the targets are others' costs (issue 32)
 NOT_IMPORTED = ("torch", "transformers", "jinja2", "gac_check.checkpoint.pickle_model",
-                "gac_check.checkpoint.gguf_header", "gac_check.targets.spec")
+                "gac_check.checkpoint.gguf_header", "gac_check.targets.spec",
+                "gac_check.targets.packs", "gac_check.checkpoint.quantized",
+                "gac_check.checkpoint.quantized_layout", "gac_check.report.run",
+                "gac_check.report.json_report")
 
 
 def test_plain_check_imports_no_torch(models) -> None:

@@ -114,3 +114,25 @@ def test_a_repair_one_target_would_still_refuse_names_it_wherever_it_is_listed(t
     message = str(refused.value)
     assert f"--repair: {TP3} would still refuse OUT at model.layers.0.self_attn:heads" in message
     assert f"drop --target {TP3}" in message and AWQ_TP4 not in message
+
+
+def test_llamacpp_judges_each_mix_class_once_and_every_layer_as_alone(monkeypatch):
+    """Q4_K_M gives ffn_down one of two types per layer (Q6_K in llama.cpp's "more bits"
+    layers): the layers are judged once per type, not once per layer (issue 32: per layer,
+    80 layers' size searches were most of a four-target check), and each layer's verdict is
+    still what judging it alone gives."""
+    from gac_check.targets import verdicts as v
+
+    sites = [DimSite(f"model.layers.{i}.mlp:intermediate", Role.INTERMEDIATE, 10944, [],
+                     layer=i) for i in range(16)]
+    target = parse_target("llama.cpp,quant=Q4_K_M")
+    shape = model_shape(sites)
+    alone = [v.judge(s, shape, target, "h100") for s in sites]
+    judged = []
+    real = v.judge
+    monkeypatch.setattr(v, "judge", lambda site, *a: judged.append(site.layer) or real(site, *a))
+    out = judge_all(sites, (target,), "h100")
+    assert judged == [0, 2]  # of 16, layers 0 and 1 are "more bits" (Q6_K), layer 2 is not
+    got = [(tv.verdict, tv.kernel, tv.fast_at, tv.why) for s in sites for tv in out.of(s)]
+    assert got == [(tv.verdict, tv.kernel, tv.fast_at, tv.why) for tv in alone]
+    assert len({k for _, k, _, _ in got}) == 2

@@ -20,7 +20,7 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
 from gac_check.checkpoint.files import MAX_JSON_BYTES, name_problem, os_reason, read_json
-from gac_check.checkpoint.quantized import Quantization, read_quantization
+from gac_check.checkpoint.quantized_marks import quantization_config, refuse_stray_packed
 from gac_check.checkpoint.safetensors_header import (
     MAX_HEADER_BYTES,
     SAFETENSORS_DTYPES,
@@ -29,9 +29,10 @@ from gac_check.checkpoint.safetensors_header import (
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.errors import BadInput
 
-if TYPE_CHECKING:  # the pickle and GGUF readers are imported only for their containers
+if TYPE_CHECKING:  # the pickle, GGUF and quantized readers are imported only where used
     from gac_check.checkpoint.gguf_header import GgufHeader
     from gac_check.checkpoint.pickle_model import PickledModel
+    from gac_check.checkpoint.quantization import Quantization
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_JSON_BYTES", "SAFETENSORS_DTYPES", "Checkpoint",
            "inside", "link_target", "open_checkpoint", "read_json", "read_safetensors_header"]
@@ -170,7 +171,19 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     config = read_json(inside(root, config_path.name, config_path)) if present else {}
     sidecars = _sidecars(root)
     container, files, (tensors, model) = _index_tensors(root)
-    return read_quantization(Checkpoint(root, config, tensors, container, files, sidecars, model))
+    return _with_quantization(Checkpoint(root, config, tensors, container, files, sidecars,
+                                         model))
+
+
+def _with_quantization(ckpt: Checkpoint) -> Checkpoint:
+    """``ckpt`` as :func:`gac_check.checkpoint.quantized.read_quantization` reads it; that
+    reader and its layouts are imported only for a model whose config says it is quantized."""
+    if quantization_config(ckpt) is None:
+        refuse_stray_packed(ckpt)
+        return ckpt
+    from gac_check.checkpoint.quantized import read_quantization
+
+    return read_quantization(ckpt)
 
 
 def _lone_gguf(root: Path) -> Path | None:

@@ -51,7 +51,6 @@ bitsandbytes' quantization state): those few bytes are read through
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 
 from gac_check.checkpoint.files import parse_json
@@ -60,7 +59,6 @@ from gac_check.checkpoint.quantized_layout import (
     MAX_DATA_BYTES,
     ByteReader,
     Checkpoint,
-    Indexed,
     Layout,
     config_bits,
     config_int,
@@ -68,34 +66,19 @@ from gac_check.checkpoint.quantized_layout import (
     hub_reader,
     local_bytes,
 )
+from gac_check.checkpoint.quantized_marks import (
+    BNB_STATE,
+    METHODS,
+    quantization_config,
+    refuse_stray_packed,
+)
 from gac_check.errors import BadInput
 
-METHODS = ("compressed-tensors", "gptq", "awq", "fp8", "bitsandbytes")
 CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
-#: Tensor name endings that only a quantized checkpoint holds: without a
-#: quantization_config, their presence is a refusal, not a dense read.
-PACKED_SUFFIXES = (".weight_packed", ".qweight", ".qzeros", ".g_idx", ".weight_shape",
-                   ".weight_scale_inv", ".SCB")
 #: Per-attention KV-cache scales (compressed-tensors ``initialize_module_for_quantization``
 #: registers ``self_attn.k_scale`` / ``v_scale`` for a ``kv_cache_scheme``).
 KV_SCALES = (".k_scale", ".v_scale", ".q_scale")
-_BNB_STATE = re.compile(r"\.weight\.quant_state\.bitsandbytes__(\w+)$")
 _INT_DTYPE = {4: "int4", 8: "int8", 2: "int2", 3: "int3"}
-
-
-def quantization_config(ckpt: Indexed) -> dict | None:
-    """config.json's ``quantization_config`` (``compression_config`` in early llm-compressor
-    releases), else AutoGPTQ's ``quantize_config.json`` / AutoAWQ's ``quant_config.json``."""
-    for key in ("quantization_config", "compression_config"):
-        if key in ckpt.config:
-            value = ckpt.config[key]
-            if not isinstance(value, dict):
-                raise BadInput(f"config.json's {key} is not a JSON object", ckpt.path)
-            return value
-    for name, method in (("quantize_config.json", "gptq"), ("quant_config.json", "awq")):
-        if name in ckpt.sidecars:
-            return {"quant_method": method, **ckpt.sidecars[name]}
-    return None
 
 
 def read_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Checkpoint:
@@ -103,12 +86,7 @@ def read_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Check
     quantized. ``read`` fetches a tensor's bytes (default: from its local file, bounded)."""
     qc = quantization_config(ckpt)
     if qc is None:
-        stray = next((n for n in sorted(ckpt.tensors) if n.endswith(PACKED_SUFFIXES)
-                      or _BNB_STATE.search(n)), None)
-        if stray:
-            raise BadInput(f"holds the quantized tensor {stray!r} but config.json has no "
-                           "quantization_config saying how it is packed; gac-check reads "
-                           f"{', '.join(METHODS)} checkpoints as they save themselves", ckpt.path)
+        refuse_stray_packed(ckpt)
         return ckpt
     if ckpt.container != "safetensors":
         raise BadInput(f"config.json says it is quantized, but its weights are a "
@@ -451,11 +429,11 @@ def _bitsandbytes(layout: Layout) -> Quantization:
         return quant
     kind = str(qc.get("bnb_4bit_quant_type", "fp4"))
     quant = Quantization("bitsandbytes", kind, 4, kind, "block", ignored=ignored)
-    states = sorted(n for n in layout.ckpt.tensors if _BNB_STATE.search(n))
+    states = sorted(n for n in layout.ckpt.tensors if BNB_STATE.search(n))
     layout.prefetch(states)
     for state in states:
-        m = state[: _BNB_STATE.search(state).start()]
-        found = _BNB_STATE.search(state).group(1)
+        m = state[: BNB_STATE.search(state).start()]
+        found = BNB_STATE.search(state).group(1)
         if found not in ("nf4", "fp4"):
             raise layout.refuse(f"{state}: bitsandbytes 4-bit type {found!r} is not nf4 or fp4")
         doc = _bnb_state(layout, state)
@@ -480,7 +458,7 @@ def _bitsandbytes(layout: Layout) -> Quantization:
                 raise layout.refuse(f"tensor {name!r} is not part of the bitsandbytes 4-bit "
                                     "layout gac-check reads")
         layout.replace(m, (shape[0], shape[1]), found, (m + ".weight",))
-    quant.quantized = tuple(n[: _BNB_STATE.search(n).start()] for n in states)
+    quant.quantized = tuple(n[: BNB_STATE.search(n).start()] for n in states)
     return quant
 
 

@@ -26,10 +26,8 @@ from gac_check.checkpoint.index import Checkpoint
 from gac_check.cli.exits import exit_code
 from gac_check.errors import BadInput
 from gac_check.progress import steps
-from gac_check.report.json_report import to_json
 from gac_check.report.outputs import plan as plan_outputs
 from gac_check.report.outputs import write as write_outputs
-from gac_check.report.run import dumps
 from gac_check.report.text import render_text
 
 #: A --models-from file larger than this is not a list of model names.
@@ -46,13 +44,13 @@ def run_check(args: argparse.Namespace) -> int:
                steps(names, "checking models", enabled=len(names) > 1 and args.output != "json")]
     bench = _bench(results) if args.bench else None
     if len(results) == 1:  # the JSON document only where it is printed or written
-        doc = to_json(results[0]) if args.output == "json" or outputs.wanted else {}
+        doc = _document(results[0]) if args.output == "json" or outputs.wanted else {}
         _print_one(args, results[0], doc, bench and bench[0])
         write_outputs(outputs, doc, args.fail_on)
     else:
         from gac_check.report.zoo import write_zoo  # several models only
 
-        docs = [to_json(r) for r in results]  # after --bench: its figures take precedence
+        docs = [_document(r) for r in results]  # after --bench: its figures take precedence
         _print_zoo(args, results, docs, bench)
         write_zoo(outputs, docs, args.fail_on)
     return exit_code([f for r in results for f in r.findings], args.fail_on)
@@ -166,8 +164,17 @@ def _print_one(args: argparse.Namespace, result: CheckResult, doc: dict, bench) 
         print(render(bench))
 
 
+def _document(result: CheckResult) -> dict:
+    """The check's JSON document; its module is imported only where one is printed or
+    written (a plain check's text needs none)."""
+    from gac_check.report.json_report import to_json
+
+    return to_json(result)
+
+
 def _print_zoo(args: argparse.Namespace, results: list[CheckResult], docs: list[dict],
                bench: list | None) -> None:
+    from gac_check.report.run import dumps
     from gac_check.report.zoo import render_zoo, zoo_run
 
     if args.output == "json":

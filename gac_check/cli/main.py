@@ -14,11 +14,11 @@ from pathlib import Path
 
 from gac_check.cli.exits import EXIT_BAD_INPUT, EXIT_INTERNAL
 from gac_check.contract.dtype_choice import DTYPES
+from gac_check.contract.rules import FAIL_ON
 from gac_check.errors import BadInput
 from gac_check.plugin.options import add_gpu_option, add_target_option
 from gac_check.profiles import resolve_profile
 from gac_check.report.outputs import DEFAULT_REPORT
-from gac_check.report.run import FAIL_ON
 
 #: ``gac-check COMMAND ...``: each command is one module under gac_check/cli with
 #: ``main(argv, parser_class)``. The first argument names it; anything else is a MODEL, so a

@@ -16,10 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gac_check.checkpoint.atomic import write_atomic
 from gac_check.checkpoint.files import open_regular
 from gac_check.errors import BadInput
-from gac_check.report.run import check_writable, dumps, new_run
 
 #: The value argparse gives ``--report`` when it is passed without a file name.
 DEFAULT_REPORT = "<default>"
@@ -49,13 +47,13 @@ def plan(report: str | None, junit: Path | None, model_dir: Path,
     default = report == DEFAULT_REPORT
     path = None
     if report is not None and not default:
-        path = check_writable(Path(report))
+        path = _writable(Path(report))
         if path.suffix.lower() not in HTML_SUFFIXES:
             raise BadInput("--report writes HTML; give a .html file name (the run JSON is "
                            "written beside it)", path)
         if path.with_suffix(".json").is_dir():
             raise BadInput("is a directory, not a file", path.with_suffix(".json"))
-    junit_path = check_writable(junit) if junit is not None else None
+    junit_path = _writable(junit) if junit is not None else None
     if default and REPORTS_DIR.exists() and not REPORTS_DIR.is_dir():
         raise BadInput("is not a directory; --report without a file writes into it",
                        REPORTS_DIR)
@@ -66,6 +64,14 @@ def plan(report: str | None, junit: Path | None, model_dir: Path,
     if path is not None and not force:
         refuse_foreign(path.with_suffix(".json"))
     return Outputs(path, default, junit_path, force)
+
+
+def _writable(path: Path) -> Path:
+    """:func:`gac_check.report.run.check_writable`, its module (the run document) imported
+    only where a file is to be written: a plain check writes none."""
+    from gac_check.report.run import check_writable
+
+    return check_writable(path)
 
 
 #: How every run document :func:`gac_check.report.run.dumps` writes begins.
@@ -94,6 +100,8 @@ def write_files(files: list[tuple[Path, str]], run_json: Path | None, force: boo
     """Write each file atomically, the run JSON first, and that over an existing file only if
     it is an earlier run document or ``force``: a file that appeared since :func:`plan`
     (another writer racing for the name) gets the same refusal."""
+    from gac_check.checkpoint.atomic import write_atomic
+
     for path, text in sorted(files, key=lambda f: f[0] != run_json):
         if path != run_json or force:
             write_atomic(path, text)
@@ -128,6 +136,7 @@ def write(outputs: Outputs, check: dict, fail_on: str, fix: dict | None = None) 
         return []  # a plain check must not pay for importing jinja2
     from gac_check.report.html import render_html
     from gac_check.report.junit import to_junit
+    from gac_check.report.run import dumps, new_run
 
     files: list[tuple[Path, str]] = []
     report = outputs.report

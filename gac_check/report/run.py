@@ -24,12 +24,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gac_check.checkpoint.files import read_json
+from gac_check.contract.rules import FAIL_ON
 from gac_check.errors import BadInput
 from gac_check.report.json_report import SCHEMA as CHECK_SCHEMA
 
 RUN_SCHEMA = "gac-check-run/1"
 READABLE = (CHECK_SCHEMA, RUN_SCHEMA)
-FAIL_ON = ("error", "warning", "refused", "fallback", "never")
 
 
 def new_run(checks: list[dict], *, label: str, fail_on: str = "error",

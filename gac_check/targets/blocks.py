@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gac_check.targets.packs import Source
+from gac_check.targets.source import Source
 
 FULL, NO_OP, LINEAR = "full", "no_op", "linear"
 #: The engines build each FFN's width as ``int(2 * ffn_mult * hidden / 3)`` rounded up to

@@ -141,8 +141,8 @@ def tensor_uses(pack: Pack, ftype: str, site: DimSite, shape: ModelShape) -> lis
     def requested(tensor: str, layers: list[int]) -> tuple[str, ...]:
         return tuple(sorted({mix_type(pack, ftype, tensor, i, n, gqa) for i in layers}))
 
-    layers = sorted(shape.layers) or [0]
     if site.role is Role.HIDDEN:
+        layers = sorted(shape.layers) or [0]
         out = [TensorUse("token_embd", requested("token_embd", [0]))]
         if shape.vocab:
             out.append(TensorUse("output", requested("output", [0])))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
+from pathlib import Path
 
 from gac_check.errors import BadInput
 from gac_check.targets.blocks import (
@@ -36,6 +36,8 @@ from gac_check.targets.shards import ModelShape
 from gac_check.targets.spec import Target
 
 SCHEMA = "gac-check-registry/1"
+#: Beside this module, read as a file as the rule packs are (packs.PACKS_DIR).
+REGISTRIES = Path(__file__).resolve().parent / "registries.json"
 #: the blockers, in the order they are checked (the first one found is reported)
 CUSTOM, CONTAINER, ARCHITECTURE, LAYERS = "custom modules", "container", "architecture", "layers"
 UNIFORM_REMEDY = ("pad every layer to the widest (--repair OUT --uniform: exact zero padding), "
@@ -99,8 +101,7 @@ class Registry:
 
 @cache
 def _data() -> dict:
-    raw = json.loads(resources.files("gac_check.targets").joinpath("registries.json")
-                     .read_text(encoding="utf-8"))
+    raw = json.loads(REGISTRIES.read_text(encoding="utf-8"))
     if raw.get("schema") != SCHEMA:
         raise PackError(f"registries.json: schema must be {SCHEMA!r}")
     return raw

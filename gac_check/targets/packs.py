@@ -12,9 +12,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from functools import cache
-from importlib import resources
+from pathlib import Path
 
 from gac_check.errors import BadInput
+from gac_check.targets.source import Source
 
 SCHEMA = "gac-check-pack/1"
 COMPONENTS = ("attention", "linear", "embedding", "model", "tensor", "mla")
@@ -27,30 +28,16 @@ QUANTITIES = frozenset({
     "mla_head_size", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
 })
 SOURCE_KEYS = ("repo", "file", "function", "ref")
+#: The shipped packs, read as files beside this module (as :mod:`gac_check.bench.published`
+#: reads its tables): gac-check is installed as files, and ``importlib.resources``' readers
+#: cost every target run 4 ms of imports (zipfile, threading) to list one directory.
+PACKS_DIR = Path(__file__).resolve().parent / "packs"
 GGUF_EXTRAS = ("fallback_by_version", "no_fallback", "second_step_f16", "output_head",
                "requires_imatrix", "bump_70b")
 
 
 class PackError(ValueError):
     """A pack that breaks the schema: a bug in the shipped data, caught by the tests."""
-
-
-@dataclass(frozen=True)
-class Source:
-    repo: str
-    file: str
-    function: str
-    ref: str
-    issue: str | None = None
-
-    def __str__(self) -> str:
-        return f"{self.repo}@{self.ref}:{self.file} ({self.function})"
-
-    def as_dict(self) -> dict:
-        d = {"repo": self.repo, "file": self.file, "function": self.function, "ref": self.ref}
-        if self.issue:
-            d["issue"] = self.issue
-        return d
 
 
 @dataclass(frozen=True)
@@ -303,8 +290,7 @@ def parse_pack(raw: dict, name: str = "pack") -> Pack:
 def packs() -> dict[str, Pack]:
     """Every shipped pack, by engine id."""
     out = {}
-    for entry in sorted(resources.files("gac_check.targets").joinpath("packs").iterdir(),
-                        key=lambda e: e.name):
+    for entry in sorted(PACKS_DIR.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
             data = entry.read_bytes()
             pack = parse_pack(json.loads(data.decode("utf-8")), entry.name)
@@ -314,8 +300,18 @@ def packs() -> dict[str, Pack]:
 
 def find_pack(engine: str) -> Pack:
     """The pack for an engine id or alias; BadInput listing the known ones."""
-    name = engine.strip().lower()
-    for pack in packs().values():
-        if name == pack.engine or name in pack.aliases:
-            return pack
+    pack = _by_name().get(engine.strip().lower())
+    if pack is not None:
+        return pack
     raise BadInput(f"unknown engine {engine!r} in --target (known: {', '.join(packs())})")
+
+
+@cache
+def _by_name() -> dict[str, Pack]:
+    """Each engine id and alias to its pack (the first pack that claims it): every verdict
+    asks a target for its pack, thousands of times a check."""
+    out: dict[str, Pack] = {}
+    for pack in packs().values():
+        for name in (pack.engine, *pack.aliases):
+            out.setdefault(name, pack)
+    return out

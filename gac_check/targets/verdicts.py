@@ -12,13 +12,14 @@ the model servable, whatever kernel it would have run.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from gac_check.sites import DimSite, Role
 from gac_check.targets import gguf
 from gac_check.targets.loadability import Loadability, ModelKind, judge_load
-from gac_check.targets.packs import Candidate, Pack, Selection, Source
+from gac_check.targets.packs import Candidate, Pack, Selection, Source, find_pack
 from gac_check.targets.shards import ModelShape, Use, model_shape, pad_to_multiple, uses
 from gac_check.targets.spec import Target
 
@@ -164,27 +165,47 @@ def _padding(c: Candidate, q: dict[str, int]) -> str:
 
 def judge_uses(target: Target, site_uses: list[Use], value: int,
                sm: int | None) -> list[Outcome]:
-    pack = target.pack
     out = []
-    for use in site_uses:
-        if use.component == "tensor":
-            o = _gguf_outcome(pack, target, use.tensor, value)  # type: ignore[arg-type]
+    for use, q, o in _outcomes(target, site_uses, value, sm):
+        if q is None:
             out.append(replace(o, use=use.name))
-            continue
-        q = use.quantities(value)
-        shard = tuple((k, q[k]) for k in DETAIL if k in q)
-        for sel in pack.selections:
-            if (sel.component == use.component and sel.applies(target.quant, target.kv, use.name)
-                    and _version_ok(pack, sel, target.version)):
-                out.append(replace(select(pack, sel, target, q, sm), use=use.name, shard=shard))
+        else:
+            out.append(replace(o, use=use.name, shard=tuple((k, q[k]) for k in DETAIL if k in q)))
     return out
 
 
-def _gguf_outcome(pack: Pack, target: Target, tu: gguf.TensorUse, value: int) -> Outcome:
-    """One GGUF tensor: the type llama.cpp stores it in against the type its mix asks for."""
+def fast_on(target: Target, site_uses: list[Use], value: int, sm: int | None) -> bool:
+    """``worst(judge_uses(...)) == FAST``, stopping at the first outcome that is not fast and
+    labelling none: the size searches ask this of thousands of sizes."""
+    return all(o.verdict == FAST for _, _, o in _outcomes(target, site_uses, value, sm))
+
+
+def _outcomes(target: Target, site_uses: list[Use], value: int,
+              sm: int | None) -> Iterator[tuple[Use, dict[str, int] | None, Outcome]]:
+    """Each use's outcomes with the quantities they were judged on (None: a GGUF tensor's)."""
+    pack = target.pack
+    for use in site_uses:
+        if use.component == "tensor":
+            yield use, None, _gguf_outcome(target.engine, target.version, target.quant,
+                                           use.tensor, value)  # type: ignore[arg-type]
+            continue
+        q = use.quantities(value)
+        for sel in pack.selections:
+            if (sel.component == use.component and sel.applies(target.quant, target.kv, use.name)
+                    and _version_ok(pack, sel, target.version)):
+                yield use, q, select(pack, sel, target, q, sm)
+
+
+@lru_cache(maxsize=1 << 16)
+def _gguf_outcome(engine: str, version: str, quant: str, tu: gguf.TensorUse,
+                  value: int) -> Outcome:
+    """One GGUF tensor: the type llama.cpp stores it in against the type its mix asks for.
+    Kept per (release, quant, tensor use, size): the size search asks the same of each of
+    the 80 layers whose tensor the mix gives the same types."""
+    pack = find_pack(engine)
     sel = f"{pack.engine}-{tu.tensor}"
     row = tu.rows(value)
-    stored = [gguf.stored_type(pack, target.version, target.quant, tu.tensor, r, row)
+    stored = [gguf.stored_type(pack, version, quant, tu.tensor, r, row)
               for r in tu.requested]
     for s in stored:
         refusal = gguf.imatrix_refusal(pack, tu.tensor, s.type)
@@ -210,7 +231,8 @@ def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
         out = [Use("tensor", tu.tensor, lambda v: {}, tu)
                for tu in gguf.tensor_uses(target.pack, target.quant, site, shape)]
         if site.role is Role.INTERMEDIATE:  # one feed_forward_length per file (the loader)
-            out.append(Use("model", "layers", lambda v: {"uniform_layers": int(shape.uniform)}))
+            uniform = {"uniform_layers": int(shape.uniform)}  # not per size: 80 layers each
+            out.append(Use("model", "layers", lambda v: dict(uniform)))
         return out
     tp_rules = target.pack.tp
     kv_rule = (tp_rules.get("kv_heads") or {}).get("rule", "replicate")
@@ -282,7 +304,7 @@ def _smallest_fast(target: Target, su: list[Use], value: int, sm: int | None) ->
     """The smallest value above ``value`` whose every use is fast (brute force upward: the
     conditions are few and cheap, and a search needs no inverse of them)."""
     for v in range(value + 1, value + SEARCH_SPAN + 1):
-        if worst(judge_uses(target, su, v, sm)) == FAST:
+        if fast_on(target, su, v, sm):
             return v
     return None
 
@@ -369,7 +391,7 @@ class SiteVerdicts:
         sm = SM_OF_PROFILE.get(self.profile)
         per = [(t, site_uses(site, self.shape, t)) for t in self.targets]
         return [v for v in values
-                if all(worst(judge_uses(t, su, v, sm)) == FAST for t, su in per)]
+                if all(fast_on(t, su, v, sm) for t, su in per)]
 
     def refused_after(self, sites: list[DimSite],
                       sizes: dict[str, int]) -> list[tuple[DimSite, Target, str]]:
@@ -400,7 +422,7 @@ class SiteVerdicts:
         memo = (*key, v)
         if memo not in self._fast:
             self._fast[memo] = next((u for u in range(v, v + SEARCH_SPAN + 1)
-                                     if worst(judge_uses(t, su, u, sm)) == FAST), None)
+                                     if fast_on(t, su, u, sm)), None)
         return self._fast[memo]
 
     def summary(self) -> dict[str, dict]:
@@ -417,14 +439,16 @@ class SiteVerdicts:
 def _context(site: DimSite, shape: ModelShape, targets: tuple[Target, ...]) -> tuple:
     """What a site's verdicts depend on: sites of equal context (the same width in every
     layer of a uniform model) are judged once. llama.cpp's type mix depends on the layer
-    index itself, so with a GGUF target the layer is part of the context."""
+    index, so with a GGUF target the types the mix asks of the layer's tensors are part of
+    the context (the mix gives most layers the same: they are judged once per mix, not per
+    layer)."""
     lay = shape.layer(site.layer)
     kv = site.attrs.get("kv_heads")
-    by_layer = (site.role in gguf.PER_LAYER_ROLES
-                and any(t.pack.gguf_types for t in targets))
+    mix = (tuple(tuple(gguf.tensor_uses(t.pack, t.quant, site, shape))
+                 for t in targets if t.pack.gguf_types)
+           if site.role in gguf.PER_LAYER_ROLES else ())
     return (site.role, site.value, site.inexact, kv if isinstance(kv, int) else None,
-            lay.heads, lay.kv_heads, lay.head_dim, lay.intermediate,
-            site.layer if by_layer else None)
+            lay.heads, lay.kv_heads, lay.head_dim, lay.intermediate, mix)
 
 
 def judge_all(sites: list[DimSite], targets: tuple[Target, ...], profile: str,
