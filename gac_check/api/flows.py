@@ -127,10 +127,11 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
             gpu: str = "auto", dtype: str | None = None, budget: str = "same",
             strategy: str = "minimal", force: bool = False, calib: Path | str | None = None,
             target: Targets = (), *, progress: bool = True) -> FixResult[RealignReport]:
-    """Re-select aligned ranks of an ASVD-layout or SVD-LLM model under the same parameter
-    budget (or ``budget``, a fraction of the dense matrices), write it to ``out`` in its own
-    layout and re-check ``out``. SVD-LLM's ranks are re-truncated from its whitened factors
-    (:mod:`gac_check.ranks.whitened`), so it takes no ``base``.
+    """Re-select aligned ranks of an ASVD-layout, SVD-LLM or PaLU model under the same
+    parameter budget (or ``budget``, a fraction of the dense matrices), write it to ``out`` in
+    its own layout and re-check ``out``. SVD-LLM's ranks are re-truncated from its whitened
+    factors (:mod:`gac_check.ranks.whitened`), PaLU's group latents from each group's own
+    factors (:mod:`gac_check.ranks.grouped`), so neither takes a ``base``.
 
     ``base`` is the dense original, so any aligned rank can be chosen; without it ranks only
     go down within the existing factors. With ``target``, a rank is chosen only where every
@@ -153,11 +154,20 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
         raise BadInput(before.checkpoint.quantization.refuse_padding("--realign"),
                        before.checkpoint.path)
     align = rank_alignment(before.contract, strategy)
-    require_realignable(before, align)
+    require_realignable(before)
     require_loadable(before)
     whitened = before.format.name == "svd-llm"
-    menus = rank_menus(before.sites, before.checkpoint.shapes, before.contract, align,
-                       base_dir is not None, pad_up=whitened)
+    grouped = before.format.name == "palu"
+    if grouped:
+        from gac_check.ranks.grouped import group_menus, realign_palu
+        from gac_check.ranks.grouped import require_rewritable as require_palu
+
+        require_palu(before.checkpoint, before.family, before.sites, base_dir,
+                     Path(calib) if calib is not None else None)
+        menus = group_menus(before.sites, before.checkpoint.shapes, before.contract, align)
+    else:
+        menus = rank_menus(before.sites, before.checkpoint.shapes, before.contract, align,
+                           base_dir is not None, pad_up=whitened)
     if whitened:
         from gac_check.ranks.whitened import factor_menus, realign_svdllm, require_rewritable
 
@@ -166,7 +176,10 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
         menus = factor_menus(menus)
     require_feasible(before, budget, menus)
     recheck = Recheck(gpu, before)
-    if whitened:
+    if grouped:
+        report = realign_palu(before.checkpoint, menus, Path(out), align, budget, force,
+                              recheck=recheck)
+    elif whitened:
         report = realign_svdllm(before.checkpoint, menus, Path(out), align, budget, force,
                                 recheck=recheck)
     else:

@@ -9,19 +9,13 @@ from typing import TYPE_CHECKING
 from gac_check.analysis import CheckResult
 from gac_check.errors import BadInput
 from gac_check.ranks.candidates import RankMenu
-from gac_check.sites import Role
 
 if TYPE_CHECKING:  # targets are imported only where a check names one
     from gac_check.targets.loadability import Loadability
 
-#: What to run instead of --realign, per format it cannot rewrite.
-INSTEAD = {
-    "palu": "run --repair OUT instead: it pads each group latent r_g exactly, in PaLU's own "
-            "layout (VT/U, head_wise_ranks), loadable with PaLU's from_pretrained; or re-run "
-            "PaLU's compress.py so that every r_g is a multiple of {align}",
-}
-#: The layouts --realign rewrites (ASVD's BLinear/ALinear, SVD-LLM's whitened u/v factors).
-REALIGNABLE = frozenset({"asvd", "svd-llm"})
+#: The layouts --realign rewrites (ASVD's BLinear/ALinear, SVD-LLM's whitened u/v factors,
+#: PaLU's per-group VT/U latents).
+REALIGNABLE = frozenset({"asvd", "svd-llm", "palu"})
 #: Formats with no ranks that --repair refuses too: what to do instead of either.
 NEITHER = {
     "decilm": "it has no low-rank factors to re-select, and --repair refuses it too (each "
@@ -30,23 +24,20 @@ NEITHER = {
 }
 
 
-def not_realignable(fmt: str, align: int, misaligned_ranks: int) -> str:
-    """Why --realign refuses a format, and the command that fixes it instead (or, when every
-    rank is already a multiple of ``align``, that there is nothing to re-select)."""
+def not_realignable(fmt: str) -> str:
+    """Why --realign refuses a format, and the command that fixes it instead."""
     head = (f"is in {fmt} format; --realign re-selects ranks only in the ASVD layout "
-            "(BLinear/ALinear + truncation_ranks) and SVD-LLM's (whitened u/v factors)")
+            "(BLinear/ALinear + truncation_ranks), SVD-LLM's (whitened u/v factors) and "
+            "PaLU's (per-group VT/U latents)")
     if fmt in NEITHER:
         return f"{head}; {NEITHER[fmt]}"
-    if fmt in INSTEAD and not misaligned_ranks:
-        return (f"{head}; its ranks are already multiples of {align}, so there is nothing to "
-                "re-select (run without --realign to see what else the check finds)")
-    advice = INSTEAD.get(fmt, "it has no low-rank factors to re-select; run --repair OUT to "
-                         "zero-pad its misaligned sizes exactly in its own layout")
-    return f"{head}; {advice.format(align=align)}"
+    return (f"{head}; it has no low-rank factors to re-select; run --repair OUT to zero-pad its "
+            "misaligned sizes exactly in its own layout")
 
 
-def require_realignable(result: CheckResult, align: int) -> None:
-    """Refuse every format but the ASVD and SVD-LLM layouts, saying what to run instead."""
+def require_realignable(result: CheckResult) -> None:
+    """Refuse every format but the ASVD, SVD-LLM and PaLU layouts, saying what to run
+    instead."""
     if result.gguf is not None:
         from gac_check.padding.support import gguf_instead
 
@@ -54,10 +45,7 @@ def require_realignable(result: CheckResult, align: int) -> None:
                                                                 "--realign does not"),
                        result.checkpoint.path)
     if result.format.name not in REALIGNABLE:
-        ranks = [s for s in result.sites if s.role in (Role.RANK, Role.KV_LATENT)
-                 and s.value % align]
-        raise BadInput(not_realignable(result.format.name, align, len(ranks)),
-                       result.checkpoint.path)
+        raise BadInput(not_realignable(result.format.name), result.checkpoint.path)
 
 
 def refuse_unloadable(result: CheckResult, message: str,

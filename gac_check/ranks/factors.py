@@ -118,7 +118,7 @@ def _source(state: dict[str, torch.Tensor], base: Checkpoint | None, module: str
         Vh = Vh / s
         err = float((((w - a @ b) * s) ** 2).sum())
     else:
-        U, S, Vh = _svd_of_product(a, b)
+        U, S, Vh = svd_of_product(a, b)
         err = 0.0
     return Source(module, m, n, a.shape[1], U, S, Vh, bias, err,
                   state[module + A_SUFFIX].dtype)
@@ -135,7 +135,7 @@ def _base_weight(base: Checkpoint, module: str, shape: tuple[int, int]) -> torch
     return tensor(base, name)
 
 
-def _svd_of_product(a: torch.Tensor, b: torch.Tensor):
+def svd_of_product(a: torch.Tensor, b: torch.Tensor):
     """SVD of A @ B through two thin QRs: O((m + n) r^2), never the m x n product."""
     qa, ra = torch.linalg.qr(a)
     qb, rb = torch.linalg.qr(b.T)

@@ -1,0 +1,208 @@
+"""``--realign`` for PaLU: re-select each head group's latent rank from the group's own factors.
+
+PaLU (shadowpa0327/Palu, ``palu/model/modules/svd_linear.py``, ``HeadwiseLowRankModule``)
+splits a K/V projection's output rows into head groups and stores, per group ``g``, a latent
+``VT_g`` [r_g, in] (its row segment of ``X.VT.weight``, the segments concatenated in group
+order) and ``U_g`` [group_out, r_g] (``X.U.{g}.weight``, with the bias if the linear had one);
+config.json's ``head_wise_ranks[X]`` lists the r_g. The group's product ``U_g VT_g`` is what
+the model computes, so its SVD (two thin QRs of the factors, never the product:
+:func:`gac_check.ranks.factors.svd_of_product`) gives the best approximation of it at every
+lower rank (Eckart-Young) and what each costs (the discarded ``s^2``). A group can go down to
+an aligned rank within its own, or up to the next aligned rank by zero padding (exactly the
+input's factors, paid for with what other groups freed); never dense (PaLU's module has no
+dense form). The grouping is kept: a group's rows are never moved to another.
+
+PaLU's default ``--decompose_method whiten`` factorises ``W_g S`` (SVD-LLM's whitening), so
+its own lower-rank result is the whitened one; this re-truncation is the best in weight space
+of what the model computes, which is PaLU's own only for ``--decompose_method svd``. The dense
+weights (``--base``) are refused: PaLU's group SVD (and its whitening) would have to be re-run
+on them, which needs its calibration data.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gac_check.checkpoint.index import Checkpoint
+from gac_check.checkpoint.outdir import atomic_output_dir, copy_side_files, weight_file_names
+from gac_check.checkpoint.tensors import read_state
+from gac_check.contract.rules import Contract, Finding
+from gac_check.errors import BadInput
+from gac_check.formats.palu import VT
+from gac_check.ranks.candidates import RankMenu
+from gac_check.ranks.factors import PROVENANCE, RealignReport, svd_of_product
+from gac_check.ranks.knapsack import Matrix, budget_from_spec, realign_plan
+from gac_check.sites import DimSite, Role
+
+#: The families whose realigned PaLU output tests load with PaLU's own from_pretrained.
+FAMILIES = frozenset({"llama"})
+
+
+@dataclass
+class Group:
+    """One head group's factors and the SVD of their product (float64)."""
+
+    site: str  # "X:group{g}", the knapsack's and the report's name
+    module: str
+    index: int
+    rank: int
+    U: torch.Tensor
+    S: torch.Tensor
+    Vh: torch.Tensor
+
+
+def group_menus(sites: list[DimSite], shapes: dict[str, tuple[int, ...]], contract: Contract,
+                align: int) -> list[RankMenu]:
+    """Every group latent's menu: the aligned ranks within its own r_g (exact re-truncation)
+    and the next aligned one above it (zero-padded), up to min(group_out, in); no dense."""
+    menus = []
+    for site in sites:
+        if site.role is not Role.KV_LATENT:
+            continue
+        vt, u = (ax.tensor for ax in site.axes)
+        m, n = shapes[u][0], shapes[vt][1]
+        up = -(-site.value // align) * align
+        ranks = [r for r in range(align, up + 1, align) if r <= min(m, n)]
+        targets = ""
+        if contract.targets is not None:
+            ranks = contract.targets.fast_values(site, ranks)
+            targets = ", ".join(t.spec for t in contract.targets.targets)
+        if not ranks:
+            raise BadInput(f"{site.name}: no rank {targets or 'aligned'} fits within its group "
+                           f"(latent {site.value}, group {m} x {n}), and PaLU's module cannot "
+                           "hold a dense matrix: nothing to re-select; run --repair OUT instead")
+        problem = "; ".join(r.why for r in contract.violations(site))
+        menus.append(RankMenu(site.name, m, n, site.value, tuple(ranks),
+                              f"rank {site.value}: {problem}" if problem else "", targets, True))
+    return menus
+
+
+def require_rewritable(ckpt: Checkpoint, family: str | None, sites: list[DimSite],
+                       base: Path | None, calib: Path | None) -> None:
+    """Refuse, from the headers, what this rewrite cannot honour: ``--base``/``--calib``, a
+    family no test loads with PaLU's code, and a config whose ``head_wise_ranks`` does not
+    say what the tensors hold (OUT's would be wrong too)."""
+    if base is not None or calib is not None:
+        raise BadInput("--base/--calib: a palu model is re-selected from its own group factors; "
+                       "ranks above them would need PaLU's group SVD (and its whitening, with "
+                       "its calibration data) re-run on the dense weights, which --realign does "
+                       "not do. Run without them, or re-run PaLU's compress.py", ckpt.path)
+    if family not in FAMILIES:
+        raise BadInput(f"is a palu checkpoint of the {family or 'unknown'} family; --realign "
+                       "writes palu checkpoints only of families whose output is tested in "
+                       f"PaLU's own loader ({', '.join(sorted(FAMILIES))})", ckpt.path)
+    declared = ckpt.config.get("head_wise_ranks")
+    for site in sites:
+        if site.role is Role.KV_LATENT and site.notes:
+            raise BadInput(f"{site.module}: {site.notes[0]}; --realign rewrites head_wise_ranks "
+                           "from the tensors and will not guess which is right", ckpt.path)
+    if not isinstance(declared, dict):
+        raise BadInput("config.json has no head_wise_ranks: PaLU's loader could not build OUT",
+                       ckpt.path)
+    stray = sorted(n for n in ckpt.tensors if n.endswith(".VT.bias"))
+    if stray:
+        raise BadInput(f"{stray[0]}: PaLU's VT has no bias; not a layout --realign can "
+                       "rewrite", ckpt.path)
+
+
+def read_groups(state: dict[str, torch.Tensor], menus: list[RankMenu]) -> list[Group]:
+    """Each group's factors, sliced from VT by the running sum of the earlier r_g."""
+    groups = []
+    starts: dict[str, int] = {}
+    for menu in menus:
+        module, _, tail = menu.module.rpartition(":group")
+        g = int(tail)
+        start = starts.get(module, 0)
+        starts[module] = start + menu.rank
+        u = state[f"{module}.U.{g}.weight"].double()
+        vt = state[module + VT][start:start + menu.rank].double()
+        U, S, Vh = svd_of_product(u, vt)
+        groups.append(Group(menu.module, module, g, menu.rank, U, S, Vh))
+    return groups
+
+
+def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
+                 budget: str = "same", force: bool = False,
+                 recheck: Callable[[Path], list[Finding]] | None = None) -> RealignReport:
+    """Keep the most of every group's product (least discarded ``s^2``) under the budget, over
+    aligned ranks within (or just above) each group's, and write OUT in PaLU's layout."""
+    state = read_state(ckpt)
+    groups = read_groups(state, menus)
+    matrices = [Matrix(g.site, menu.m, menu.n, sv=g.S.numpy())
+                for g, menu in zip(groups, menus, strict=True)]
+    old = {menu.module: menu.rank for menu in menus}
+    spent = budget_from_spec(budget, matrices, old)
+    plan = realign_plan(matrices, spent, align, {m.module: m.candidates for m in menus},
+                        allow_dense=False)
+    report = RealignReport(Path(out), plan, align, old,
+                           sum(old[m.name] * (m.m + m.n) for m in matrices), 0.0, False,
+                           why={m.module: m.why(plan.ranks[m.module]) for m in menus},
+                           error_name="weight-space error of the group products (sum of "
+                                      "discarded s^2)")
+    report.notes.append("palu: each head group's latent re-truncated from its own factors (the "
+                        "SVD of U_g VT_g), grouping kept; the error shown is relative to the "
+                        "input. For a model PaLU built with --decompose_method whiten (its "
+                        "default) this is the weight-space optimum, not PaLU's whitened one")
+    _write(ckpt, state, groups, report, force, recheck)
+    return report
+
+
+def _write(ckpt: Checkpoint, state: dict[str, torch.Tensor], groups: list[Group],
+           report: RealignReport, force: bool,
+           recheck: Callable[[Path], list[Finding]] | None) -> None:
+    """The input's tensors with each module's VT and moved U.{g} replaced (``state`` is
+    consumed), head_wise_ranks updated, then the re-check and the provenance record, all
+    before OUT appears."""
+    from safetensors.torch import save_file
+
+    ranks = report.plan.ranks
+    by_module: dict[str, list[Group]] = {}
+    for g in groups:
+        by_module.setdefault(g.module, []).append(g)
+    declared = dict(ckpt.config["head_wise_ranks"])
+    for module, members in by_module.items():
+        vt = state[module + VT]
+        start, parts = 0, []
+        for g in members:
+            rank = int(ranks[g.site])
+            u_name = f"{module}.U.{g.index}.weight"
+            u, seg = _refactored(g, rank, state[u_name], vt[start:start + g.rank])
+            state[u_name] = u.contiguous()
+            parts.append(seg)
+            start += g.rank
+        state[module + VT] = torch.cat(parts).contiguous()
+        declared[module] = [int(ranks[g.site]) for g in members]
+    config = dict(ckpt.config, head_wise_ranks=declared)
+    with atomic_output_dir(report.out, force) as tmp:
+        copy_side_files(ckpt.path, tmp, skip=weight_file_names(ckpt.path)
+                        | {"config.json", PROVENANCE})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        moved = sum(ranks[g.site] != g.rank for g in groups)
+        report.notes.append(f"written in PaLU's layout (VT and U.{{g}} per K/V module, "
+                            f"head_wise_ranks updated): {moved} of {len(groups)} group "
+                            "latents moved")
+        if recheck is not None:
+            report.remaining = recheck(tmp)
+        (tmp / PROVENANCE).write_text(json.dumps(
+            {"source": str(ckpt.path), **report.to_json()}, indent=2) + "\n")
+
+
+def _refactored(g: Group, rank: int, u: torch.Tensor, vt: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``U_g`` and ``VT_g`` at ``rank``: unchanged at the input's rank, the input's own
+    factors zero-padded above it (exact), the product's leading components below it."""
+    if rank >= g.rank:
+        pad_u = u.new_zeros(u.shape[0], rank)
+        pad_u[:, :g.rank] = u
+        pad_vt = vt.new_zeros(rank, vt.shape[1])
+        pad_vt[:g.rank] = vt
+        return pad_u, pad_vt
+    root = g.S[:rank].sqrt()
+    return ((g.U[:, :rank] * root).to(u.dtype), (root[:, None] * g.Vh[:rank]).to(vt.dtype))
+
