@@ -406,10 +406,14 @@ def _register_palu() -> None:
     AutoModelForCausalLM.register(PaluLlamaConfig, PaluLlamaForCausalLM, exist_ok=True)
 
 
-def build_palu(root: Path, ranks: tuple[int, ...] = (13, 11), group_size: int = 2) -> Built:
+def build_palu(root: Path, ranks: tuple[int, ...] = (13, 11), group_size: int = 2,
+               scaling: Scaling = None) -> Built:
     """compress.py's dump_to_huggingface_repos: save_pretrained of the model with every k/v
     projection a HeadwiseLowRankModule (group g's r_g from ``ranks``), then config.json with
-    ``head_wise_ranks``, ``model_type: palullama`` and ``PaluLlamaForCausalLM``."""
+    ``head_wise_ranks``, ``model_type: palullama`` and ``PaluLlamaForCausalLM``. ``scaling``:
+    per input width, the whitening of ``--decompose_method whiten`` (PaLU's default,
+    ``from_linear_whiten``: SVD-LLM's factors per group, :func:`whitened`); without it,
+    ``--decompose_method svd`` (``from_linear``)."""
     model = tiny_llama(8)
     rows = model.config.head_dim * group_size
     head_wise = {f"model.layers.{i}.self_attn.{p}": list(ranks)
@@ -420,7 +424,9 @@ def build_palu(root: Path, ranks: tuple[int, ...] = (13, 11), group_size: int = 
                                     lin.bias is not None)
         vts = []
         for g, r in enumerate(group_ranks):
-            left, right = truncated(lin.weight.data[g * rows:(g + 1) * rows], r)
+            w = lin.weight.data[g * rows:(g + 1) * rows]
+            left, right = (truncated(w, r) if scaling is None
+                           else whitened(w, r, scaling[w.shape[1]]))
             new.U[g].weight.data = left
             vts.append(right)
         new.VT.weight.data = torch.cat(vts)

@@ -1,5 +1,6 @@
 """What --repair and --realign say about models they cannot fully fix: mixed weight dtypes,
-aligned PaLU ranks, a channel-pruned hidden size, and progress that stays off JSON runs."""
+aligned PaLU ranks kept by --realign, a channel-pruned hidden size, and progress that stays
+off JSON runs."""
 from __future__ import annotations
 
 import json
@@ -30,12 +31,16 @@ def test_mixed_weight_dtypes_are_named(tmp_path: Path) -> None:
     assert "most weight elements" in note
 
 
-def test_palu_realign_with_aligned_ranks_says_there_is_nothing_to_do(tmp_path: Path) -> None:
+def test_palu_realign_with_aligned_ranks_keeps_them(tmp_path: Path) -> None:
+    """Every r_g already a multiple of 8: no group can go up past its own rank without another
+    going below the alignment, so --realign keeps them all and OUT computes what the input
+    does (PaLU's loader, logits equal)."""
     built = C.build_palu(tmp_path / "palu", ranks=(16, 8))
     run = helpers.gac(built.path, "--realign", tmp_path / "out", "--gpu", "gpu",
                       "--dtype", "float16")
-    assert run.returncode == 2, run.stderr
-    assert "already multiples of 8" in run.stderr and "re-run" not in run.stderr
+    assert run.returncode == 0, run.stderr
+    assert "ranks: 0 changed to another aligned rank, 8 unchanged" in run.stdout
+    C.assert_loads_same(built, tmp_path / "out")
 
 
 def test_channel_pruned_hidden_refusal_says_what_to_do(tmp_path: Path) -> None:

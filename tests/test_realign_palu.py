@@ -1,0 +1,193 @@
+"""--realign on PaLU's own save: each head group's latent re-truncated from the group's own
+factors, grouping kept, OUT in PaLU's layout (VT + U.{g}, head_wise_ranks) loaded with PaLU's
+from_pretrained, aligned and within the budget.
+
+The checkpoint is built as PaLU's default ``--decompose_method whiten`` builds it (per group,
+SVD-LLM's whitened factors: tests/compressors.py ``build_palu(scaling=...)``), so the stored
+factors are not the weight-space SVD of their product: a re-truncation that merely kept a
+prefix of them would not be the best approximation, and the first test would say so.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests import compressors as C
+from tests import helpers
+
+RANKS = (19, 10)  # per group of 2 heads (group 32 x 64): misaligned for float16's 8
+GPU = ("--gpu", "gpu", "--dtype", "float16")
+Groups = dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> C.Built:
+    scaling = C.whitening([helpers.LLAMA["hidden_size"]])
+    return C.build_palu(tmp_path_factory.mktemp("palu") / "model", RANKS, scaling=scaling)
+
+
+def groups(root: Path) -> Groups:
+    """Each group's (U_g, VT_g) as saved, by site name, sliced by head_wise_ranks."""
+    state = load_file(str(root / "model.safetensors"))
+    declared = json.loads((root / "config.json").read_text())["head_wise_ranks"]
+    out = {}
+    for module, ranks in declared.items():
+        start = 0
+        for g, r in enumerate(ranks):
+            out[f"{module}:group{g}"] = (state[f"{module}.U.{g}.weight"].double(),
+                                         state[f"{module}.VT.weight"][start:start + r].double())
+            start += r
+        assert start == state[f"{module}.VT.weight"].shape[0]
+    return out
+
+
+def best(product: torch.Tensor, rank: int) -> torch.Tensor:
+    """Eckart-Young from first principles: the full SVD of the product, truncated."""
+    u, s, vh = torch.linalg.svd(product, full_matrices=False)
+    return (u[:, :rank] * s[:rank]) @ vh[:rank]
+
+
+def realign(built: C.Built, out: Path, *args: str) -> dict:
+    run = helpers.gac(built.path, "--realign", out, *GPU, "--format", "json", *args)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def ranks_of(doc: dict) -> dict[str, int]:
+    return {c["name"]: c["rank"] for c in doc["plan"]["choices"]}
+
+
+def test_retruncation_is_the_best_approximation_of_each_group(built, tmp_path):
+    """A group whose rank went down holds the best rank-r' approximation of its own product
+    U_g VT_g (not a prefix of its whitened factors); one that went up holds the input's own
+    factors, zero-padded, bit for bit."""
+    doc = realign(built, tmp_path / "out")
+    ranks = ranks_of(doc)
+    src, out = groups(built.path), groups(tmp_path / "out")
+    assert set(out) == set(src) == set(ranks)
+    assert {ranks[g] < u.shape[1] for g, (u, _) in src.items()} == {True, False}, ranks
+    for name, (u, vt) in src.items():
+        new_u, new_vt = out[name]
+        rank = ranks[name]
+        assert new_u.shape == (u.shape[0], rank) and new_vt.shape == (rank, vt.shape[1])
+        if rank >= u.shape[1]:
+            r = u.shape[1]
+            assert torch.equal(new_u[:, :r], u) and torch.equal(new_vt[:r], vt), name
+            assert not new_u[:, r:].any() and not new_vt[r:].any(), name
+            continue
+        want = best(u @ vt, rank)
+        torch.testing.assert_close(new_u @ new_vt, want, rtol=0, atol=1e-5)
+        prefix = u[:, :rank] @ vt[:rank]  # the whitened truncation is another, worse one
+        assert (prefix - u @ vt).norm() > (want - u @ vt).norm() * 1.01, name
+
+
+def reference(built: C.Built, ranks: dict[str, int]) -> torch.nn.Module:
+    """The dense Llama the input was compressed from, every K/V projection replaced by its
+    groups' products re-truncated here (best rank-r' of each, or the product itself where
+    the rank went up): what OUT must compute."""
+    dense = C.tiny_llama(8)
+    for module, per in _by_module(groups(built.path)).items():
+        rows = [best(u @ vt, min(ranks[name], u.shape[1])) for name, (u, vt) in per]
+        dense.get_submodule(module).weight.data = torch.cat(rows).float()
+    return dense.eval()
+
+
+def _by_module(gs: Groups) -> dict[str, list[tuple[str, tuple[torch.Tensor, torch.Tensor]]]]:
+    out: dict[str, list] = {}
+    for name, pair in gs.items():
+        out.setdefault(name.rpartition(":group")[0], []).append((name, pair))
+    return out
+
+
+def test_out_loads_in_palus_loader_and_rechecks_aligned_within_budget(built, tmp_path):
+    before = helpers.tree_digest(built.path)
+    out = tmp_path / "out"
+    doc = realign(built, out)
+    assert helpers.tree_digest(built.path) == before
+    ranks = ranks_of(doc)
+    model = C.load_palu(out)  # import palu.model; AutoModelForCausalLM.from_pretrained(OUT)
+    for module, per in _by_module(groups(out)).items():
+        assert model.get_submodule(module).ranks == [ranks[name] for name, _ in per]
+    err = C.max_relative_error(C.logits(reference(built, ranks), 96), C.logits(model, 96))
+    assert err <= 1e-4, err
+    plan = doc["plan"]
+    assert plan["total_params"] <= doc["old_params"] == plan["budget"]
+    recheck = helpers.gac(out, *GPU, "--format", "json")
+    assert recheck.returncode == 0, recheck.stdout
+    latents = [s for s in json.loads(recheck.stdout)["sites"] if s["role"] == "kv_latent"]
+    assert len(latents) == len(ranks) and all(s["value"] % 8 == 0 for s in latents)
+    assert sum(s["value"] * 96 for s in latents) <= plan["budget"]
+    saved = json.loads((out / "gac-realign.json").read_text())
+    assert {m["module"]: m["after"] for m in saved["matrices"]} == ranks
+
+
+def _round_down(ranks: dict[str, int], align: int, scale: float = 1.0) -> dict[str, int]:
+    return {g: max(align, int(r * scale) // align * align) for g, r in ranks.items()}
+
+
+def kept(gs: Groups) -> float:
+    """Energy each group's factors keep: ||U_g VT_g||_F^2."""
+    return sum(float((u @ vt).square().sum()) for u, vt in gs.values())
+
+
+@pytest.mark.parametrize("budget", ["same", "0.5"])
+def test_knapsack_keeps_at_least_rounding_down(built, tmp_path, budget):
+    """The energy of the group products OUT keeps is at least that of rounding every r_g down
+    to the alignment (scaled down uniformly first where the budget is below the input's),
+    each rounded group at its best (its product's leading singular values)."""
+    doc = realign(built, tmp_path / "out", "--budget", budget)
+    plan = doc["plan"]
+    src = groups(built.path)
+    size = {g: u.shape[0] + vt.shape[1] for g, (u, vt) in src.items()}
+    old = {g: u.shape[1] for g, (u, _) in src.items()}
+    scale = next(s / 100 for s in range(100, 0, -1)
+                 if sum(r * size[g] for g, r in _round_down(old, 8, s / 100).items())
+                 <= plan["budget"])
+    rounded = _round_down(old, 8, scale)
+    baseline = sum(float(torch.linalg.svdvals(u @ vt)[:rounded[g]].square().sum())
+                   for g, (u, vt) in src.items())
+    got = kept(groups(tmp_path / "out"))
+    assert got >= baseline * (1 - 1e-9), (got, baseline)
+    assert plan["total_params"] <= plan["budget"]
+    assert got > baseline * 1.001, (got, baseline)  # the budget rounding wastes is spent
+
+
+def test_summary_names_each_group(built, tmp_path):
+    run = helpers.gac(built.path, "--realign", tmp_path / "out", *GPU)
+    assert run.returncode == 0, run.stderr
+    assert "weight-space error of the group products (sum of discarded s^2): 0 ->" in run.stdout
+    assert "model.layers.0.self_attn.k_proj:group0: rank 19 -> " in run.stdout
+    assert "the knapsack's choice among the ranks aligned" in run.stdout
+    assert "--decompose_method whiten" in run.stdout
+
+
+@pytest.mark.parametrize("flag", ["--base", "--calib"])
+def test_base_and_calib_are_refused(built, tmp_path, flag):
+    """Ranks above the factors would need PaLU's group SVD (and its whitening) re-run on the
+    dense weights: refused, saying so."""
+    arg = built.path if flag == "--base" else built.path / "config.json"
+    extra = ("--base", built.path) if flag == "--calib" else ()
+    run = helpers.gac(built.path, "--realign", tmp_path / "out", flag, arg, *extra, *GPU)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "re-selected from its own group factors" in run.stderr
+    assert "PaLU's group SVD" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_head_wise_ranks_that_contradict_the_tensors_are_refused(built, tmp_path):
+    src = tmp_path / "lying"
+    src.mkdir()
+    for f in built.path.iterdir():
+        (src / f.name).write_bytes(f.read_bytes())
+    config = json.loads((src / "config.json").read_text())
+    config["head_wise_ranks"]["model.layers.1.self_attn.v_proj"] = [16, 13]
+    (src / "config.json").write_text(json.dumps(config))
+    run = helpers.gac(src, "--realign", tmp_path / "out", *GPU)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "model.layers.1.self_attn.v_proj: head_wise_ranks says 16, tensors have 19" \
+        in run.stderr
+    assert not (tmp_path / "out").exists()
