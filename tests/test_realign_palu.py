@@ -209,3 +209,16 @@ def test_head_wise_ranks_that_contradict_the_tensors_are_refused(built, tmp_path
     assert "model.layers.1.self_attn.v_proj: head_wise_ranks says 16, tensors have 19" \
         in run.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_palu_config_without_group_latents_is_refused(tmp_path):
+    """head_wise_ranks in config.json but plain k/v weights: nothing to re-select, said in one
+    line (not a solver's error on no matrices)."""
+    root = tmp_path / "model"
+    C.tiny_llama(8).save_pretrained(root)
+    config = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps(config | {"head_wise_ranks": {}}))
+    run = helpers.gac(root, "--realign", tmp_path / "out", *GPU)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "has no group latents" in run.stderr
+    assert not (tmp_path / "out").exists()

@@ -130,6 +130,9 @@ def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                  recheck: Callable[[Path], list[Finding]] | None = None) -> RealignReport:
     """Keep the most of every group's product (least discarded ``s^2``) under the budget, over
     aligned ranks within (or just above) each group's, and write OUT in PaLU's layout."""
+    if not menus:
+        raise BadInput("is in palu format but has no group latents (X.VT.weight with X.U.{g}): "
+                       "nothing to realign", ckpt.path)
     state = read_state(ckpt)
     groups = read_groups(state, menus)
     matrices = [Matrix(g.site, menu.m, menu.n, sv=g.S.numpy())
