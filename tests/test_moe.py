@@ -220,42 +220,80 @@ def test_the_text_output_folds_experts_of_one_width_into_one_row(tmp_path: Path)
 # ----------------------------------------------------------------------------- targets
 
 def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
-    """No engine's pack models the fused-MoE kernels yet: every MoE site is refused on a
-    target, saying so, and the model's verdict is refused, never fast."""
+    """Where no pack rule models the fused-MoE kernels (SGLang; vLLM with AWQ), every MoE
+    site is refused on the target, saying so, and the model's verdict is refused, never
+    fast; the expert count is refused on vLLM too (no rule read for it)."""
     root = _saved(_mixtral(48), tmp_path / "mixtral")
-    doc = _json(root, "--target", "vllm,tp=2")
+    doc = _json(root, "--target", "sglang,tp=2", "--target", "vllm,tp=2,quant=awq",
+                "--target", "vllm,tp=2")
     for site in doc["sites"]:
-        verdict = site["targets"][0]
+        sglang, awq, vllm = site["targets"]
         if site["role"] in ("expert_intermediate", "experts"):
-            assert verdict["verdict"] == "refused"
-            assert verdict["why"].startswith("not judged for MoE: vllm's fused-MoE kernels")
+            for verdict, engine in ((sglang, "sglang"), (awq, "vllm")):
+                assert verdict["verdict"] == "refused"
+                assert verdict["why"].startswith(f"not judged for MoE: {engine}'s fused-MoE")
         else:
-            assert verdict["verdict"] != "refused" or "MoE" not in verdict["why"]
-    assert doc["summary"]["targets"]["vllm,tp=2"]["verdict"] == "refused"
+            assert sglang["verdict"] != "refused" or "MoE" not in sglang["why"]
+        if site["role"] == "experts":
+            assert vllm["verdict"] == "refused" and vllm["why"].startswith("not judged for MoE")
+    for spec in ("sglang,tp=2", "vllm,tp=2,quant=awq", "vllm,tp=2"):
+        assert doc["summary"]["targets"][spec]["verdict"] == "refused"
     out = tmp_path / "out"
-    run = helpers.gac(root, "--gpu", "h100", "--repair", out, "--target", "vllm,tp=2")
+    run = helpers.gac(root, "--gpu", "h100", "--repair", out, "--target", "sglang,tp=2")
     assert run.returncode == 2 and not out.exists(), run.stdout + run.stderr
-    assert "vllm,tp=2 would still refuse OUT" in run.stderr
+    assert "sglang,tp=2 would still refuse OUT" in run.stderr
     assert "not judged for MoE" in run.stderr
 
 
 def test_vllm_refuses_an_expert_width_tp_does_not_divide(tmp_path: Path) -> None:
     """vLLM v0.33.0's FusedMoEConfig asserts intermediate_size % tp_size == 0 (the pack's
-    vllm-moe-tp, cited): experts 45 wide are refused at tp=2 with that reason and source; at
-    tp=1 and on v0.30.0 (a release the rule was not read for) they are refused only as not
-    judged, never passed."""
+    vllm-moe-tp, cited): experts 45 wide are refused at tp=2 with that reason and source, and
+    46 (the smallest width tp=2 divides, which the Triton kernel runs) is the fix; on v0.30.0
+    (a release neither rule was read for) they are refused only as not judged."""
     root = _saved(_mixtral(45), tmp_path / "mixtral")
-    doc = _json(root, "--target", "vllm,tp=2", "--target", "vllm,tp=1",
-                "--target", "vllm@v0.30.0,tp=2")
+    doc = _json(root, "--target", "vllm,tp=2", "--target", "vllm@v0.30.0,tp=2")
     expert = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
-    tp2, tp1, old = expert["targets"]
+    tp2, old = expert["targets"]
     assert tp2["verdict"] == "refused"
     assert "FusedMoEConfig asserts intermediate_size % tp_size == 0" in tp2["why"]
     assert tp2["source"]["function"] == "FusedMoEConfig.__post_init__"
     assert tp2["source"]["ref"] == "v0.33.0"
-    assert tp2["uses"][0]["rule"] == "vllm-moe-tp"
-    for other in (tp1, old):
-        assert other["verdict"] == "refused" and other["why"].startswith("not judged for MoE")
+    assert [u["rule"] for u in tp2["uses"] if u["verdict"] == "refused"] == ["vllm-moe-tp"]
+    assert tp2["fix_to"] == 46
+    assert old["verdict"] == "refused" and old["why"].startswith("not judged for MoE")
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_vllm_runs_unquantized_experts_on_triton(tmp_path: Path, family: str) -> None:
+    """vLLM v0.33.0 picks TritonExperts for an unquantized MoE layer on sm80 and sm90
+    (select_unquantized_moe_backend: FlashInfer's kernels need sm100, or sm90 where they are
+    moved behind Triton), and fused_moe_kernel masks K and N, so an expert width of 45 is
+    fast there at tp=1 and 3 (45 / 3 = 15 per rank), with the rule's source and its caveat
+    (tuned block sizes not modelled). With no GPU, nothing read runs it: refused. Qwen2-MoE's
+    shared expert (a dense MLP in vLLM, no rule read) stays refused as not judged."""
+    make = {"mixtral": _mixtral, "qwen2_moe": _qwen2_moe}[family]
+    root = _saved(make(45), tmp_path / family)
+    doc = _json(root, "--target", "vllm", "--target", "vllm,tp=3")
+    expert = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
+    for verdict in expert["targets"]:
+        assert verdict["verdict"] == "fast", verdict
+        assert verdict["kernel"] == "TritonExperts (fused_moe_kernel)"
+        assert verdict["source"] == {
+            "repo": "vllm-project/vllm", "ref": "v0.33.0",
+            "file": "vllm/model_executor/layers/fused_moe/oracle/unquantized.py",
+            "function": "select_unquantized_moe_backend"}
+        assert any("tuned file" in u for u in verdict["uncertain"])
+    for site in doc["sites"]:
+        if site["role"] in ("experts", "shared_expert_intermediate"):
+            assert site["targets"][0]["why"].startswith("not judged for MoE"), site["name"]
+    a100 = helpers.gac(root, "--gpu", "a100", "--format", "json", "--target", "vllm")
+    sites = json.loads(a100.stdout)["sites"]
+    on_a100 = next(s for s in sites if s["role"] == "expert_intermediate")["targets"][0]
+    assert (on_a100["verdict"], on_a100["kernel"]) == ("fast", verdict["kernel"])
+    cpu = helpers.gac(root, "--gpu", "cpu", "--format", "json", "--target", "vllm")
+    sites = json.loads(cpu.stdout)["sites"]
+    on_cpu = next(s for s in sites if s["role"] == "expert_intermediate")["targets"][0]
+    assert on_cpu["verdict"] == "refused" and "read for sm80 and sm90 only" in on_cpu["why"]
 
 
 # ----------------------------------------------------------------------------- repair

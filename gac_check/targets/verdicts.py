@@ -245,7 +245,8 @@ def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
 
 
 NO_RULE = "no rule of this engine's pack constrains this dimension"
-#: A mixture-of-experts layer's sites, which no pack's rules judge yet: refused, never passed.
+#: A mixture-of-experts layer's sites: refused, never passed, unless a pack's kernel rule
+#: judges them (vLLM v0.33.0's unquantized fused-MoE backend, for an expert's width).
 MOE_ROLES = frozenset({Role.EXPERT, Role.SHARED_EXPERT, Role.EXPERTS})
 NOT_JUDGED_MOE = ("not judged for MoE: {engine}'s fused-MoE kernels and their shape rules under "
                   "tensor and expert parallelism are not in its rule pack yet, so gac-check "
@@ -254,12 +255,12 @@ NOT_JUDGED_MOE = ("not judged for MoE: {engine}'s fused-MoE kernels and their sh
 
 def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> TargetVerdict:
     """The site's verdict on ``target`` (fast, with no kernel, where no rule speaks; refused
-    for a mixture-of-experts site, which no pack models)."""
+    for a mixture-of-experts site whose kernels the pack does not model)."""
     sm = SM_OF_PROFILE.get(profile)
-    if site.role in MOE_ROLES:
-        return _moe_verdict(site, shape, target, sm)
     su = site_uses(site, shape, target)
     outcomes = judge_uses(target, su, site.value, sm)
+    if site.role in MOE_ROLES and all(o.gate for o in outcomes):
+        return _moe_verdict(target, outcomes)
     if not outcomes:
         return TargetVerdict(target, FAST, None, NO_RULE, None, fix_to=site.value)
     verdict = worst(outcomes)
@@ -284,14 +285,12 @@ def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> Tar
     return tv
 
 
-def _moe_verdict(site: DimSite, shape: ModelShape, target: Target,
-                 sm: int | None) -> TargetVerdict:
-    """An MoE site is refused on every target: with the engine's own reason where its pack
-    has a rule that refuses to load it (vLLM's fused-MoE layer under TP), else because no
-    pack models the fused-MoE kernels, so nothing says which one runs it."""
-    outcomes = judge_uses(target, site_uses(site, shape, target), site.value, sm)
+def _moe_verdict(target: Target, outcomes: list[Outcome]) -> TargetVerdict:
+    """An MoE site no kernel rule of the pack judges is refused: with the engine's own reason
+    where a loading rule refuses it (vLLM's fused-MoE layer under TP), else because nothing
+    says which kernel runs it (a gate that passes is not a verdict on the kernel)."""
     not_judged = NOT_JUDGED_MOE.format(engine=target.engine)
-    cannot = "no size is judged for an MoE layer's kernels on any engine yet"
+    cannot = f"no size of this MoE dimension is judged on {target.spec}'s kernels"
     bad = next((o for o in outcomes if o.verdict == REFUSED), None)
     if bad is not None:
         return TargetVerdict(target, REFUSED, None, f"{bad.why}; and beyond loading, "
