@@ -173,7 +173,9 @@ def test_vllm_vocab_is_padded_to_64_then_divided(vocab, tp, expected):
     ("vllm,quant=fp8", "h100", "bfloat16", 8816, "fast", "cutlass_scaled_mm"),
     ("vllm@v0.20.0,quant=fp8", "h100", "bfloat16", 8806, "fallback", "triton_scaled_mm"),
     ("vllm@v0.20.0,quant=fp8", "h100", "bfloat16", 8816, "fast", "cutlass_scaled_mm"),
-    ("vllm,quant=fp8", "a100", "bfloat16", 8192, "fallback", "fp8_marlin (weight-only)"),
+    ("vllm,quant=fp8", "a100", "bfloat16", 8192, "fallback",
+     "fp8 weight-only (humming; marlin for quant_method fp8)"),
+    ("vllm@v0.30.0,quant=fp8", "a100", "bfloat16", 8192, "fallback", "fp8_marlin (weight-only)"),
     # INT8 W8A8: CUTLASS needs K, N % 16, else Triton
     ("vllm,quant=int8", "a100", "bfloat16", 8806, "fallback", "triton_scaled_mm"),
     ("vllm,quant=int8", "a100", "bfloat16", 8816, "fast", "cutlass_scaled_mm"),
@@ -245,6 +247,27 @@ def test_fp8_cutlass_padding_is_a_fallback_that_says_what_it_pads():
     assert (v.verdict, v.kernel) == ("fallback", "cutlass_scaled_mm (pads K, N to 16)")
     assert "pads N 17612 -> 17616" in v.why  # gate_up's fused N per rank, padded to 16
     assert v.fix_to == 8816  # down_proj's K 8806 pads too: 8808 would still pad it
+
+
+@pytest.mark.parametrize("width, tp, expected", [
+    # v0.33.0, below sm89: compressed-tensors FP8 runs weight-only on Humming, vLLM's own fp8 on
+    # Marlin; both view each rank's N x K FP8 weight as int32 at load, so down_proj's K per
+    # rank must be a multiple of 4 (found by the oracle: tests/test_targets_vllm_oracle.py)
+    (8806, 1, "refused"),  # K 8806 % 4 = 2
+    (8808, 1, "fallback"),
+    (8808, 4, "refused"),  # 2202 per rank
+    (8816, 4, "fallback"),  # 2204 per rank
+])
+def test_vllm_fp8_weight_only_needs_k_per_rank_multiple_of_4(width, tp, expected):
+    v = verdict("intermediate", width, f"vllm,tp={tp},quant=fp8", "a100")
+    assert v.verdict == expected, v.why
+    if expected == "refused":
+        assert "divisible by 4 to view Float8_e4m3fn as Int" in v.why
+        assert v.source.file.endswith("humming/linear.py")
+    else:
+        assert v.kernel == "fp8 weight-only (humming; marlin for quant_method fp8)"
+    # on an H100 CUTLASS runs it (padding K and N to 16), whatever K is
+    assert verdict("intermediate", width, f"vllm,tp={tp},quant=fp8", "h100").verdict != "refused"
 
 
 def test_kernels_the_stock_install_never_takes_stay_in_the_list_but_are_skipped():

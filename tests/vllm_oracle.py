@@ -13,8 +13,9 @@ for the attention backend (``validate_configuration`` of each backend), the AWQ 
 (``check_marlin_supports_layer``, then ``choose_mp_linear_kernel``; a layer it sends to
 ``AutoAWQLinearMethod`` is checked as ``BaseAWQLinearMethod.create_weights`` checks it),
 ``choose_mp_linear_kernel`` with every WNA16 kernel's ``can_implement`` for GPTQ,
-``marlin_padded_nk`` for Marlin's tile padding and ``pad_vocab_size`` for the vocabulary.
-Prints one JSON answer per case.
+``marlin_padded_nk`` for Marlin's tile padding, ``pad_vocab_size`` for the vocabulary, and
+for FP8/INT8 the quantization method vLLM builds for a checkpoint's config, run as at load
+(:func:`scaled_mm_answers`). Prints one JSON answer per case.
 """
 from __future__ import annotations
 
