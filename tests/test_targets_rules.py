@@ -18,7 +18,7 @@ from gac_check.sites import DimSite, Role
 from gac_check.targets.packs import PackError, packs, parse_pack
 from gac_check.targets.shards import LayerShape, ModelShape, kv_heads_per_rank, split
 from gac_check.targets.spec import parse_target
-from gac_check.targets.verdicts import judge, judge_all
+from gac_check.targets.verdicts import judge, judge_all, judge_uses, site_uses
 
 LAYER = dict(heads=32, kv_heads=8, head_dim=128, intermediate=14336)
 
@@ -296,6 +296,26 @@ def test_vllm_block_fp8_needs_whole_blocks_per_rank(width, tp, expected):
     assert v.verdict == expected, v.why
     if expected == "refused":
         assert "block" in v.why and v.source.issue == "vllm-project/vllm#42384"
+
+
+@pytest.mark.parametrize("width, gpu, expected", [
+    # below sm89 block FP8 runs weight-only (Marlin; Humming for compressed-tensors), which
+    # views the N x K weight as int32: at tp=1 down_proj's K is not split, so validate_fp8_
+    # block_shape passes 8806 and the repack refuses it (the oracle's 8806 case)
+    (8806, "a100", "refused"),
+    (8808, "a100", "loads"),
+    (8806, "h100", "loads"),  # CUTLASS block FP8: no such view
+])
+def test_vllm_block_fp8_down_proj_below_sm89_needs_k_multiple_of_4(width, gpu, expected):
+    target = parse_target("vllm,quant=fp8_block")
+    shape = ModelShape(4096, 32000, {0: LayerShape(**{**LAYER, "intermediate": width})})
+    site = DimSite("model.layers.0:intermediate", Role.INTERMEDIATE, width, [], layer=0)
+    sm = {"a100": 80, "h100": 90}[gpu]
+    (down,) = [o for o in judge_uses(target, site_uses(site, shape, target), width, sm)
+               if o.use == "down_proj" and o.selection == "vllm-fp8-block-shard"]
+    assert down.verdict == ("refused" if expected == "refused" else "fast"), down
+    if expected == "refused":
+        assert down.why.startswith("RuntimeError: self.size(-1) must be divisible by 4")
 
 
 def test_llm_compressor_1489_bf16_gptq_with_marlin_misaligned_input_is_refused():

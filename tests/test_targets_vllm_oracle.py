@@ -84,6 +84,9 @@ def w8a8_grid(rnd: random.Random, per_cap: int = 90) -> list[dict]:
             cases.append({"cap": cap, "kind": "w8a8", "scheme": rnd.choice(sorted(PACK_QUANT)),
                           "use": rnd.choice(("gate_up_proj", "down_proj")), "hidden": 4096,
                           "width": shard * tp, "tp": tp, "dtype": "bfloat16"})
+        for scheme in sorted(PACK_QUANT):  # the engine cases' 8806: K % 16, % 4 and % 128
+            cases.append({"cap": cap, "kind": "w8a8", "scheme": scheme, "use": "down_proj",
+                          "hidden": 4096, "width": 8806, "tp": 1, "dtype": "bfloat16"})
     return cases
 
 
