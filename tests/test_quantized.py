@@ -207,6 +207,19 @@ def test_fp8_text_and_json_judge_the_same_dtype(made, name):
     assert "FP8" in doc["hardware"]["dtype_note"]
 
 
+@pytest.mark.parametrize("target", ["vllm", "vllm,tp=2"])
+def test_block_fp8_is_deployed_as_block_fp8_and_refused_in_part_blocks(made, target):
+    """688 = 5.4 blocks of 128: vLLM's validate_fp8_block_shape refuses gate_up (gate and up
+    each a part block) at any TP, as tests/test_targets_vllm_oracle.py saw vLLM do; judged as
+    per-tensor FP8 it was a padded CUTLASS fallback."""
+    _, doc = run_json(made["blockfp8"], "--gpu", "h100", "--target", target)
+    mlp = [v for s in doc["sites"] if s["role"] == "intermediate" for v in s["targets"]]
+    assert mlp and all(v["verdict"] == "refused" for v in mlp), mlp
+    assert all("block" in v["why"] for v in mlp)
+    assert "quant=fp8_block" in helpers.gac(made["blockfp8"], "--gpu", "h100", "--target",
+                                           target).stdout
+
+
 def test_int8_w8a8_is_judged_in_int8_and_deployed_as_int8(made):
     _, doc = run_json(made["w8a8"], "--gpu", "h100", "--target", "vllm,tp=2")
     assert doc["hardware"]["dtype"] == "int8"

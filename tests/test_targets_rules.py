@@ -18,7 +18,7 @@ from gac_check.sites import DimSite, Role
 from gac_check.targets.packs import PackError, packs, parse_pack
 from gac_check.targets.shards import LayerShape, ModelShape, kv_heads_per_rank, split
 from gac_check.targets.spec import parse_target
-from gac_check.targets.verdicts import judge, judge_all
+from gac_check.targets.verdicts import judge, judge_all, judge_uses, site_uses
 
 LAYER = dict(heads=32, kv_heads=8, head_dim=128, intermediate=14336)
 
@@ -173,7 +173,9 @@ def test_vllm_vocab_is_padded_to_64_then_divided(vocab, tp, expected):
     ("vllm,quant=fp8", "h100", "bfloat16", 8816, "fast", "cutlass_scaled_mm"),
     ("vllm@v0.20.0,quant=fp8", "h100", "bfloat16", 8806, "fallback", "triton_scaled_mm"),
     ("vllm@v0.20.0,quant=fp8", "h100", "bfloat16", 8816, "fast", "cutlass_scaled_mm"),
-    ("vllm,quant=fp8", "a100", "bfloat16", 8192, "fallback", "fp8_marlin (weight-only)"),
+    ("vllm,quant=fp8", "a100", "bfloat16", 8192, "fallback",
+     "fp8 weight-only (humming; marlin for quant_method fp8)"),
+    ("vllm@v0.30.0,quant=fp8", "a100", "bfloat16", 8192, "fallback", "fp8_marlin (weight-only)"),
     # INT8 W8A8: CUTLASS needs K, N % 16, else Triton
     ("vllm,quant=int8", "a100", "bfloat16", 8806, "fallback", "triton_scaled_mm"),
     ("vllm,quant=int8", "a100", "bfloat16", 8816, "fast", "cutlass_scaled_mm"),
@@ -247,6 +249,27 @@ def test_fp8_cutlass_padding_is_a_fallback_that_says_what_it_pads():
     assert v.fix_to == 8816  # down_proj's K 8806 pads too: 8808 would still pad it
 
 
+@pytest.mark.parametrize("width, tp, expected", [
+    # v0.33.0, below sm89: compressed-tensors FP8 runs weight-only on Humming, vLLM's own fp8 on
+    # Marlin; both view each rank's N x K FP8 weight as int32 at load, so down_proj's K per
+    # rank must be a multiple of 4 (found by the oracle: tests/test_targets_vllm_oracle.py)
+    (8806, 1, "refused"),  # K 8806 % 4 = 2
+    (8808, 1, "fallback"),
+    (8808, 4, "refused"),  # 2202 per rank
+    (8816, 4, "fallback"),  # 2204 per rank
+])
+def test_vllm_fp8_weight_only_needs_k_per_rank_multiple_of_4(width, tp, expected):
+    v = verdict("intermediate", width, f"vllm,tp={tp},quant=fp8", "a100")
+    assert v.verdict == expected, v.why
+    if expected == "refused":
+        assert "divisible by 4 to view Float8_e4m3fn as Int" in v.why
+        assert v.source.file.endswith("humming/linear.py")
+    else:
+        assert v.kernel == "fp8 weight-only (humming; marlin for quant_method fp8)"
+    # on an H100 CUTLASS runs it (padding K and N to 16), whatever K is
+    assert verdict("intermediate", width, f"vllm,tp={tp},quant=fp8", "h100").verdict != "refused"
+
+
 def test_kernels_the_stock_install_never_takes_stay_in_the_list_but_are_skipped():
     from gac_check.targets.packs import packs
     sel = next(s for s in packs()["vllm"].selections if s.id == "vllm-gptq-linear")
@@ -273,6 +296,26 @@ def test_vllm_block_fp8_needs_whole_blocks_per_rank(width, tp, expected):
     assert v.verdict == expected, v.why
     if expected == "refused":
         assert "block" in v.why and v.source.issue == "vllm-project/vllm#42384"
+
+
+@pytest.mark.parametrize("width, gpu, expected", [
+    # below sm89 block FP8 runs weight-only (Marlin; Humming for compressed-tensors), which
+    # views the N x K weight as int32: at tp=1 down_proj's K is not split, so validate_fp8_
+    # block_shape passes 8806 and the repack refuses it (the oracle's 8806 case)
+    (8806, "a100", "refused"),
+    (8808, "a100", "loads"),
+    (8806, "h100", "loads"),  # CUTLASS block FP8: no such view
+])
+def test_vllm_block_fp8_down_proj_below_sm89_needs_k_multiple_of_4(width, gpu, expected):
+    target = parse_target("vllm,quant=fp8_block")
+    shape = ModelShape(4096, 32000, {0: LayerShape(**{**LAYER, "intermediate": width})})
+    site = DimSite("model.layers.0:intermediate", Role.INTERMEDIATE, width, [], layer=0)
+    sm = {"a100": 80, "h100": 90}[gpu]
+    (down,) = [o for o in judge_uses(target, site_uses(site, shape, target), width, sm)
+               if o.use == "down_proj" and o.selection == "vllm-fp8-block-shard"]
+    assert down.verdict == ("refused" if expected == "refused" else "fast"), down
+    if expected == "refused":
+        assert down.why.startswith("RuntimeError: self.size(-1) must be divisible by 4")
 
 
 def test_llm_compressor_1489_bf16_gptq_with_marlin_misaligned_input_is_refused():

@@ -13,8 +13,9 @@ for the attention backend (``validate_configuration`` of each backend), the AWQ 
 (``check_marlin_supports_layer``, then ``choose_mp_linear_kernel``; a layer it sends to
 ``AutoAWQLinearMethod`` is checked as ``BaseAWQLinearMethod.create_weights`` checks it),
 ``choose_mp_linear_kernel`` with every WNA16 kernel's ``can_implement`` for GPTQ,
-``marlin_padded_nk`` for Marlin's tile padding and ``pad_vocab_size`` for the vocabulary.
-Prints one JSON answer per case.
+``marlin_padded_nk`` for Marlin's tile padding, ``pad_vocab_size`` for the vocabulary, and
+for FP8/INT8 the quantization method vLLM builds for a checkpoint's config, run as at load
+(:func:`scaled_mm_answers`). Prints one JSON answer per case.
 """
 from __future__ import annotations
 
@@ -34,8 +35,41 @@ STAND_INS = {
     "vllm._C", "vllm._C_stable_libtorch", "vllm._moe_C_stable_libtorch",
     "vllm.vllm_flash_attn._vllm_fa2_C", "vllm.vllm_flash_attn._vllm_fa3_C",
     "flashinfer", "humming", "uvloop", "xgrammar", "fastapi", "llguidance",
-    "triton_kernels.matmul",
+    "triton_kernels.matmul", "vllm.third_party.deep_gemm._C",
 }
+
+#: the W8A8/W8A16 schemes of the grid as the checkpoints' quantization_config declares them:
+#: compressed-tensors (llm-compressor's FP8_DYNAMIC, FP8 static, FP8 weight-only, FP8 block,
+#: INT8 W8A8 dynamic/static/asymmetric) and vLLM's own ``fp8`` (per-tensor, 128x128 blocks)
+_F8 = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False}
+_I8 = {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": False}
+SCHEMES = {
+    "ct_fp8_dynamic": ({**_F8, "strategy": "channel"},
+                       {**_F8, "strategy": "token", "dynamic": True}),
+    "ct_fp8_static": ({**_F8, "strategy": "tensor"}, {**_F8, "strategy": "tensor"}),
+    "ct_fp8_w8a16": ({**_F8, "strategy": "channel"}, None),
+    "ct_fp8_block": ({**_F8, "strategy": "block", "block_structure": [128, 128]},
+                     {**_F8, "strategy": "group", "group_size": 128, "dynamic": True}),
+    "ct_int8_dynamic": ({**_I8, "strategy": "channel"},
+                        {**_I8, "strategy": "token", "dynamic": True}),
+    "ct_int8_static": ({**_I8, "strategy": "tensor"}, {**_I8, "strategy": "tensor"}),
+    "ct_int8_asym": ({**_I8, "strategy": "channel"},
+                     {**_I8, "strategy": "token", "dynamic": True, "symmetric": False}),
+    "fp8": {"quant_method": "fp8", "activation_scheme": "dynamic"},
+    "fp8_block": {"quant_method": "fp8", "activation_scheme": "dynamic",
+                  "weight_block_size": [128, 128]},
+}
+
+
+def quant_config(scheme: str) -> dict:
+    """The checkpoint's ``quantization_config`` for ``scheme``."""
+    if not scheme.startswith("ct_"):
+        return SCHEMES[scheme]
+    weights, acts = SCHEMES[scheme]
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": acts}
+    fmt = "int-quantized" if weights["type"] == "int" else "float-quantized"
+    return {"quant_method": "compressed-tensors", "format": fmt,
+            "config_groups": {"group_0": group}, "ignore": ["lm_head"]}
 
 
 #: the capability queries vllm._C registers as torch ops (csrc/quantization/w8a8/cutlass):
@@ -206,9 +240,104 @@ def main() -> None:
         padded = pad_vocab_size(case["vocab"])
         return {"padded": padded, "refused": padded % case["tp"] != 0}
 
-    answer = {"attention": attention, "linear": linear, "vocab": vocab}
+    w8a8 = scaled_mm_answers(torch, dtypes)
+    answer = {"attention": attention, "linear": linear, "vocab": vocab, "w8a8": w8a8}
     for case in json.load(sys.stdin):
         print(json.dumps({**case, **answer[case["kind"]](case)}), flush=True)
+
+
+def scaled_mm_answers(torch, dtypes: dict):
+    """The W8A8/W8A16 answer: the quantization method vLLM builds for the checkpoint's config
+    (``CompressedTensorsConfig.get_scheme``, or ``Fp8LinearMethod``) creates the layer's
+    weights for its TP shard (``create_weights``: ``validate_fp8_block_shape``, then
+    ``init_fp8_linear_kernel``/``init_wfp8_a16_linear_kernel``/``init_int8_linear_kernel``,
+    i.e. ``choose_scaled_mm_linear_kernel`` over every kernel's ``is_supported`` and
+    ``can_implement``), processes them as after loading (where CUTLASS FP8 pads K and N to 16
+    and Humming views the weight as int32), and, for INT8, runs one forward through the
+    chosen kernel so that ``ops.cutlass_scaled_mm`` routes it (CUTLASS, or Triton where the
+    weight is not 16-aligned; ``cutlass_scaled_mm_azp`` asserts 16-alignment). Stood in: the
+    TP group (a world size, rank 0), the model config's dtype, and the GEMM and
+    quantization ops themselves (each records that it ran)."""
+    import vllm.distributed.parallel_state as parallel_state
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.quantization.compressed_tensors import triton_scaled_mm
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsConfig,
+    )
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod
+
+    ran: list[str] = []
+
+    def gemm(name: str):
+        def run(*args, **kwargs):
+            ran.append(name)
+        return run
+
+    for op in ("cutlass_scaled_mm", "cutlass_scaled_mm_azp", "static_scaled_int8_quant",
+               "dynamic_scaled_int8_quant"):
+        setattr(torch.ops._C, op, gemm(op))
+
+    def triton(a, b, scale_a, scale_b, out_dtype, bias=None, *args, **kwargs):
+        ran.append("triton_scaled_mm")
+        return torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+    triton_scaled_mm.triton_scaled_mm = triton
+
+    class Linear(torch.nn.Module):
+        """What compressed-tensors' ``targets: ["Linear"]`` matches by class name."""
+
+    def method(scheme: str, layer: torch.nn.Module, name: str):
+        config = quant_config(scheme)
+        if config["quant_method"] == "fp8":
+            return Fp8LinearMethod(Fp8Config.from_config(config))
+        return CompressedTensorsConfig.from_config(config).get_scheme(layer, name)
+
+    def answer(case: dict) -> dict:
+        tp, hidden, width = case["tp"], case["hidden"], case["width"]
+        if case["use"] == "gate_up_proj":  # MergedColumnParallelLinear: N split, gate + up
+            dims = dict(input_size=hidden, input_size_per_partition=hidden,
+                        output_partition_sizes=[width // tp] * 2, output_size=2 * width)
+        else:  # down_proj, RowParallelLinear: K split
+            dims = dict(input_size=width, input_size_per_partition=width // tp,
+                        output_partition_sizes=[hidden], output_size=hidden)
+        parallel_state._TP = types.SimpleNamespace(rank_in_group=0, world_size=tp)
+        vllm_config = VllmConfig()
+        vllm_config.model_config = types.SimpleNamespace(dtype=dtypes[case["dtype"]])
+        layer = Linear()  # what LinearBase and its parallel subclasses set on themselves
+        for attr, value in dims.items():
+            setattr(layer, attr, value)
+        layer.output_size_per_partition = sum(dims["output_partition_sizes"])
+        layer.tp_size, layer.params_dtype = tp, dtypes[case["dtype"]]
+        ran.clear()
+        try:
+            with set_current_vllm_config(vllm_config):
+                quant = method(case["scheme"], layer, f"model.layers.0.mlp.{case['use']}")
+                quant.create_weights(layer, params_dtype=dtypes[case["dtype"]],
+                                     weight_loader=lambda *a: None, **dims)
+                kernel = next(getattr(quant, a) for a in ("fp8_linear", "linear_kernel",
+                                                         "kernel") if hasattr(quant, a))
+                logical = (dims["input_size_per_partition"],
+                           sum(dims["output_partition_sizes"]))
+                try:
+                    quant.process_weights_after_loading(layer)
+                except (ValueError, AttributeError) as e:  # a stand-in reached: a GPU
+                    # package's repack (Humming) or a compiled op (Marlin's): loads, as far
+                    # as vLLM's Python goes
+                    return {"kernel": type(kernel).__name__, "refused": False,
+                            "reshaped": None, "stand_in": f"{type(e).__name__}: {e}"[:200]}
+                weight = tuple(layer.weight.shape)
+                if type(kernel).__name__.endswith("Int8ScaledMMLinearKernel"):
+                    x = torch.zeros(2, logical[0], dtype=dtypes[case["dtype"]])
+                    kernel.apply_weights(layer, x)
+        except (ValueError, RuntimeError, AssertionError, NotImplementedError) as e:
+            return {"kernel": None, "refused": True, "why": f"{type(e).__name__}: {e}"[:300]}
+        # the processed weight's shape against the shard's (K, N), either way round (what
+        # CUTLASS FP8's padding changes; a repacking kernel's layout changes it too)
+        return {"kernel": type(kernel).__name__, "refused": False,
+                "reshaped": weight not in (logical, logical[::-1]),
+                "gemm": next((r for r in ran if "mm" in r), None)}
+
+    return answer
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ llm-compressor's ``pack-quantized`` WNA16 through ``CompressedTensorsWNA16``, an
 their kernel with ``choose_mp_linear_kernel`` (vllm-project/vllm,
 ``vllm/model_executor/layers/quantization/kernels/mixed_precision/__init__.py``), so a
 ``pack-quantized`` checkpoint is judged by the pack's ``gptq`` rules; AWQ by ``awq``; FP8
-(compressed-tensors ``float-quantized`` or block FP8) by ``fp8``; INT8 W8A8 by ``int8``.
+(compressed-tensors ``float-quantized``) by ``fp8``, block FP8 by ``fp8_block`` where the
+pack has it (vLLM), else ``fp8``; INT8 W8A8 by ``int8``.
 llama.cpp converts and re-quantizes whatever it is given, so its targets keep their own
 ``quant`` (a GGUF type).
 """
@@ -34,7 +35,9 @@ def pack_names(q: Quantization) -> tuple[str, ...]:
     if q.method == "bitsandbytes":
         return ("bitsandbytes",)
     if q.weight_type == "float" or (q.activations or "").startswith("float8"):
-        return ("fp8",)
+        # block-quantized FP8 loads only in whole blocks per rank (validate_fp8_block_shape):
+        # the pack's own name where it has one, else its FP8
+        return ("fp8_block", "fp8") if q.strategy == "block" else ("fp8",)
     if q.activations == "int8":
         return ("int8",)
     if q.method == "awq":
