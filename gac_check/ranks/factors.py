@@ -168,14 +168,9 @@ def realign(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
         scales = input_scales(Path(base_dir), modules, Path(calib))
     state = read_state(ckpt)
     srcs = sources(state, modules, base, scales, progress)
-    matrices = [Matrix(s.module, s.m, s.n, sv=s.S.numpy()) for s in srcs]
-    old = {s.module: s.rank for s in srcs}
-    spent = budget_from_spec(budget, matrices, old)
-    plan = realign_plan(matrices, spent, align, {m.module: m.candidates for m in menus})
-    old_error = (sum(s.current_error for s in srcs) if base else 0.0)
-    report = RealignReport(Path(out), plan, align, old, sum(old[m.name] * (m.m + m.n)
-                           for m in matrices), old_error, base is not None,
-                           why={m.module: m.why(plan.ranks[m.module]) for m in menus})
+    report = select_ranks(menus, [src.S for src in srcs], out, align, budget,
+                          old_error=sum(src.current_error for src in srcs) if base else 0.0,
+                          with_base=base is not None)
     if scales is not None:
         report.notes.append(f"activation-aware objective from {calib}: errors are "
                             "activation-weighted (ASVD scaling, alpha 0.5)")
@@ -184,6 +179,25 @@ def realign(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                             "go down within them, up only to the alignment by zero padding); "
                             "the error shown is relative to the compressed model")
     _write(ckpt, state, srcs, report, force, recheck)
+    return report
+
+
+def select_ranks(menus: list[RankMenu], spectra: list[torch.Tensor], out: Path, align: int,
+                 budget: str, *, allow_dense: bool = True, old_error: float = 0.0,
+                 with_base: bool = False, error_name: str | None = None) -> RealignReport:
+    """The knapsack over every matrix's menu, each valued by its singular values
+    (``spectra``, in the menus' order), as every layout's --realign chooses: the plan and the
+    report of what changed (``allow_dense``: whether a matrix may be kept dense)."""
+    matrices = [Matrix(menu.module, menu.m, menu.n, sv=sv.numpy())
+                for menu, sv in zip(menus, spectra, strict=True)]
+    old = {menu.module: menu.rank for menu in menus}
+    plan = realign_plan(matrices, budget_from_spec(budget, matrices, old), align,
+                        {m.module: m.candidates for m in menus}, allow_dense=allow_dense)
+    report = RealignReport(Path(out), plan, align, old,
+                           sum(old[m.name] * (m.m + m.n) for m in matrices), old_error,
+                           with_base, why={m.module: m.why(plan.ranks[m.module]) for m in menus})
+    if error_name:
+        report.error_name = error_name
     return report
 
 

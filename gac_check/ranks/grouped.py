@@ -34,8 +34,7 @@ from gac_check.contract.rules import Contract, Finding
 from gac_check.errors import BadInput
 from gac_check.formats.palu import VT
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.factors import PROVENANCE, RealignReport, svd_of_product
-from gac_check.ranks.knapsack import Matrix, budget_from_spec, realign_plan
+from gac_check.ranks.factors import PROVENANCE, RealignReport, select_ranks, svd_of_product
 from gac_check.sites import DimSite, Role
 
 #: The families whose realigned PaLU output tests load with PaLU's own from_pretrained.
@@ -135,17 +134,9 @@ def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                        "nothing to realign", ckpt.path)
     state = read_state(ckpt)
     groups = read_groups(state, menus)
-    matrices = [Matrix(g.site, menu.m, menu.n, sv=g.S.numpy())
-                for g, menu in zip(groups, menus, strict=True)]
-    old = {menu.module: menu.rank for menu in menus}
-    spent = budget_from_spec(budget, matrices, old)
-    plan = realign_plan(matrices, spent, align, {m.module: m.candidates for m in menus},
-                        allow_dense=False)
-    report = RealignReport(Path(out), plan, align, old,
-                           sum(old[m.name] * (m.m + m.n) for m in matrices), 0.0, False,
-                           why={m.module: m.why(plan.ranks[m.module]) for m in menus},
-                           error_name="weight-space error of the group products (sum of "
-                                      "discarded s^2)")
+    report = select_ranks(menus, [g.S for g in groups], out, align, budget, allow_dense=False,
+                          error_name="weight-space error of the group products (sum of "
+                                     "discarded s^2)")
     report.notes.append("palu: each head group's latent re-truncated from its own factors (the "
                         "SVD of U_g VT_g), grouping kept; the error shown is relative to the "
                         "input. For a model PaLU built with --decompose_method whiten (its "

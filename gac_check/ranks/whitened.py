@@ -33,8 +33,8 @@ from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
 from gac_check.formats.svdllm import U_SUFFIX, V_SUFFIX
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.factors import PROVENANCE, RealignReport
-from gac_check.ranks.knapsack import DENSE, Matrix, budget_from_spec, realign_plan
+from gac_check.ranks.factors import PROVENANCE, RealignReport, select_ranks
+from gac_check.ranks.knapsack import DENSE
 
 #: The families whose realigned SVD-LLM output tests load with SVD-LLM's own call.
 FAMILIES = frozenset({"llama"})
@@ -131,17 +131,10 @@ def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: in
     """Maximise the whitened energy kept (minimise SVD-LLM's own truncation loss) under the
     budget, over aligned ranks within each pair's factors, and write OUT in SVD-LLM's layout."""
     pairs = [read_factors(ckpt, menu) for menu in menus]
-    matrices = [Matrix(p.module, menu.m, menu.n, sv=p.sigma.numpy())
-                for p, menu in zip(pairs, menus, strict=True)]
-    old = {menu.module: menu.rank for menu in menus}
-    spent = budget_from_spec(budget, matrices, old)
-    plan = realign_plan(matrices, spent, align, {m.module: m.candidates for m in menus},
-                        allow_dense=False)
-    report = RealignReport(Path(out), plan, align, old,
-                           sum(old[m.name] * (m.m + m.n) for m in matrices), 0.0, False,
-                           why={m.module: m.why(plan.ranks[m.module]) for m in menus},
-                           error_name="whitened error (SVD-LLM's truncation loss, sum of "
-                                      "discarded sigma^2)")
+    report = select_ranks(menus, [p.sigma for p in pairs], out, align, budget,
+                          allow_dense=False,
+                          error_name="whitened error (SVD-LLM's truncation loss, sum of "
+                                     "discarded sigma^2)")
     report.notes.append("svd-llm: ranks re-truncated in the whitened basis SVD-LLM built them "
                         "in (each component's value is ||svd_u[:, i]||^2); the error shown is "
                         "SVD-LLM's truncation loss (discarded sigma^2) relative to the input")
