@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import hashlib
 import io
+import json
 import logging
 import math
 import os
@@ -66,6 +67,18 @@ def decaying(shape: torch.Size) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------ the CLI
+def realign_json(model: Path, out: Path, *args: object) -> dict:
+    """``gac-check MODEL --realign OUT ARGS --format json``, which must succeed: its document."""
+    run = gac(model, "--realign", out, "--format", "json", *args)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def plan_ranks(doc: dict) -> dict[str, int]:
+    """Each matrix's rank in a realign document's plan."""
+    return {c["name"]: c["rank"] for c in doc["plan"]["choices"]}
+
+
 def gac(*args: object, timeout: float | None = CLI_TIMEOUT, cwd: Path | None = None,
         env: Mapping[str, str | None] | None = None, process: bool = False,
         **kwargs: object) -> subprocess.CompletedProcess:

@@ -52,13 +52,7 @@ def best(product: torch.Tensor, rank: int) -> torch.Tensor:
 
 
 def realign(built: C.Built, out: Path, *args: str) -> dict:
-    run = helpers.gac(built.path, "--realign", out, *GPU, "--format", "json", *args)
-    assert run.returncode == 0, run.stderr
-    return json.loads(run.stdout)
-
-
-def ranks_of(doc: dict) -> dict[str, int]:
-    return {c["name"]: c["rank"] for c in doc["plan"]["choices"]}
+    return helpers.realign_json(built.path, out, *GPU, *args)
 
 
 def test_retruncation_is_the_best_approximation_of_each_group(built, tmp_path):
@@ -66,7 +60,7 @@ def test_retruncation_is_the_best_approximation_of_each_group(built, tmp_path):
     U_g VT_g (not a prefix of its whitened factors); one that went up holds the input's own
     factors, zero-padded, bit for bit."""
     doc = realign(built, tmp_path / "out")
-    ranks = ranks_of(doc)
+    ranks = helpers.plan_ranks(doc)
     src, out = groups(built.path), groups(tmp_path / "out")
     assert set(out) == set(src) == set(ranks)
     assert {ranks[g] < u.shape[1] for g, (u, _) in src.items()} == {True, False}, ranks
@@ -108,7 +102,7 @@ def test_out_loads_in_palus_loader_and_rechecks_aligned_within_budget(built, tmp
     out = tmp_path / "out"
     doc = realign(built, out)
     assert helpers.tree_digest(built.path) == before
-    ranks = ranks_of(doc)
+    ranks = helpers.plan_ranks(doc)
     model = C.load_palu(out)  # import palu.model; AutoModelForCausalLM.from_pretrained(OUT)
     for module, per in _by_module(groups(out)).items():
         assert model.get_submodule(module).ranks == [ranks[name] for name, _ in per]

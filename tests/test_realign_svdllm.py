@@ -49,13 +49,7 @@ def energy(u: torch.Tensor) -> float:
 
 
 def realign(built: C.Built, out: Path, *args: str) -> dict:
-    run = helpers.gac(built.path, "--realign", out, *GPU, "--format", "json", *args)
-    assert run.returncode == 0, run.stderr
-    return json.loads(run.stdout)
-
-
-def ranks_of(doc: dict) -> dict[str, int]:
-    return {c["name"]: c["rank"] for c in doc["plan"]["choices"]}
+    return helpers.realign_json(built.path, out, *GPU, *args)
 
 
 def test_sigma_is_the_whitened_singular_value(built, scaling):
@@ -72,7 +66,7 @@ def test_truncation_is_svdllms_own_lower_rank_result(built, scaling, tmp_path):
     """A rank that went down is SVD-LLM's own result at that rank; one that went up is the
     input's, zero-padded (the budget the others freed pays for it)."""
     doc = realign(built, tmp_path / "out")
-    ranks = ranks_of(doc)
+    ranks = helpers.plan_ranks(doc)
     old = {p: u.shape[1] for p, (u, _) in factors(built.path).items()}
     assert {ranks[p + "_proj"] < r for p, r in old.items()} == {True, False}, ranks
     dense = C.tiny_llama(6).state_dict()
@@ -109,7 +103,7 @@ def test_out_loads_with_torch_load_and_rechecks_aligned_within_budget(built, tmp
                          cwd=Path(__file__).resolve().parents[1], check=True)
     got = json.loads(run.stdout)
     assert got["bad"] == [] and got["finite"]
-    assert got["ranks"] == ranks_of(doc)
+    assert got["ranks"] == helpers.plan_ranks(doc)
     assert plan["total_params"] <= doc["old_params"] == plan["budget"]
     recheck = helpers.gac(out, *GPU, "--format", "json")
     assert recheck.returncode == 0, recheck.stdout
@@ -215,7 +209,7 @@ def test_bfloat16_factors_are_re_truncated_as_saved(built, tmp_path):
     doc = realign(built, tmp_path / "ref")  # the fp32 model's plan: the same ranks
     run = helpers.gac(src, "--realign", tmp_path / "out", *GPU, "--format", "json")
     assert run.returncode == 0, run.stderr
-    assert ranks_of(json.loads(run.stdout)) == ranks_of(doc)
+    assert helpers.plan_ranks(json.loads(run.stdout)) == helpers.plan_ranks(doc)
     (out_pt,) = (tmp_path / "out").glob("*.pt")
     out = C.load_pickled(out_pt)[0]
     for pair in PAIRS:
