@@ -106,17 +106,7 @@ def compressed_tensors_w4a16(root: Path, intermediate: int, group: int = 128) ->
 
 def compressed_tensors_fp8(root: Path, intermediate: int) -> Path:
     """FP8_DYNAMIC: float8_e4m3fn weights, one scale per output channel, dynamic tokens."""
-    m = model(intermediate)
-    tensors = _dense_rest(m, linears(m))
-    for name, w in linears(m).items():
-        scale = w.float().abs().amax(dim=1, keepdim=True) / 448.0
-        tensors[f"{name}.weight"] = (w.float() / scale).to(torch.float8_e4m3fn)
-        tensors[f"{name}.weight_scale"] = scale.half()
-    cfg = ct_config("float-quantized",
-                    {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"},
-                    {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
-                     "dynamic": True})
-    return _write(root, tensors, _config(m, cfg))
+    return _per_channel_8bit(root, intermediate, "float")
 
 
 # --- GPTQ (AutoGPTQ / GPTQModel) --------------------------------------------------------------
@@ -241,16 +231,23 @@ def awq_gemv(root: Path, intermediate: int, group: int = 128) -> Path:
 def compressed_tensors_w8a8(root: Path, intermediate: int) -> Path:
     """INT8 W8A8 (llm-compressor's SmoothQuant + GPTQ recipe): int8 weights per channel,
     dynamic per-token int8 activations."""
+    return _per_channel_8bit(root, intermediate, "int")
+
+
+def _per_channel_8bit(root: Path, intermediate: int, kind: str) -> Path:
+    """compressed-tensors' 8-bit weights with one scale per output channel and dynamic
+    per-token activations: ``kind`` "float" (float8_e4m3fn) or "int" (int8, rounded)."""
+    top, dtype = (448.0, torch.float8_e4m3fn) if kind == "float" else (127.0, torch.int8)
     m = model(intermediate)
     tensors = _dense_rest(m, linears(m))
     for name, w in linears(m).items():
-        scale = w.float().abs().amax(dim=1, keepdim=True) / 127
-        tensors[f"{name}.weight"] = (w.float() / scale).round().to(torch.int8)
+        scale = w.float().abs().amax(dim=1, keepdim=True) / top
+        q = w.float() / scale
+        tensors[f"{name}.weight"] = (q if kind == "float" else q.round()).to(dtype)
         tensors[f"{name}.weight_scale"] = scale.half()
-    cfg = ct_config("int-quantized",
-                    {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
-                    {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
-                     "dynamic": True})
+    scheme = {"num_bits": 8, "type": kind, "symmetric": True}
+    cfg = ct_config(f"{kind}-quantized", {**scheme, "strategy": "channel"},
+                    {**scheme, "strategy": "token", "dynamic": True})
     return _write(root, tensors, _config(m, cfg))
 
 
