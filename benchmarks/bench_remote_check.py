@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_check import tensor_shapes  # noqa: E402
 from tests.hub_server import HubServer  # noqa: E402
 
 REPO = "meta-llama-like/Llama-3-8B"
@@ -51,20 +52,6 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_
           "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
           "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 128000,
           "eos_token_id": 128001}
-
-
-def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
-    for n in range(cfg["num_hidden_layers"]):
-        b = f"model.layers.{n}"
-        shapes |= {f"{b}.self_attn.q_proj.weight": (h, h), f"{b}.self_attn.k_proj.weight": (kv, h),
-                   f"{b}.self_attn.v_proj.weight": (kv, h), f"{b}.self_attn.o_proj.weight": (h, h),
-                   f"{b}.mlp.gate_proj.weight": (i, h), f"{b}.mlp.up_proj.weight": (i, h),
-                   f"{b}.mlp.down_proj.weight": (h, i), f"{b}.input_layernorm.weight": (h,),
-                   f"{b}.post_attention_layernorm.weight": (h,)}
-    return shapes | {"model.norm.weight": (h,), "lm_head.weight": (v, h)}
 
 
 def numel(shape: tuple[int, ...]) -> int:
