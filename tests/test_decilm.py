@@ -11,7 +11,10 @@ _ffn_mult_to_intermediate_size) and the HF checkpoint keys of the linear replace
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,6 +51,9 @@ def test_ffn_width_is_the_engines_rounding() -> None:
     assert ffn_width(1.3, 256) == 256
     assert ffn_width(5.25, 6144) == 21504
     assert ffn_width(0.95, 4096) == 2816  # int(2593.8) = 2593: up to 2816, not 128's 2688
+    # the hub's config class keeps round(ffn_mult, 6): 0.0000964 is read as 0.000096, which
+    # builds 256 at hidden 4,000,000 (0.0000964 itself would build int(257.07) -> 512)
+    assert ffn_width(0.0000964, 4_000_000) == 256
 
 
 def test_each_layer_has_its_own_sites_and_every_tensor_is_read(tmp_path: Path) -> None:
@@ -69,6 +75,16 @@ def test_each_layer_has_its_own_sites_and_every_tensor_is_read(tmp_path: Path) -
     assert tally.read == tally.in_sites == 25
     assert not any(n.startswith("model.layers.4.") for n in result.checkpoint.tensors)
     assert not hidden.notes  # config and tensors agree: nothing to note
+
+
+def test_block_configs_are_parsed_once_per_check(tmp_path: Path) -> None:
+    """The targets' blocks are the ones read with the sites, not a second parse; another
+    checkpoint gets its own."""
+    result = gac_check.check(write_decilm(tmp_path / "m", MIXED, sparse=True), gpu="h100")
+    fmt, ckpt = result.format, result.checkpoint
+    assert fmt.blocks(ckpt) is fmt.blocks(ckpt)
+    other = gac_check.check(write_decilm(tmp_path / "n", MIXED[:2], sparse=True), gpu="h100")
+    assert len(fmt.blocks(other.checkpoint)) == 2 and len(fmt.blocks(ckpt)) == 5
 
 
 def test_tensors_win_and_a_contradiction_is_a_note_with_both_values(tmp_path: Path) -> None:
@@ -373,3 +389,40 @@ def test_what_is_not_understood_is_refused(tmp_path: Path, case: str) -> None:
     assert run.returncode == 2, run.stdout
     assert message in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+
+
+ORACLE = Path(__file__).resolve().parents[1] / ".cache" / "vllm-oracle" / "src"
+RUNNER = Path(__file__).with_name("vllm_oracle.py")
+
+
+@pytest.mark.slow
+def test_vllm_builds_the_width_each_written_ffn_mult_records(tmp_path: Path) -> None:
+    """vLLM's own ``_ffn_mult_to_intermediate_size`` (v0.33.0 nemotron_nas.py, run in a
+    subprocess from ``make vllm-oracle``'s cached wheel) turns every ffn_mult the repair
+    writes into exactly the padded width: a seeded grid of widths and hidden sizes, and the
+    ffn_mults of a repaired checkpoint's config.json."""
+    if not (ORACLE / "vllm").is_dir():
+        message = "vLLM's wheel is not cached: run `make vllm-oracle` (CI does)"
+        if os.environ.get("GAC_REQUIRE_ENGINE_SOURCES"):
+            pytest.fail(message)
+        pytest.skip(message)
+    rnd = random.Random(30)
+    cases = []
+    for _ in range(600):
+        hidden = rnd.choice((2048, 4096, 5120, 6144, 8192, 16384, rnd.randint(64, 20000)))
+        width = 256 * rnd.randint(1, 400)
+        cases.append({"ffn_mult": ffn_mult_for(width, hidden), "hidden": hidden,
+                      "want": width})
+    root = write_decilm(tmp_path / "m", PADDED, sparse=True, widths={
+        i: {"intermediate": w} for i, w in PADDED_WIDTHS.items()})
+    assert gac(root, "--gpu", "h100", "--repair", tmp_path / "out").returncode == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())["block_configs"]
+    cases += [{"ffn_mult": b["ffn"]["ffn_mult"], "hidden": 256, "want": 256 if w <= 256 else 512}
+              for b, w in ((written[i], w) for i, w in PADDED_WIDTHS.items())]
+    proc = subprocess.run([sys.executable, str(RUNNER), "--ffn-widths", str(ORACLE)],
+                          input=json.dumps(cases), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(answers) == len(cases)
+    wrong = [a for a in answers if a["width"] != a["want"]]
+    assert not wrong, wrong[:5]
