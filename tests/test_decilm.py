@@ -253,6 +253,9 @@ def test_repair_pads_each_layer_and_the_model_built_from_out_computes_the_same(
     root = write_decilm(tmp_path / "m", PADDED, widths={
         i: {"intermediate": w} for i, w in PADDED_WIDTHS.items()})
     before = tree_digest(root)
+    promised = {s["layer"]: s["repair_to"] for s in _json(root, "--gpu", "h100")["sites"]
+                if s["role"] == "intermediate" and s["repair_to"]}
+    assert promised == {0: 512, 1: 256}  # the check promises what --repair writes
     out = tmp_path / "out"
     run = gac(root, "--gpu", "h100", "--repair", out)
     assert run.returncode == 0, run.stderr

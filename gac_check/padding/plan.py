@@ -24,7 +24,7 @@ from gac_check.contract.rules import ERROR, WARNING, Contract
 from gac_check.errors import BadInput
 from gac_check.formats.accounting import site_axes
 from gac_check.sites import AxisKind, DimSite, Role
-from gac_check.targets.blocks import FFN_MULT, buildable, ffn_mult_for
+from gac_check.targets.blocks import FFN_MULT, ffn_mult_for
 
 STRATEGIES = {"minimal": (ERROR,), "optimal": (ERROR, WARNING)}
 NO_SCALE_ROWS = (
@@ -225,7 +225,7 @@ def plan(sites: Iterable[DimSite], contract: Contract, strategy: str = "minimal"
     repairs: list[SiteRepair] = []
     refused: list[Refusal] = []
     for site in sites:
-        target = _recordable(site, widths.get(site.name) or contract.target(site, severities))
+        target = widths.get(site.name) or contract.target(site, severities)
         if target <= site.value:
             continue
         reason = _refusal(site, shapes) or dearer_than_dense(site, target, shapes)
@@ -295,13 +295,6 @@ def dearer_than_dense(site: DimSite, target: int,
             f"parameters in the two factors, more than the dense matrix's {dense:,}: store "
             "the product of the factors as one dense weight (exact), or pad less (another "
             "--target or none) and accept the slower kernel")
-
-
-def _recordable(site: DimSite, target: int) -> int:
-    """The smallest size at or above ``target`` that config.json can record for the site: a
-    DeciLM MLP's width is built from ``ffn_mult`` rounded up to a multiple of 256
-    (:func:`gac_check.targets.blocks.ffn_width`), so no other width would load."""
-    return buildable(target) if FFN_MULT in site.attrs else target
 
 
 def _ffn_mult_edits(sites: list[DimSite], repairs: list[SiteRepair]) -> list[ConfigEdit]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gac_check.sites import DimSite
 from gac_check.targets.source import Source
 
 FULL, NO_OP, LINEAR = "full", "no_op", "linear"
@@ -44,6 +45,13 @@ def ffn_width(ffn_mult: float, hidden: int) -> int:
 def buildable(width: int) -> int:
     """The smallest MLP width at or above ``width`` that some ``ffn_mult`` builds."""
     return -(-width // FFN_ROUNDING) * FFN_ROUNDING
+
+
+def recordable(site: DimSite, size: int) -> int:
+    """The smallest size at or above ``size`` that the site's config can record: a DeciLM
+    MLP's width (a site with FFN_MULT attrs) is built from ``ffn_mult``, so only a width some
+    ffn_mult builds loads; any other site's config records any size."""
+    return buildable(size) if FFN_MULT in site.attrs else size
 
 
 def ffn_mult_for(width: int, hidden: int, current: float | None = None) -> float | None:
