@@ -285,9 +285,11 @@ def test_repair_pads_each_layer_and_the_model_built_from_out_computes_the_same(
 
 def test_repair_for_vllm_makes_a_contradicted_model_load(tmp_path: Path) -> None:
     """vLLM refuses the model (block_configs contradicts the MLP widths); --repair --target
-    vllm pads them and writes the ffn_mult that builds each, and OUT loads on vLLM."""
+    vllm pads them and writes the ffn_mult that builds each, and OUT loads on vLLM. Layer 1's
+    768 needs no padding, only the ffn_mult that builds it (1.3 builds 256)."""
     blocks = [b for b in PADDED if LINEAR not in b.values()]
     root = write_decilm(tmp_path / "m", blocks, widths={0: {"intermediate": 300},
+                                                        1: {"intermediate": 768},
                                                         2: {"intermediate": 304}})
     assert not _json(root, "--gpu", "h100", "--target", "vllm")["summary"]["targets"][
         "vllm"]["load"]["loads"]
@@ -298,6 +300,7 @@ def test_repair_for_vllm_makes_a_contradicted_model_load(tmp_path: Path) -> None
     assert load["loads"], load
     assert "layer 0: attention with 2 KV heads, MLP 512 (ffn_mult 2)" in load["why"]
     assert "layer 2: attention with 1 KV head, MLP 512 (ffn_mult 3)" in load["why"]
+    assert "layer 1: no attention, MLP 768 (ffn_mult 4.5)" in load["why"]
 
 
 def test_an_mlp_whose_block_config_is_no_mlp_is_not_padded(tmp_path: Path) -> None:
