@@ -97,3 +97,106 @@ def write_decilm(root: Path, blocks: Sequence[Mapping], *, hidden: int = 256, he
         save_file({n: torch.randn(s, generator=gen).to(torch.bfloat16)
                    for n, s in shapes.items()}, str(root / "model.safetensors"))
     return root
+
+
+def decilm_model(root: Path, mlp_widths: Mapping[int, int] | None = None):
+    """The model a DeciLM directory describes, built per layer from its config.json alone the
+    way vLLM's DeciLMDecoderLayer builds it (vllm/model_executor/models/nemotron_nas.py,
+    v0.33.0) out of transformers' own Llama modules, and its safetensors loaded strictly (a
+    tensor the config does not build fails the load).
+
+    A full attention is ``LlamaAttention`` with num_attention_heads // n_heads_in_group KV
+    heads, a full FFN ``LlamaMLP`` of ``ffn_width(ffn_mult, hidden)``, each behind its
+    ``LlamaRMSNorm``; a no-op block has no modules and leaves the residual stream as it is; a
+    linear replacement is one bias-free hidden x hidden ``linear_attn`` / ``linear_mlp``
+    behind its norm. ``mlp_widths`` gives layers the width their tensors have where the
+    config contradicts them (the model before ``--repair``: tensors win)."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import (
+        LlamaAttention,
+        LlamaMLP,
+        LlamaRMSNorm,
+        LlamaRotaryEmbedding,
+    )
+
+    cfg = json.loads((root / "config.json").read_text())
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    base = LlamaConfig(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=heads,
+                       head_dim=hidden // heads, vocab_size=cfg["vocab_size"],
+                       rms_norm_eps=cfg["rms_norm_eps"], rope_theta=cfg["rope_theta"],
+                       max_position_embeddings=cfg["max_position_embeddings"],
+                       hidden_act=cfg["hidden_act"], attention_bias=False, mlp_bias=False,
+                       intermediate_size=1)
+
+    def layer_config(**change: int) -> LlamaConfig:
+        out = LlamaConfig(**{**base.to_dict(), **change})
+        out._attn_implementation = "eager"
+        return out
+
+    class Replacement(torch.nn.Module):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+            self.add_module(name, torch.nn.Linear(hidden, hidden, bias=False))
+
+        def forward(self, x):
+            return getattr(self, self.name)(x)
+
+    class Layer(torch.nn.Module):
+        def __init__(self, i: int, entry: Mapping) -> None:
+            super().__init__()
+            attn, mlp = entry["attention"], entry["ffn"]
+            if not attn.get("no_op"):
+                self.input_layernorm = LlamaRMSNorm(hidden, eps=base.rms_norm_eps)
+                kv = None if attn.get("replace_with_linear") else heads // attn["n_heads_in_group"]
+                self.self_attn = (Replacement("linear_attn") if kv is None
+                                  else LlamaAttention(layer_config(num_key_value_heads=kv), i))
+            if not mlp.get("no_op"):
+                self.post_attention_layernorm = LlamaRMSNorm(hidden, eps=base.rms_norm_eps)
+                if mlp.get("replace_with_linear"):
+                    self.mlp = Replacement("linear_mlp")
+                else:
+                    width = (mlp_widths or {}).get(i) or ffn_width(mlp["ffn_mult"], hidden)
+                    self.mlp = LlamaMLP(layer_config(intermediate_size=width))
+
+        def forward(self, x, position_embeddings, mask):
+            if hasattr(self, "self_attn"):
+                h = self.input_layernorm(x)
+                if isinstance(self.self_attn, Replacement):
+                    x = x + self.self_attn(h)
+                else:
+                    x = x + self.self_attn(h, position_embeddings, mask)[0]
+            if hasattr(self, "mlp"):
+                x = x + self.mlp(self.post_attention_layernorm(x))
+            return x
+
+    class Inner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed_tokens = torch.nn.Embedding(cfg["vocab_size"], hidden)
+            self.layers = torch.nn.ModuleList(Layer(i, e)
+                                              for i, e in enumerate(cfg["block_configs"]))
+            self.norm = LlamaRMSNorm(hidden, eps=base.rms_norm_eps)
+            self.rotary_emb = LlamaRotaryEmbedding(base)
+
+    class DeciLM(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Inner()
+            self.lm_head = torch.nn.Linear(hidden, cfg["vocab_size"], bias=False)
+
+        def forward(self, ids):
+            x = self.model.embed_tokens(ids)
+            n = ids.shape[1]
+            pos = self.model.rotary_emb(x, torch.arange(n)[None])
+            mask = torch.full((n, n), float("-inf"), dtype=x.dtype).triu(1)[None, None]
+            for layer in self.model.layers:
+                x = layer(x, pos, mask)
+            return self.lm_head(self.model.norm(x))
+
+    model = DeciLM().double()  # float64: the comparison sees padding, not summation order
+    weights = {n: t.double() for n, t in load_file(str(root / "model.safetensors")).items()}
+    model.load_state_dict(weights, strict=True)
+    return model.eval()

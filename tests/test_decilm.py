@@ -11,14 +11,27 @@ _ffn_mult_to_intermediate_size) and the HF checkpoint keys of the linear replace
 from __future__ import annotations
 
 import json
+import os
+import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import gac_check
 from gac_check.sites import Role
-from gac_check.targets.blocks import ffn_width
-from tests.decilm_models import LINEAR, NO_OP, attention, block, ffn, write_decilm
+from gac_check.targets.blocks import ffn_mult_for, ffn_width
+from tests.decilm_models import (
+    LINEAR,
+    NO_OP,
+    attention,
+    block,
+    decilm_model,
+    ffn,
+    write_decilm,
+)
 from tests.helpers import gac, tree_digest
 
 #: One of each kind of layer: full/full, no-op attention, linear FFN, linear attention with no
@@ -38,6 +51,9 @@ def test_ffn_width_is_the_engines_rounding() -> None:
     assert ffn_width(1.3, 256) == 256
     assert ffn_width(5.25, 6144) == 21504
     assert ffn_width(0.95, 4096) == 2816  # int(2593.8) = 2593: up to 2816, not 128's 2688
+    # the hub's config class keeps round(ffn_mult, 6): 0.0000964 is read as 0.000096, which
+    # builds 256 at hidden 4,000,000 (0.0000964 itself would build int(257.07) -> 512)
+    assert ffn_width(0.0000964, 4_000_000) == 256
 
 
 def test_each_layer_has_its_own_sites_and_every_tensor_is_read(tmp_path: Path) -> None:
@@ -59,6 +75,16 @@ def test_each_layer_has_its_own_sites_and_every_tensor_is_read(tmp_path: Path) -
     assert tally.read == tally.in_sites == 25
     assert not any(n.startswith("model.layers.4.") for n in result.checkpoint.tensors)
     assert not hidden.notes  # config and tensors agree: nothing to note
+
+
+def test_block_configs_are_parsed_once_per_check(tmp_path: Path) -> None:
+    """The targets' blocks are the ones read with the sites, not a second parse; another
+    checkpoint gets its own."""
+    result = gac_check.check(write_decilm(tmp_path / "m", MIXED, sparse=True), gpu="h100")
+    fmt, ckpt = result.format, result.checkpoint
+    assert fmt.blocks(ckpt) is fmt.blocks(ckpt)
+    other = gac_check.check(write_decilm(tmp_path / "n", MIXED[:2], sparse=True), gpu="h100")
+    assert len(fmt.blocks(other.checkpoint)) == 2 and len(fmt.blocks(ckpt)) == 5
 
 
 def test_tensors_win_and_a_contradiction_is_a_note_with_both_values(tmp_path: Path) -> None:
@@ -200,20 +226,119 @@ def test_per_layer_widths_under_a_llama_class_are_still_refused(tmp_path: Path) 
     assert doc["summary"]["targets"]["vllm"]["load"]["blocker"] == "layers"
 
 
-def test_repair_refuses_and_writes_nothing(tmp_path: Path) -> None:
+def test_repair_refuses_for_vllm_a_linear_replacement_and_writes_nothing(tmp_path: Path) -> None:
+    """vLLM builds no linear replacement: no padding makes it load, so nothing is written."""
     root = write_decilm(tmp_path / "m", MIXED, widths={0: {"intermediate": 300}})
     before = tree_digest(root)
-    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "out")
+    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "out", "--target", "vllm")
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
-    assert "DeciLM / Nemotron-NAS (block_configs) checkpoint; --repair does not write" in run.stderr
+    assert "not the linear replacement of layer 2 ffn, layer 3 attention" in run.stderr
     assert not (tmp_path / "out").exists() and tree_digest(root) == before
 
 
-def test_realign_refuses_without_sending_to_repair(tmp_path: Path) -> None:
+#: Every kind of block, and MLP widths the config does not build: 300, 200 and 304 (the
+#: contract's error, a width under 256, an aligned width no ffn_mult builds) and 384 (aligned
+#: for the contract, a multiple of 128, still no width an ffn_mult builds).
+PADDED = [block(attention(2), ffn(2.0)), block(NO_OP, ffn(1.3)), block(attention(4), ffn(1.0)),
+          block(attention(1), LINEAR), block(LINEAR, ffn(2.0)), block(NO_OP, NO_OP)]
+PADDED_WIDTHS = {0: 300, 1: 200, 2: 304, 4: 384}
+
+
+def test_repair_pads_each_layer_and_the_model_built_from_out_computes_the_same(
+        tmp_path: Path) -> None:
+    """Each MLP is padded to the width an ffn_mult builds (a multiple of 256) and its
+    ffn_mult rewritten only where the old one builds another width; the model built per
+    layer from OUT's config.json alone (transformers' Llama modules, strict load) gives the
+    original's logits, equal in float64. No-op and linear blocks are untouched."""
+    root = write_decilm(tmp_path / "m", PADDED, widths={
+        i: {"intermediate": w} for i, w in PADDED_WIDTHS.items()})
+    before = tree_digest(root)
+    promised = {s["layer"]: s["repair_to"] for s in _json(root, "--gpu", "h100")["sites"]
+                if s["role"] == "intermediate" and s["repair_to"]}
+    assert promised == {0: 512, 1: 256}  # the check promises what --repair writes
+    out = tmp_path / "out"
+    run = gac(root, "--gpu", "h100", "--repair", out)
+    assert run.returncode == 0, run.stderr
+    assert tree_digest(root) == before
+    report = json.loads((out / "gac-repair.json").read_text())
+    assert {r["name"]: (r["from"], r["to"]) for r in report["repaired"]} == {
+        f"model.layers.{i}.mlp:intermediate": (w, 256 if w <= 256 else 512)
+        for i, w in PADDED_WIDTHS.items()}
+    # layer 0's 2.0 and layer 4's 2.0 build 512 at hidden 256, layer 1's 1.3 builds 256:
+    # kept; layer 2's 1.0 builds 256, not 512: rewritten
+    assert report["config_changes"] == [{"file": "config.json", "index": None, "from": 1.0,
+                                         "to": 3.0,
+                                         "field": ["block_configs", 2, "ffn", "ffn_mult"]}]
+    cfg = json.loads((out / "config.json").read_text())
+    assert [b["ffn"].get("ffn_mult") for b in cfg["block_configs"]] == [2.0, 1.3, 3.0, None,
+                                                                         2.0, None]
+    assert [b["attention"] for b in cfg["block_configs"]] == [b["attention"] for b in PADDED]
+    ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(30))
+    with torch.no_grad():
+        want = decilm_model(root, PADDED_WIDTHS)(ids)
+        got = decilm_model(out)(ids)  # widths from OUT's block_configs only
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    recheck = gac_check.check(out, gpu="h100")
+    assert not recheck.findings and not any(b.conflicts for b in recheck.format.blocks(
+        recheck.checkpoint))
+
+
+def test_repair_for_vllm_makes_a_contradicted_model_load(tmp_path: Path) -> None:
+    """vLLM refuses the model (block_configs contradicts the MLP widths); --repair --target
+    vllm pads them and writes the ffn_mult that builds each, and OUT loads on vLLM. Layer 1's
+    768 needs no padding, only the ffn_mult that builds it (1.3 builds 256)."""
+    blocks = [b for b in PADDED if LINEAR not in b.values()]
+    root = write_decilm(tmp_path / "m", blocks, widths={0: {"intermediate": 300},
+                                                        1: {"intermediate": 768},
+                                                        2: {"intermediate": 304}})
+    assert not _json(root, "--gpu", "h100", "--target", "vllm")["summary"]["targets"][
+        "vllm"]["load"]["loads"]
+    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "out", "--target", "vllm")
+    assert run.returncode == 0, run.stderr
+    load = _json(tmp_path / "out", "--gpu", "h100", "--target", "vllm")["summary"][
+        "targets"]["vllm"]["load"]
+    assert load["loads"], load
+    assert "layer 0: attention with 2 KV heads, MLP 512 (ffn_mult 2)" in load["why"]
+    assert "layer 2: attention with 1 KV head, MLP 512 (ffn_mult 3)" in load["why"]
+    assert "layer 1: no attention, MLP 768 (ffn_mult 4.5)" in load["why"]
+
+
+def test_an_mlp_whose_block_config_is_no_mlp_is_not_padded(tmp_path: Path) -> None:
+    """Layer 1's config says its FFN is a no-op, its tensors hold an MLP of 300: no ffn_mult
+    records that width, so the site is refused with why, and the rest is repaired."""
+    blocks = [block(attention(2), ffn(2.0)), block(NO_OP, NO_OP)]
+    full = [block(attention(2), ffn(2.0)), block(NO_OP, ffn(2.0))]
+    root = write_decilm(tmp_path / "m", full, widths={1: {"intermediate": 300}},
+                        config=lambda c: {**c, "block_configs": blocks})
+    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "out", "--fail-on", "never")
+    assert run.returncode == 0, run.stderr
+    report = json.loads((tmp_path / "out" / "gac-repair.json").read_text())
+    assert not report["repaired"] and report["config_changes"] == []
+    assert [r["reason"] for r in report["refused"]] == [
+        "block_configs[1].ffn is no full MLP, so no ffn_mult records this width: not padded"]
+
+
+def test_ffn_mult_for_builds_exactly_the_width() -> None:
+    """Every multiple of 256 gets an ffn_mult of at most 6 decimals (what the hub's config
+    class keeps) that the engines' formula turns into that width; a width no ffn_mult builds
+    gets none; an ffn_mult that already builds the width is kept."""
+    rnd = random.Random(30)
+    for _ in range(5000):
+        hidden = rnd.choice((256, 2048, 4096, 5120, 6144, 8192, 16384, rnd.randint(1, 20000)))
+        width = 256 * rnd.randint(1, 400)
+        mult = ffn_mult_for(width, hidden)
+        assert mult is not None and round(mult, 6) == mult
+        assert ffn_width(mult, hidden) == width, (width, hidden, mult)
+    assert ffn_mult_for(300, 256) is None and ffn_mult_for(304, 256) is None
+    assert ffn_mult_for(512, 256, 2.0) == 2.0 and ffn_mult_for(512, 256, 1.0) == 3.0
+    assert ffn_mult_for(14336, 8192) == 2.625  # Nemotron-Super-49B's own
+
+
+def test_realign_sends_to_repair(tmp_path: Path) -> None:
     root = write_decilm(tmp_path / "m", MIXED, sparse=True)
     run = gac(root, "--gpu", "h100", "--realign", tmp_path / "out", "--base", root)
     assert run.returncode == 2 and not (tmp_path / "out").exists()
-    assert "--repair refuses it too" in run.stderr and "run --repair OUT" not in run.stderr
+    assert "no low-rank factors to re-select; run --repair OUT" in run.stderr
 
 
 def _attn(i: int, **change: object):
@@ -270,3 +395,40 @@ def test_what_is_not_understood_is_refused(tmp_path: Path, case: str) -> None:
     assert run.returncode == 2, run.stdout
     assert message in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+
+
+ORACLE = Path(__file__).resolve().parents[1] / ".cache" / "vllm-oracle" / "src"
+RUNNER = Path(__file__).with_name("vllm_oracle.py")
+
+
+@pytest.mark.slow
+def test_vllm_builds_the_width_each_written_ffn_mult_records(tmp_path: Path) -> None:
+    """vLLM's own ``_ffn_mult_to_intermediate_size`` (v0.33.0 nemotron_nas.py, run in a
+    subprocess from ``make vllm-oracle``'s cached wheel) turns every ffn_mult the repair
+    writes into exactly the padded width: a seeded grid of widths and hidden sizes, and the
+    ffn_mults of a repaired checkpoint's config.json."""
+    if not (ORACLE / "vllm").is_dir():
+        message = "vLLM's wheel is not cached: run `make vllm-oracle` (CI does)"
+        if os.environ.get("GAC_REQUIRE_ENGINE_SOURCES"):
+            pytest.fail(message)
+        pytest.skip(message)
+    rnd = random.Random(30)
+    cases = []
+    for _ in range(600):
+        hidden = rnd.choice((2048, 4096, 5120, 6144, 8192, 16384, rnd.randint(64, 20000)))
+        width = 256 * rnd.randint(1, 400)
+        cases.append({"ffn_mult": ffn_mult_for(width, hidden), "hidden": hidden,
+                      "want": width})
+    root = write_decilm(tmp_path / "m", PADDED, sparse=True, widths={
+        i: {"intermediate": w} for i, w in PADDED_WIDTHS.items()})
+    assert gac(root, "--gpu", "h100", "--repair", tmp_path / "out").returncode == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())["block_configs"]
+    cases += [{"ffn_mult": b["ffn"]["ffn_mult"], "hidden": 256, "want": 256 if w <= 256 else 512}
+              for b, w in ((written[i], w) for i, w in PADDED_WIDTHS.items())]
+    proc = subprocess.run([sys.executable, str(RUNNER), "--ffn-widths", str(ORACLE)],
+                          input=json.dumps(cases), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(answers) == len(cases)
+    wrong = [a for a in answers if a["width"] != a["want"]]
+    assert not wrong, wrong[:5]

@@ -143,6 +143,7 @@ def test_repair_refuses_the_latents_and_the_qk_head(tmp_path: Path) -> None:
     sites = by_name(check(src))
     assert sites["kv_lora_rank"]["exact_repair"] is False
     assert "kv_a_layernorm" in sites["kv_lora_rank"]["refusal"]
+    assert "would undo that only with eps 0" in sites["kv_lora_rank"]["refusal"]
     assert "q_a_layernorm" in sites["q_lora_rank"]["refusal"]
     assert "rotary" in sites["qk_head_dim"]["refusal"]
     assert sites["v_head_dim"]["exact_repair"] is True

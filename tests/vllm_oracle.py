@@ -163,9 +163,31 @@ def setup(cache: Path) -> None:
         (cache / "deps" / ".complete").write_text(WHEEL + "\n")
 
 
+def ffn_widths(src: Path) -> None:
+    """vLLM's own ``_ffn_mult_to_intermediate_size`` (and the ``_find_multiple`` it calls)
+    from vllm/model_executor/models/nemotron_nas.py, on each ``{"ffn_mult", "hidden"}`` case:
+    the two functions are pure Python, so they are taken from the module's syntax tree and
+    run alone (the module's imports need a GPU build); prints one JSON answer per case."""
+    import ast
+
+    path = src / "vllm" / "model_executor" / "models" / "nemotron_nas.py"
+    tree = ast.parse(path.read_text(), str(path))
+    wanted = {"_ffn_mult_to_intermediate_size", "_find_multiple"}
+    body = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in wanted]
+    assert {n.name for n in body} == wanted, f"{path} no longer defines {sorted(wanted)}"
+    scope: dict = {}
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), scope)
+    for case in json.load(sys.stdin):
+        width = scope["_ffn_mult_to_intermediate_size"](case["ffn_mult"], case["hidden"])
+        print(json.dumps({**case, "width": width}), flush=True)
+
+
 def main() -> None:
     if sys.argv[1] == "--setup":
         setup(Path(sys.argv[2]))
+        return
+    if sys.argv[1] == "--ffn-widths":
+        ffn_widths(Path(sys.argv[2]))
         return
     src, deps, cap = sys.argv[1], sys.argv[2], sys.argv[3]
     import torch  # the test environment's own CPU torch, before vLLM's path goes in

@@ -16,12 +16,6 @@ if TYPE_CHECKING:  # targets are imported only where a check names one
 #: The layouts --realign rewrites (ASVD's BLinear/ALinear, SVD-LLM's whitened u/v factors,
 #: PaLU's per-group VT/U latents).
 REALIGNABLE = frozenset({"asvd", "svd-llm", "palu"})
-#: Formats with no ranks that --repair refuses too: what to do instead of either.
-NEITHER = {
-    "decilm": "it has no low-rank factors to re-select, and --repair refuses it too (each "
-              "layer's MLP width is block_configs' ffn_mult, which the engines round up to a "
-              "multiple of 256); choose the widths in the block search (Puzzle) instead",
-}
 
 
 def not_realignable(fmt: str) -> str:
@@ -29,8 +23,6 @@ def not_realignable(fmt: str) -> str:
     head = (f"is in {fmt} format; --realign re-selects ranks only in the ASVD layout "
             "(BLinear/ALinear + truncation_ranks), SVD-LLM's (whitened u/v factors) and "
             "PaLU's (per-group VT/U latents)")
-    if fmt in NEITHER:
-        return f"{head}; {NEITHER[fmt]}"
     return (f"{head}; it has no low-rank factors to re-select; run --repair OUT to zero-pad its "
             "misaligned sizes exactly in its own layout")
 

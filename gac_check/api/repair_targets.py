@@ -20,6 +20,7 @@ from gac_check.contract.select import assemble
 from gac_check.errors import BadInput
 from gac_check.padding.plan import STRATEGIES, RepairPlan, plan
 from gac_check.sites import Role
+from gac_check.targets.blocks import ffn_width
 from gac_check.targets.loadability import LAYERS, layer_widths
 from gac_check.targets.shards import model_shape
 
@@ -39,11 +40,13 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
     would still refuse OUT, with what would help. ``uniform`` pads every layer's MLP to one
     width (with or without targets)."""
     ckpt = before.checkpoint
+    ffn_mults = _ffn_mults_only(before)
     blocked = refuse_unloadable(
         before, "--repair: {spec} would still refuse OUT: {why}; no padding changes that. "
         "To serve it: {remedy}. Nothing was written (drop --target {spec} to repair for the "
-        "rest)", removable=lambda load: load.blocker == LAYERS and _mlp_only(before))
-    if blocked and not uniform:
+        "rest)", removable=lambda load: load.blocker == LAYERS
+        and (ffn_mults or _mlp_only(before)))
+    if blocked and not uniform and not ffn_mults:
         raise BadInput(f"--repair: {', '.join(v.target.spec for v in blocked)} would still "
                        f"refuse OUT: {blocked[0].why}; re-run the compressor with the same "
                        "width in every layer, or add --uniform to pad every layer to the "
@@ -55,6 +58,8 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
         widths, contract = _uniform(before, strategy)
     repair_plan = plan(before.sites, contract, strategy, shapes=ckpt.shapes,
                        config=ckpt.config, widths=widths)
+    if ffn_mults and contract.targets is not None:
+        contract = _as_repaired(before, repair_plan)
     if contract.targets is not None:
         sizes = {r.site.name: r.target for r in repair_plan.repairs}
         still = contract.targets.refused_after(before.sites, sizes)
@@ -65,6 +70,36 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
                            f"{more}: {why}. Nothing was written (drop --target {target.spec} "
                            "to repair for the rest)", ckpt.path)
     return TargetedPlan(repair_plan, contract, widths)
+
+
+def _ffn_mults_only(before: CheckResult) -> bool:
+    """Whether a block_configs model is refused only for MLP widths its ffn_mult does not
+    build: the repair pads each to a width an ffn_mult builds and writes that ffn_mult, so
+    the engine's DeciLM class builds every layer of OUT (the re-check of OUT judges it)."""
+    blocks = model_kind(before.checkpoint, before.format).blocks
+    return bool(blocks) and all(b.repairable for b in blocks)
+
+
+def _as_repaired(before: CheckResult, repair_plan: RepairPlan) -> Contract:
+    """The contract OUT will be judged by: its block_configs as the repair writes them, each
+    layer's MLP conflict gone where OUT's ffn_mult builds OUT's width."""
+    sizes = {r.site.name: r.target for r in repair_plan.repairs}
+    mults = {e.path[1]: e.new for e in repair_plan.config_edits if e.path[0] == "block_configs"}
+    mlp = {s.layer: s for s in before.sites if s.role is Role.INTERMEDIATE}
+    kind = model_kind(before.checkpoint, before.format)
+    blocks = []
+    for b in kind.blocks:
+        site = mlp.get(b.layer)
+        mult = mults.get(b.layer, b.ffn_mult)
+        width = sizes.get(site.name, site.value) if site else None
+        hidden = before.checkpoint.config["hidden_size"]
+        if mult is not None and width is not None and ffn_width(mult, hidden) == width:
+            b = dataclasses.replace(b, ffn_mult=mult, intermediate=width, mlp_conflict=None,
+                                    conflicts=tuple(c for c in b.conflicts
+                                                    if c != b.mlp_conflict))
+        blocks.append(b)
+    return assemble(before.contract.profile, before.contract.dtype, before.targets,
+                    before.sites, dataclasses.replace(kind, blocks=tuple(blocks)))
 
 
 def _mlp_only(before: CheckResult) -> bool:

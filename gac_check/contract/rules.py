@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from gac_check.contract.slowdown import Slowdown
 from gac_check.sites import DimSite, Role
+from gac_check.targets.blocks import recordable
 
 if TYPE_CHECKING:  # targets are imported only where a check names one
     from gac_check.targets.verdicts import SiteVerdicts
@@ -170,7 +171,11 @@ class Contract:
 
     def target(self, site: DimSite, severities: tuple[str, ...] = (ERROR,)) -> int:
         """Smallest value >= the site's that satisfies all its rules of those severities and,
-        where padding can make it so, is fast on every target."""
+        where padding can make it so, is fast on every target; then the smallest at or above
+        that its config can record (a DeciLM MLP: a width some ffn_mult builds)."""
+        return recordable(site, self._fast_target(site, severities))
+
+    def _fast_target(self, site: DimSite, severities: tuple[str, ...]) -> int:
         value = self._target(site.role, site.value, severities)
         if self.targets is None or ERROR not in severities:
             return value

@@ -17,6 +17,7 @@ does not know is a refusal, never a guess.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, replace
 
 from gac_check.checkpoint.index import Checkpoint
@@ -25,7 +26,7 @@ from gac_check.formats.architectures import LLAMA, family_sites
 from gac_check.formats.base import Format
 from gac_check.formats.layout import Linear, dense_linear
 from gac_check.sites import DimSite, Role
-from gac_check.targets.blocks import FULL, LINEAR, NO_OP, LayerBlocks, ffn_width
+from gac_check.targets.blocks import FFN_MULT, FULL, LINEAR, NO_OP, LayerBlocks, ffn_width
 
 ARCHITECTURE = "DeciLMForCausalLM"
 MODEL_TYPES = ("nemotron-nas", "deci")
@@ -39,9 +40,6 @@ FULL_MODULES = {"attention": (LLAMA.q, LLAMA.k, LLAMA.v, LLAMA.o),
 #: Keys a block config may carry that set no width; accepted only at their "off" value.
 _INERT = {"sparsify": None, "window_length": None, "num_sink_tokens": None,
           "use_prefill_window_in_sink_attention": False, "unshifted_sink": False}
-#: Why an MLP width of this layout is not padded (the whole repair is refused, padding/support.py).
-NOT_PADDED = ("a DeciLM MLP width is recorded as block_configs' ffn_mult, and no model class "
-              "gac-check can load proves a padded one equivalent: not padded")
 _KNOWN = {"attention": {"no_op", "replace_with_linear", "n_heads_in_group", *_INERT},
           "ffn": {"no_op", "replace_with_linear", "ffn_mult", "sparsify"}}
 
@@ -64,10 +62,20 @@ class DeciLM(Format):
         return ("block_configs" in cfg or cfg.get("model_type") in MODEL_TYPES
                 or (isinstance(archs, list) and ARCHITECTURE in archs))
 
+    def __init__(self) -> None:
+        #: the blocks of the checkpoint whose sites were read last, so that ``blocks`` does
+        #: not parse block_configs again (a weak reference: the format holds no checkpoint)
+        self._parsed: tuple[weakref.ref[Checkpoint], tuple[LayerBlocks, ...]] | None = None
+
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:
-        return read(ckpt)[0]
+        sites, blocks = read(ckpt)
+        self._parsed = (weakref.ref(ckpt), blocks)
+        return sites
 
     def blocks(self, ckpt: Checkpoint) -> tuple[LayerBlocks, ...]:
+        parsed = self._parsed
+        if parsed is not None and parsed[0]() is ckpt:
+            return parsed[1]
         return read(ckpt)[1]
 
 
@@ -113,12 +121,19 @@ def read(ckpt: Checkpoint) -> tuple[list[DimSite], tuple[LayerBlocks, ...]]:
             intermediate=(ffn_width(float(ffn.value), hidden_cfg)
                           if ffn.kind == FULL and ffn.value is not None else None))
         hidden.notes.extend(conflicts)  # a block's kind: the layer has no site of its own
-        conflicts += _width_conflicts(sites, blocks)
-        layers.append(replace(blocks, conflicts=tuple(conflicts)))
+        mlp, heads = _width_conflicts(sites, blocks)
+        conflicts += [*([mlp] if mlp else []), *heads]
+        layers.append(replace(blocks, conflicts=tuple(conflicts), mlp_conflict=mlp))
+    mults = {b.layer: b.ffn_mult for b in layers if b.ffn_mult is not None}
     for site in sites:
         if site.role is Role.INTERMEDIATE:
             site.config_field = None  # block_configs records ffn_mult, not the width
-            site.inexact = NOT_PADDED
+            if site.layer in mults:  # what padding/plan.py rewrites to record a padded width
+                site.attrs[FFN_MULT] = {"block_config": site.layer,
+                                        "ffn_mult": mults[site.layer], "hidden_size": hidden_cfg}
+            else:
+                site.inexact = (f"block_configs[{site.layer}].ffn is no full MLP, so no ffn_mult "
+                                "records this width: not padded")
         if site.role is Role.HEADS:  # per-layer KV heads: block_configs' n_heads_in_group
             site.notes[:] = [n for n in site.notes if "num_key_value_heads" not in n]
     return sites, tuple(layers)
@@ -218,21 +233,23 @@ def _found(ckpt: Checkpoint, prefix: str, i: int, block: str, hidden: int) -> st
     return FULL if full else NO_OP
 
 
-def _width_conflicts(sites: list[DimSite], blocks: LayerBlocks) -> list[str]:
-    """The layer's config widths its tensors contradict (MLP width against what ffn_mult
-    builds, KV heads against num_attention_heads // n_heads_in_group), each also a note on
-    the site whose value the tensors give."""
-    out = []
+def _width_conflicts(sites: list[DimSite], blocks: LayerBlocks
+                     ) -> tuple[str | None, list[str]]:
+    """The layer's config widths its tensors contradict: its MLP width against what ffn_mult
+    builds (which ``--repair`` resolves: padding/plan.py), and its KV heads against
+    num_attention_heads // n_heads_in_group (which it does not), each also a note on the site
+    whose value the tensors give."""
+    mlp, heads = None, []
     for site in sites:
         if site.layer != blocks.layer:
             continue
         if site.role is Role.INTERMEDIATE and blocks.intermediate not in (None, site.value):
-            out.append(f"layer {blocks.layer} ffn: block_configs' ffn_mult={blocks.ffn_mult:g} "
-                       f"builds an MLP of {blocks.intermediate}, the tensors have {site.value}")
-            site.notes.append(out[-1])
+            mlp = (f"layer {blocks.layer} ffn: block_configs' ffn_mult={blocks.ffn_mult:g} "
+                   f"builds an MLP of {blocks.intermediate}, the tensors have {site.value}")
+            site.notes.append(mlp)
         kv = site.attrs.get("kv_heads")
         if site.role is Role.HEADS and blocks.kv_heads not in (None, kv):
-            out.append(f"layer {blocks.layer} attention: block_configs' n_heads_in_group gives "
-                       f"{blocks.kv_heads} KV heads, the tensors have {kv}")
-            site.notes.append(out[-1])
-    return out
+            heads.append(f"layer {blocks.layer} attention: block_configs' n_heads_in_group "
+                         f"gives {blocks.kv_heads} KV heads, the tensors have {kv}")
+            site.notes.append(heads[-1])
+    return mlp, heads

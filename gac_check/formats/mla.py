@@ -27,9 +27,20 @@ from gac_check.formats.layout import Linear, dense_linear
 from gac_check.formats.moe import find_moe
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
+#: Why a latent is not padded. p zeros shrink its RMSNorm's mean square by r / (r + p);
+#: scaling the norm's weight by sqrt(r / (r + p)) undoes that only for eps = 0, since it
+#: leaves x / sqrt(mean + eps (r + p) / r): eps would have to grow for this norm alone, and
+#: it is the model's one rms_norm_eps in vLLM (v0.33.0 deepseek_v2.py,
+#: DeepseekV2MLAAttention.__init__) and a fixed 1e-6 in transformers (v5.24.0
+#: DeepseekV2/V3Attention.__init__: DeepseekV3RMSNorm(config.kv_lora_rank)); the scaled
+#: weight also rounds in a 16-bit dtype. Close, not equal: this tool's repairs are equal.
 LATENT_NORM_INEXACT = (
     "an MLA latent cannot be zero-padded exactly: its RMSNorm ({norm}) averages over the "
-    "latent width, so padding it changes every normalised value"
+    "latent width, so p zeros shrink every normalised value's mean square by r/(r+p); scaling "
+    "the norm's weight by sqrt(r/(r+p)) would undo that only with eps 0 (eps would have to "
+    "become eps*(r+p)/r for this norm alone, but it is the model's one rms_norm_eps in vLLM "
+    "and a fixed 1e-6 in transformers), and the scaled weight rounds in a 16-bit dtype: the "
+    "logits would be close, not equal"
 )
 QK_INEXACT = (
     "the MLA q/k head size is qk_nope_head_dim + qk_rope_head_dim: its rope part cannot grow "

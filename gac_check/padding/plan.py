@@ -24,6 +24,7 @@ from gac_check.contract.rules import ERROR, WARNING, Contract
 from gac_check.errors import BadInput
 from gac_check.formats.accounting import site_axes
 from gac_check.sites import AxisKind, DimSite, Role
+from gac_check.targets.blocks import FFN_MULT, ffn_mult_for
 
 STRATEGIES = {"minimal": (ERROR,), "optimal": (ERROR, WARNING)}
 NO_SCALE_ROWS = (
@@ -168,12 +169,15 @@ class TensorEdit:
 
 @dataclass(frozen=True)
 class ConfigEdit:
-    """A value in config.json that records a padded size: ``path`` (and list ``index``)."""
+    """A value in config.json that records a padded size: ``path`` (and list ``index``).
 
-    path: tuple[str, ...]
+    Most record the size itself; a DeciLM MLP's is the ``ffn_mult`` (a float) that builds
+    it, under ``block_configs`` (a list index inside ``path``)."""
+
+    path: tuple[str | int, ...]
     index: int | None
-    old: int
-    new: int
+    old: int | float
+    new: int | float
 
 
 @dataclass
@@ -235,6 +239,7 @@ def plan(sites: Iterable[DimSite], contract: Contract, strategy: str = "minimal"
     if config is not None:
         config_edits, conflicts = _config_edits(sites, repairs, config)
         config_edits += _uniform_config_edits(sites, widths, config, config_edits)
+        config_edits += _ffn_mult_edits(sites, repairs)
         refused += [Refusal(r.site, r.target, conflicts[r.site.name]) for r in repairs
                     if r.site.name in conflicts]
         repairs = [r for r in repairs if r.site.name not in conflicts]
@@ -290,6 +295,24 @@ def dearer_than_dense(site: DimSite, target: int,
             f"parameters in the two factors, more than the dense matrix's {dense:,}: store "
             "the product of the factors as one dense weight (exact), or pad less (another "
             "--target or none) and accept the slower kernel")
+
+
+def _ffn_mult_edits(sites: list[DimSite], repairs: list[SiteRepair]) -> list[ConfigEdit]:
+    """Each DeciLM MLP's ``ffn_mult`` rewritten where it does not build the layer's width as
+    OUT holds it (padded, or as the tensors have it): the engines build each layer from it,
+    so OUT's block_configs then describes OUT's tensors. A width no ffn_mult builds (a site
+    left unpadded) keeps its value."""
+    new_of = {r.site.name: r.target for r in repairs}
+    out = []
+    for site in sites:
+        rec = site.attrs.get(FFN_MULT)
+        if not isinstance(rec, dict):
+            continue
+        old, layer = rec["ffn_mult"], rec["block_config"]
+        new = ffn_mult_for(new_of.get(site.name, site.value), rec["hidden_size"], old)
+        if new is not None and new != old:
+            out.append(ConfigEdit(("block_configs", layer, "ffn", "ffn_mult"), None, old, new))
+    return out
 
 
 def _uniform_config_edits(sites: list[DimSite], widths: Mapping[str, int],

@@ -20,27 +20,14 @@ REPAIRABLE: dict[str, frozenset[str]] = {
     "palu": frozenset({"llama"}),
     "dense": frozenset({"llama", "bert", "mixtral", "qwen2_moe"}),
     "mla": frozenset({"deepseek", "deepseek_moe"}),
-}
-
-
-#: Formats --repair refuses whatever the family, and why.
-REFUSED: dict[str, str] = {
-    "decilm": (
-        "is a DeciLM / Nemotron-NAS (block_configs) checkpoint; --repair does not write one: "
-        "each layer's MLP width is recorded only as ffn_mult, which vLLM and SGLang build as "
-        "int(2 * ffn_mult * hidden / 3) rounded up to a multiple of 256 (so every width they "
-        "load is one already, and a padded width must be written as another ffn_mult), and "
-        "transformers has no DeciLM class to load a padded model and compare its logits with "
-        "(only the checkpoint's own remote code, which gac-check does not run): it refuses "
-        "rather than write a repair it cannot prove (the check above still holds)"
-    ),
+    # DeciLM / Nemotron-NAS block_configs (formats/decilm.py): Llama's modules per layer,
+    # rebuilt per block from OUT's block_configs in tests/test_decilm.py
+    "decilm": frozenset({"llama"}),
 }
 
 
 def unsupported(fmt: str, family: str | None) -> str | None:
     """Why ``--repair`` refuses this pair, or None when it is tested end to end."""
-    if fmt in REFUSED:
-        return REFUSED[fmt]
     tested = REPAIRABLE.get(fmt, frozenset())
     if family in tested:
         return None

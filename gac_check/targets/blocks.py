@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gac_check.sites import DimSite
 from gac_check.targets.source import Source
 
 FULL, NO_OP, LINEAR = "full", "no_op", "linear"
@@ -24,12 +25,53 @@ FULL, NO_OP, LINEAR = "full", "no_op", "linear"
 #: ``_ffn_mult_to_intermediate_size`` and ``_find_multiple``; SGLang v0.5.23 and llama.cpp's
 #: converter (conversion/deci.py, ``DeciModel._ffn_mult_to_intermediate_size``) alike).
 FFN_ROUNDING = 256
+#: Decimals of ``ffn_mult`` the engines see: the config class that ships with the Nemotron-NAS
+#: hub repositories (block_config.py, ``FFNConfig.__post_init__``) keeps
+#: ``round(ffn_mult, 6)``, and vLLM and SGLang build their classes from that config
+#: (trust_remote_code); mlx-lm's mlx_lm/models/nemotron-nas.py (``FFNConfig.__post_init__``)
+#: rounds alike.
+FFN_MULT_DECIMALS = 6
+#: The key of a DeciLM MLP site's attrs that says where its width is recorded: {"block_config":
+#: layer, "ffn_mult": declared value, "hidden_size": the config's}.
+FFN_MULT = "ffn_mult"
 
 
 def ffn_width(ffn_mult: float, hidden: int) -> int:
     """The MLP width an engine builds from ``ffn_mult`` at ``hidden`` (see FFN_ROUNDING)."""
-    width = int(2 * ffn_mult * hidden / 3)
+    width = int(2 * round(ffn_mult, FFN_MULT_DECIMALS) * hidden / 3)
+    return buildable(width)
+
+
+def buildable(width: int) -> int:
+    """The smallest MLP width at or above ``width`` that some ``ffn_mult`` builds."""
     return -(-width // FFN_ROUNDING) * FFN_ROUNDING
+
+
+def recordable(site: DimSite, size: int) -> int:
+    """The smallest size at or above ``size`` that the site's config can record: a DeciLM
+    MLP's width (a site with FFN_MULT attrs) is built from ``ffn_mult``, so only a width some
+    ffn_mult builds loads; any other site's config records any size."""
+    return buildable(size) if FFN_MULT in site.attrs else size
+
+
+def ffn_mult_for(width: int, hidden: int, current: float | None = None) -> float | None:
+    """An ``ffn_mult`` that builds exactly ``width`` at ``hidden``: ``current`` where it
+    already does, else the shortest decimal (at most FFN_MULT_DECIMALS places, so the config
+    class's rounding leaves it as written) that does; None where no value does (``width`` is
+    no multiple of FFN_ROUNDING).
+
+    Any value whose ``int(2 * m * hidden / 3)`` falls in (width - 256, width] builds
+    ``width``; one whose formula gives ``width`` itself, before any rounding up, is preferred
+    (an engine rounding to a finer multiple would build the same). The formula is evaluated on
+    every candidate, never assumed."""
+    if current is not None and ffn_width(current, hidden) == width:
+        return current
+    if width <= 0 or width % FFN_ROUNDING:
+        return None
+    exact = 3 * width / (2 * hidden)
+    candidates = [m for m in (round(exact, p) for p in range(FFN_MULT_DECIMALS + 1)) if m > 0]
+    unrounded = [m for m in candidates if int(2 * m * hidden / 3) == width]
+    return next((m for m in unrounded + candidates if ffn_width(m, hidden) == width), None)
 
 
 @dataclass(frozen=True)
@@ -47,6 +89,17 @@ class LayerBlocks:
     ffn_mult: float | None = None
     intermediate: int | None = None  # what the engines build from ffn_mult
     conflicts: tuple[str, ...] = ()
+    #: the one of ``conflicts`` that says the MLP's width is not what ffn_mult builds (the
+    #: only one ``--repair`` resolves: it pads the width and rewrites ffn_mult)
+    mlp_conflict: str | None = None
+
+    @property
+    def repairable(self) -> bool:
+        """Whether an engine's class would build this layer once ``--repair`` has padded its
+        MLP and rewritten its ffn_mult: every block full or no-op, and no conflict but the
+        MLP width's."""
+        return (LINEAR not in (self.attention, self.ffn)
+                and set(self.conflicts) <= {self.mlp_conflict})
 
     def built(self) -> str:
         """What the engine builds for this layer (without the layer's index)."""
