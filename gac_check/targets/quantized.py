@@ -28,12 +28,27 @@ from gac_check.targets.spec import Target
 
 #: Engines that re-quantize on conversion: the checkpoint's scheme does not reach them.
 REQUANTIZING = ("llama.cpp",)
+#: Why no target judges an MXFP4 checkpoint (gpt-oss's experts) yet. Read in vLLM
+#: (vllm-project/vllm, vllm/model_executor/layers/quantization/mxfp4.py,
+#: Mxfp4MoEMethod.create_weights and get_mxfp4_backend, at commit 007d500, not a release
+#: the pack was read for): the engine zero-pads each rank's expert width itself, to a
+#: multiple of 128 (Marlin; hidden to 256), 256 (FlashInfer TRT-LLM on sm100; hidden 256),
+#: 128 (FlashInfer CUTLASS on sm100, FlashInfer BF16 on sm90; hidden 128) or 64 (Triton), by
+#: a backend chosen from the GPU, the installed FlashInfer and environment variables.
+MXFP4_NOT_JUDGED = (
+    "the checkpoint is MXFP4 (gpt-oss's experts), which no rule pack models: not judged. "
+    "vLLM pads each rank's expert width to a multiple of 64, 128 or 256 and the hidden size "
+    "to 128 or 256 itself, by a backend (Marlin, FlashInfer, Triton) it picks from the GPU, "
+    "FlashInfer and environment variables (vllm/model_executor/layers/quantization/mxfp4.py, "
+    "Mxfp4MoEMethod.create_weights, read at commit 007d500, not a release the pack was read "
+    "for); check without --target for the GPU contract's findings"
+)
 
 
 def pack_names(q: Quantization) -> tuple[str, ...]:
     """The names packs give this scheme, most specific first."""
-    if q.method == "bitsandbytes":
-        return ("bitsandbytes",)
+    if q.method in ("bitsandbytes", "mxfp4"):
+        return (q.method,)
     if q.weight_type == "float" or (q.activations or "").startswith("float8"):
         # block-quantized FP8 loads only in whole blocks per rank (validate_fp8_block_shape):
         # the pack's own name where it has one, else its FP8
@@ -54,6 +69,8 @@ def for_checkpoint(target: Target, q: Quantization | None) -> Target:
         return target
     names = pack_names(q)
     quant = next((n for n in names if n in target.pack.quants), None)
+    if quant is None and q.method == "mxfp4":
+        raise BadInput(f"--target {target.spec}: {MXFP4_NOT_JUDGED}")
     if quant is None:
         raise BadInput(f"--target {target.spec}: the checkpoint is {q.method} {q.scheme}, which "
                        f"the {target.engine} rule pack does not model (it knows quant="
