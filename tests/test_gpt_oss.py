@@ -179,6 +179,23 @@ def test_a_model_in_memory_is_checked_as_its_saved_directory(tmp_path: Path) -> 
     assert in_memory.family == on_disk.family == "gpt_oss"
 
 
+# ----------------------------------------------------------------------------- targets
+
+def test_vllm_judges_the_bf16_expert_width_as_every_layout_s(tmp_path: Path) -> None:
+    """vLLM v0.33.0 runs gpt-oss's unquantized experts (swigluoai: FlashInfer moved behind
+    Triton) on TritonExperts: 45 is fast at tp=1 on sm90, refused at tp=2 by FusedMoEConfig's
+    intermediate_size % tp_size (fix 46); the expert count is not judged."""
+    doc = _json(_saved(_gpt_oss(), tmp_path / "gpt-oss"), "--target", "vllm",
+                "--target", "vllm,tp=2")
+    width = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
+    tp1, tp2 = width["targets"]
+    assert (tp1["verdict"], tp1["kernel"]) == ("fast", "TritonExperts (fused_moe_kernel)")
+    assert tp2["verdict"] == "refused" and "FusedMoEConfig asserts" in tp2["why"]
+    assert tp2["fix_to"] == 46
+    count = next(s for s in doc["sites"] if s["role"] == "experts")
+    assert all(t["why"].startswith("not judged for MoE") for t in count["targets"])
+
+
 # ----------------------------------------------------------------------------- repair
 
 def test_padded_units_of_the_clamped_swiglu_contribute_nothing() -> None:
@@ -285,10 +302,12 @@ def test_mxfp4_is_refused_by_repair_and_not_judged_by_vllm(tmp_path: Path) -> No
     run = helpers.gac(root, "--gpu", "h100", "--repair", out)
     assert run.returncode == 2 and not out.exists(), run.stdout + run.stderr
     assert "mxfp4" in run.stderr and "does not rewrite packed weights" in run.stderr
+    assert "quantization_config=Mxfp4Config()" in run.stderr
     run = helpers.gac(root, "--gpu", "h100", "--target", "vllm")
     assert run.returncode == 2, run.stdout + run.stderr
     assert "which no rule pack models: not judged" in run.stderr
-    assert "Mxfp4MoEMethod.create_weights" in run.stderr
+    assert "vLLM v0.33.0" in run.stderr
+    assert "mxfp4_round_up_hidden_size_and_intermediate_size" in run.stderr
 
 
 @pytest.mark.parametrize("damage, message", [

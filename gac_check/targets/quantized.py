@@ -28,20 +28,22 @@ from gac_check.targets.spec import Target
 
 #: Engines that re-quantize on conversion: the checkpoint's scheme does not reach them.
 REQUANTIZING = ("llama.cpp",)
-#: Why no target judges an MXFP4 checkpoint (gpt-oss's experts) yet. Read in vLLM
-#: (vllm-project/vllm, vllm/model_executor/layers/quantization/mxfp4.py,
-#: Mxfp4MoEMethod.create_weights and get_mxfp4_backend, at commit 007d500, not a release
-#: the pack was read for): the engine zero-pads each rank's expert width itself, to a
-#: multiple of 128 (Marlin; hidden to 256), 256 (FlashInfer TRT-LLM on sm100; hidden 256),
-#: 128 (FlashInfer CUTLASS on sm100, FlashInfer BF16 on sm90; hidden 128) or 64 (Triton), by
-#: a backend chosen from the GPU, the installed FlashInfer and environment variables.
+#: Why no target judges an MXFP4 checkpoint (gpt-oss's experts) yet. Read in vLLM v0.33.0
+#: (vllm-project/vllm, vllm/model_executor/layers/fused_moe/oracle/mxfp4.py,
+#: mxfp4_round_up_hidden_size_and_intermediate_size, called by
+#: GptOssMxfp4MoEMethod.maybe_roundup_sizes in quantization/mxfp4.py): the engine zero-pads
+#: each rank's expert width itself, to a multiple of 128 (Marlin, FlashInfer TRT-LLM and
+#: CUTLASS, CUTLASS, DeepGEMM; hidden to 256 or 128), 64 (Triton, the rest on CUDA), 128 or
+#: 256 (ROCm) or 32 (CPU), by the backend select_mxfp4_moe_backend takes first in
+#: _get_priority_backends_for_gpt_oss's order that supports the GPU and the installed
+#: kernels; models/gpt_oss.py shards the experts over TP in whole 32-value blocks.
 MXFP4_NOT_JUDGED = (
     "the checkpoint is MXFP4 (gpt-oss's experts), which no rule pack models: not judged. "
-    "vLLM pads each rank's expert width to a multiple of 64, 128 or 256 and the hidden size "
-    "to 128 or 256 itself, by a backend (Marlin, FlashInfer, Triton) it picks from the GPU, "
-    "FlashInfer and environment variables (vllm/model_executor/layers/quantization/mxfp4.py, "
-    "Mxfp4MoEMethod.create_weights, read at commit 007d500, not a release the pack was read "
-    "for); check without --target for the GPU contract's findings"
+    "vLLM v0.33.0 pads each rank's expert width to a multiple of 32, 64, 128 or 256 (and the "
+    "hidden size to 128 or 256) itself, as the MXFP4 MoE backend it picks from the GPU and "
+    "the installed kernels requires (vllm/model_executor/layers/fused_moe/oracle/mxfp4.py, "
+    "mxfp4_round_up_hidden_size_and_intermediate_size; select_mxfp4_moe_backend); check "
+    "without --target for the GPU contract's findings"
 )
 
 
