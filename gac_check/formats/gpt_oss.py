@@ -151,8 +151,7 @@ def _read_layer(ckpt: Checkpoint,
                   TensorAxis(lay.name("gate_up_proj_bias"), 1, AxisKind.BIAS, unit=2),
                   TensorAxis(lay.name("down_proj"), 1, AxisKind.CONSUMER)]
     site = DimSite(f"{lay.experts}:intermediate", Role.EXPERT, width, width_axes,
-                   layer=lay.layer, module=lay.experts, config_field=(WIDTH_KEY,),
-                   attrs={"experts": e, "interleaved": True})
+                   layer=lay.layer, module=lay.experts, config_field=(WIDTH_KEY,))
     _note(site, ckpt.config, WIDTH_KEY)
     hidden_axes = [TensorAxis(lay.name("gate_up_proj"), 1, AxisKind.CONSUMER),
                    TensorAxis(f"{lay.router}.weight", 1, AxisKind.CONSUMER),
