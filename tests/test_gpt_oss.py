@@ -141,10 +141,13 @@ def test_expert_width_pruning_gives_each_layer_its_width(tmp_path: Path) -> None
     ("layer 1 keeps 3", "the MoE layers keep different expert counts (layer 0: 4, layer 1: 3)"),
     ("odd gate_up", "has 89 gate/up columns, an odd number"),
     ("down", "model.layers.0.mlp.experts.down_proj is [4, 44, 32], but"),
+    ("hidden", "model.layers.0.mlp.experts.gate_up_proj reads 30 inputs but the hidden size "
+               "is 32"),
 ])
 def test_a_layer_no_class_loads_is_refused(tmp_path: Path, damage: str, message: str) -> None:
     """Experts pruned without their router rows, layers of different counts, an odd fused
-    gate/up, a down_proj whose width disagrees: one line, exit 2."""
+    gate/up, a down_proj whose width disagrees, experts reading another hidden size than
+    the model's: one line, exit 2."""
     root = _saved(_gpt_oss(), tmp_path / "gpt-oss")
 
     def edit(state: dict) -> None:
@@ -155,6 +158,12 @@ def test_a_layer_no_class_loads_is_refused(tmp_path: Path, damage: str, message:
         elif damage == "layer 1 keeps 3":
             for name in [n for n in state if n.startswith(BLOCK.format(1) + ".")]:
                 state[name] = state[name][:3].contiguous()
+        elif damage == "hidden":  # a layer's experts and router consistent, at 30 inputs
+            for t in ("gate_up_proj", "down_proj", "down_proj_bias"):
+                axis = {"gate_up_proj": 1, "down_proj": 2, "down_proj_bias": 1}[t]
+                state[f"{block}.{t}"] = state[f"{block}.{t}"].narrow(axis, 0, 30).contiguous()
+            router = f"{BLOCK.format(0)}.router.weight"
+            state[router] = state[router][:, :30].contiguous()
         elif damage == "odd gate_up":
             state[f"{block}.gate_up_proj"] = state[f"{block}.gate_up_proj"][..., :89].contiguous()
         else:
