@@ -19,6 +19,7 @@ from gac_check.contract.select import assemble
 from gac_check.formats import Format, detect
 from gac_check.formats.accounting import Accounting, account, require_accounted
 from gac_check.formats.architectures import find_family
+from gac_check.formats.gpt_oss import fused_family
 from gac_check.formats.moe import moe_family
 from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
@@ -85,7 +86,8 @@ class CheckResult:
     @cached_property
     def family(self) -> str | None:
         """The architecture family the layers belong to (``llama``, ``opt``, ...), or None."""
-        moe = moe_family(self.checkpoint)  # an MoE layer's attention alone looks like Llama
+        # an MoE layer's attention alone looks like Llama
+        moe = moe_family(self.checkpoint) or fused_family(self.checkpoint)
         found = None if moe else find_family(self.checkpoint)
         return moe or (found[0].name if found else None)
 

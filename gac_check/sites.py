@@ -42,7 +42,10 @@ class TensorAxis:
 
     The dimension may occupy only part of the axis, possibly repeated: a q_proj's rows hold
     ``blocks`` heads of ``value`` rows each, ``stride`` apart; a PaLU VT holds group ``g``'s
-    latent at offset ``start``. Padding appends zeros after each of those segments.
+    latent at offset ``start``. Padding appends zeros after each of those segments. ``unit``
+    entries of the axis make one unit of the dimension: gpt-oss interleaves its experts' gate
+    and up columns (gate at even, up at odd indices of ``gate_up_proj``'s last axis), so one
+    unit of the expert width is 2 entries there, and padding appends 2 zeros per unit.
     """
 
     tensor: str
@@ -51,11 +54,12 @@ class TensorAxis:
     start: int = 0
     blocks: int = 1
     stride: int = 0
+    unit: int = 1
 
     def segments(self, value: int) -> list[tuple[int, int]]:
         """(offset, length) of every segment of this axis that has the site's width."""
-        step = self.stride or value
-        return [(self.start + b * step, value) for b in range(self.blocks)]
+        step = self.stride or value * self.unit
+        return [(self.start + b * step, value * self.unit) for b in range(self.blocks)]
 
 
 @dataclass
@@ -93,7 +97,7 @@ class DimSite:
             for i, n in enumerate(shape):
                 if i != ax.axis:
                     other *= n
-            total += other * ax.blocks
+            total += other * ax.blocks * ax.unit
         return total
 
 

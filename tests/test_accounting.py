@@ -127,6 +127,12 @@ _DEEPSEEK_V3 = transformers.DeepseekV3Config(
     q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
     first_k_dense_replace=1, n_routed_experts=3, n_shared_experts=1, num_experts_per_tok=2,
     n_group=1, topk_group=1, max_position_embeddings=64)
+#: gpt-oss: fused experts (gate/up interleaved), router with a bias, attention sinks
+#: (tests/test_gpt_oss.py)
+_GPT_OSS = transformers.GptOssConfig(vocab_size=96, hidden_size=32, intermediate_size=40,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=8, num_local_experts=3,
+                                     num_experts_per_tok=2, max_position_embeddings=64)
 
 #: Every fixture and format the suite builds, by a name that says which.
 CORPUS: dict[str, Builder] = {
@@ -145,6 +151,8 @@ CORPUS: dict[str, Builder] = {
     "moe-qwen2-moe": _saved(lambda: transformers.Qwen2MoeForCausalLM(_QWEN2_MOE)),
     "in-memory-moe-mixtral": _in_memory(lambda: transformers.MixtralForCausalLM(_MIXTRAL)),
     "in-memory-moe-qwen2-moe": _in_memory(lambda: transformers.Qwen2MoeForCausalLM(_QWEN2_MOE)),
+    "moe-gpt-oss": _saved(lambda: transformers.GptOssForCausalLM(_GPT_OSS)),
+    "in-memory-moe-gpt-oss": _in_memory(lambda: transformers.GptOssForCausalLM(_GPT_OSS)),
     "moe-deepseek-v3": _saved(lambda: transformers.DeepseekV3ForCausalLM(_DEEPSEEK_V3)),
     "in-memory-moe-deepseek-v3": _in_memory(
         lambda: transformers.DeepseekV3ForCausalLM(_DEEPSEEK_V3)),

@@ -195,8 +195,10 @@ def test_a_model_in_memory_is_checked_as_its_saved_directory(tmp_path: Path) -> 
 
 
 def test_fused_experts_on_disk_are_still_refused(tmp_path: Path) -> None:
-    """3-D fused expert tensors written as they are held (gpt-oss style: experts.gate_up_proj
-    on disk) are a layout this reader does not know: refused as unread, never passed."""
+    """Mixtral's 3-D fused expert tensors written as transformers holds them
+    (experts.gate_up_proj [E, 2I, H], gate and up concatenated, routed by mlp.gate) are a
+    layout this reader does not know: refused as unread, never passed (gpt-oss's own fused
+    layout, with mlp.router, is read: tests/test_gpt_oss.py)."""
     model = _mixtral(48)
     root = tmp_path / "fused"
     root.mkdir()

@@ -106,6 +106,9 @@ class Quantization:
                     if self.bits == 4 else "load_in_8bit=True")
             return (f"AutoModelForCausalLM.from_pretrained(FIXED, quantization_config="
                     f"BitsAndBytesConfig({kind})).save_pretrained(OUT)")
+        if self.method == "mxfp4":  # transformers quantizes on load (a GPU) and saves blocks
+            return ("GptOssForCausalLM.from_pretrained(FIXED, quantization_config=Mxfp4Config())"
+                    ".save_pretrained(OUT) (transformers, on a GPU with its MXFP4 kernels)")
         return ("quantize FIXED again with the tool that wrote this checkpoint "
                 f"({self.method}, {self.scheme}, {self.granularity})")
 

@@ -44,6 +44,8 @@ The layouts, as the libraries that write them define them:
   8-bit (``Linear8bitLt._save_to_state_dict``): ``weight`` int8 [out, in], ``SCB`` [out] and,
   in older releases, ``weight_format``.
 
+- MXFP4 (gpt-oss's experts): :mod:`gac_check.checkpoint.quantized_mxfp4`.
+
 Only two layouts keep a logical width in tensor data (compressed-tensors' ``weight_shape``,
 bitsandbytes' quantization state): those few bytes are read through
 :func:`gac_check.checkpoint.files.open_regular`, at most :data:`MAX_DATA_BYTES` each.
@@ -72,6 +74,7 @@ from gac_check.checkpoint.quantized_marks import (
     quantization_config,
     refuse_stray_packed,
 )
+from gac_check.checkpoint.quantized_mxfp4 import read_mxfp4
 from gac_check.errors import BadInput
 
 CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
@@ -479,7 +482,7 @@ def _bnb_state(layout: Layout, name: str) -> dict:
 
 _READERS: dict[str, Callable[[Layout], Quantization]] = {
     "compressed-tensors": _compressed_tensors, "gptq": _gptq, "awq": _awq, "fp8": _fp8,
-    "bitsandbytes": _bitsandbytes,
+    "bitsandbytes": _bitsandbytes, "mxfp4": read_mxfp4,
 }
 
 __all__ = ["MAX_DATA_BYTES", "METHODS", "Quantization", "hub_reader", "local_bytes",

@@ -16,7 +16,7 @@ from gac_check.errors import BadInput
 if TYPE_CHECKING:
     from gac_check.checkpoint.quantized_layout import Indexed
 
-METHODS = ("compressed-tensors", "gptq", "awq", "fp8", "bitsandbytes")
+METHODS = ("compressed-tensors", "gptq", "awq", "fp8", "bitsandbytes", "mxfp4")
 #: Tensor name endings that only a quantized checkpoint holds: without a
 #: quantization_config, their presence is a refusal, not a dense read.
 PACKED_SUFFIXES = (".weight_packed", ".qweight", ".qzeros", ".g_idx", ".weight_shape",

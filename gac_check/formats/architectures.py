@@ -365,6 +365,9 @@ def _attention_sites(cfg: dict, shapes: Shapes, fam: Family, base: str, i: int,
     heads = DimSite(f"{module}:heads", Role.HEADS, heads_n, [], layer=i,
                     module=module, config_field=("num_attention_heads",), inexact=HEADS_NOT_PADDED,
                     attrs={"kv_heads": kv_n})
+    sinks = f"{module}.sinks"  # gpt-oss: one learned sink logit per query head
+    if shapes.get(sinks) == (heads_n,):
+        heads.axes.append(TensorAxis(sinks, 0, AxisKind.BIAS))
     _note_disagreement(heads, cfg, "num_attention_heads")
     kv_cfg = cfg.get("num_key_value_heads")
     if isinstance(kv_cfg, int) and kv_cfg != kv_n:

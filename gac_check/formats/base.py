@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.architectures import family_sites, find_family
+from gac_check.formats.gpt_oss import fused_sites
 from gac_check.formats.layout import Linear, dense_linear
 from gac_check.formats.moe import moe_sites
 from gac_check.sites import DimSite
@@ -13,7 +14,8 @@ class Format:
     """A checkpoint layout. Subclasses say how they store linears and which extra sites they have.
 
     ``sites`` combines the family's shared sites (built over this format's linears) with the
-    format's own (ranks, latents) and a mixture-of-experts layer's (:mod:`.moe`), so a new
+    format's own (ranks, latents) and a mixture-of-experts layer's (:mod:`.moe`; gpt-oss's
+    fused experts: :mod:`.gpt_oss`), so a new
     format overrides only ``matches``, ``linear`` and ``own_sites``.
     """
 
@@ -40,4 +42,5 @@ class Format:
         if found:
             fam, prefix, layers = found
             shared = family_sites(ckpt, fam, prefix, layers, lambda m: self.linear(ckpt, m))
-        return self.own_sites(ckpt) + shared + moe_sites(ckpt, shared)
+        return (self.own_sites(ckpt) + shared + moe_sites(ckpt, shared)
+                + fused_sites(ckpt, shared))

@@ -106,19 +106,30 @@ class MoeLayers:
         return f"{self.prefix}.{layer}.{self.layout.block}"
 
 
+#: One routed expert's gate weight in any layout: prefix, layer, block, expert, projection.
+_EXPERT_GATE = re.compile(r"^(.*?layers)\.(\d+)\.([^.]+)\.experts\.(\d+)\.([^.]+)\.weight$")
+
+
 def find_moe(ckpt: Checkpoint) -> MoeLayers | None:
-    """The first layout (in :data:`LAYOUTS` order) whose per-expert tensors are present."""
+    """The first layout (in :data:`LAYOUTS` order) whose per-expert tensors are present.
+
+    One pass over the tensor names (tens of thousands in a large MoE checkpoint) collects
+    every layout's expert gates and which markers occur, rather than a pass per layout and
+    another per marker."""
+    markers = {lay.marker for lay in LAYOUTS if lay.marker}
+    seen: set[str] = set()
+    # (block, gate projection) -> prefix -> layer -> expert indices
+    gates: dict[tuple[str, str], dict[str, dict[int, set[int]]]] = {}
+    for name in ckpt.tensors:
+        seen.update(m for m in markers - seen if m in name)
+        m = _EXPERT_GATE.match(name)
+        if m:
+            layers = gates.setdefault((m.group(3), m.group(5)), {}).setdefault(m.group(1), {})
+            layers.setdefault(int(m.group(2)), set()).add(int(m.group(4)))
     for layout in LAYOUTS:
-        if layout.marker and not any(layout.marker in n for n in ckpt.tensors):
+        if layout.marker and layout.marker not in seen:
             continue
-        rx = re.compile(rf"^(.*?layers)\.(\d+)\.{re.escape(layout.block)}\.experts\.(\d+)\."
-                        rf"{re.escape(layout.gate)}\.weight$")
-        found: dict[str, dict[int, set[int]]] = {}
-        for name in ckpt.tensors:
-            m = rx.match(name)
-            if m:
-                found.setdefault(m.group(1), {}).setdefault(int(m.group(2)), set()).add(
-                    int(m.group(3)))
+        found = gates.get((layout.block, layout.gate))
         if found:
             prefix = max(found, key=lambda p: len(found[p]))
             return MoeLayers(layout, prefix, {i: sorted(e) for i, e in

@@ -413,7 +413,7 @@ def _tensor_edits(repairs: list[SiteRepair],
             edit = edits.setdefault(ax.tensor, TensorEdit(ax.tensor, tuple(shapes[ax.tensor])))
             axis = edit.axes.setdefault(ax.axis, AxisEdit(shapes[ax.tensor][ax.axis]))
             for off, n in ax.segments(site.value):
-                axis.inserts.append((off + n, pad))
+                axis.inserts.append((off + n, pad * ax.unit))
                 if ax.tensor in scaled and ax.kind in (AxisKind.PRODUCER, AxisKind.BIAS):
                     axis.scales.append((off, n, factor))
     return edits

@@ -11,14 +11,15 @@ from __future__ import annotations
 #: format -> families whose repaired output is loaded and compared in the tests. ``llama``
 #: covers every model with Llama's module names (Llama, Mistral, Qwen2); ``mixtral`` and
 #: ``qwen2_moe`` are the mixture-of-experts layouts (gac_check/formats/moe.py), repaired and
-#: reloaded with transformers' own classes in tests/test_moe.py.
+#: reloaded with transformers' own classes in tests/test_moe.py; ``gpt_oss`` its fused experts
+#: (gac_check/formats/gpt_oss.py, tests/test_gpt_oss.py).
 REPAIRABLE: dict[str, frozenset[str]] = {
     "slicegpt": frozenset({"llama", "opt", "phi", "phi3"}),
     "llm-pruner": frozenset({"llama"}),
     "svd-llm": frozenset({"llama"}),
     "asvd": frozenset({"llama", "bert"}),
     "palu": frozenset({"llama"}),
-    "dense": frozenset({"llama", "bert", "mixtral", "qwen2_moe"}),
+    "dense": frozenset({"llama", "bert", "mixtral", "qwen2_moe", "gpt_oss"}),
     "mla": frozenset({"deepseek", "deepseek_moe"}),
     # DeciLM / Nemotron-NAS block_configs (formats/decilm.py): Llama's modules per layer,
     # rebuilt per block from OUT's block_configs in tests/test_decilm.py

@@ -28,12 +28,29 @@ from gac_check.targets.spec import Target
 
 #: Engines that re-quantize on conversion: the checkpoint's scheme does not reach them.
 REQUANTIZING = ("llama.cpp",)
+#: Why no target judges an MXFP4 checkpoint (gpt-oss's experts) yet. Read in vLLM v0.33.0
+#: (vllm-project/vllm, vllm/model_executor/layers/fused_moe/oracle/mxfp4.py,
+#: mxfp4_round_up_hidden_size_and_intermediate_size, called by
+#: GptOssMxfp4MoEMethod.maybe_roundup_sizes in quantization/mxfp4.py): the engine zero-pads
+#: each rank's expert width itself, to a multiple of 128 (Marlin, FlashInfer TRT-LLM and
+#: CUTLASS, CUTLASS, DeepGEMM; hidden to 256 or 128), 64 (Triton, the rest on CUDA), 128 or
+#: 256 (ROCm) or 32 (CPU), by the backend select_mxfp4_moe_backend takes first in
+#: _get_priority_backends_for_gpt_oss's order that supports the GPU and the installed
+#: kernels; models/gpt_oss.py shards the experts over TP in whole 32-value blocks.
+MXFP4_NOT_JUDGED = (
+    "the checkpoint is MXFP4 (gpt-oss's experts), which no rule pack models: not judged. "
+    "vLLM v0.33.0 pads each rank's expert width to a multiple of 32, 64, 128 or 256 (and the "
+    "hidden size to 128 or 256) itself, as the MXFP4 MoE backend it picks from the GPU and "
+    "the installed kernels requires (vllm/model_executor/layers/fused_moe/oracle/mxfp4.py, "
+    "mxfp4_round_up_hidden_size_and_intermediate_size; select_mxfp4_moe_backend); check "
+    "without --target for the GPU contract's findings"
+)
 
 
 def pack_names(q: Quantization) -> tuple[str, ...]:
     """The names packs give this scheme, most specific first."""
-    if q.method == "bitsandbytes":
-        return ("bitsandbytes",)
+    if q.method in ("bitsandbytes", "mxfp4"):
+        return (q.method,)
     if q.weight_type == "float" or (q.activations or "").startswith("float8"):
         # block-quantized FP8 loads only in whole blocks per rank (validate_fp8_block_shape):
         # the pack's own name where it has one, else its FP8
@@ -54,6 +71,8 @@ def for_checkpoint(target: Target, q: Quantization | None) -> Target:
         return target
     names = pack_names(q)
     quant = next((n for n in names if n in target.pack.quants), None)
+    if quant is None and q.method == "mxfp4":
+        raise BadInput(f"--target {target.spec}: {MXFP4_NOT_JUDGED}")
     if quant is None:
         raise BadInput(f"--target {target.spec}: the checkpoint is {q.method} {q.scheme}, which "
                        f"the {target.engine} rule pack does not model (it knows quant="
