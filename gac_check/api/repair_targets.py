@@ -20,7 +20,7 @@ from gac_check.contract.select import assemble
 from gac_check.errors import BadInput
 from gac_check.padding.plan import STRATEGIES, RepairPlan, plan
 from gac_check.sites import Role
-from gac_check.targets.loadability import LAYERS, layer_widths
+from gac_check.targets.loadability import CONFIG, LAYERS, layer_widths
 from gac_check.targets.shards import model_shape
 
 
@@ -42,7 +42,10 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
     blocked = refuse_unloadable(
         before, "--repair: {spec} would still refuse OUT: {why}; no padding changes that. "
         "To serve it: {remedy}. Nothing was written (drop --target {spec} to repair for the "
-        "rest)", removable=lambda load: load.blocker == LAYERS and _mlp_only(before))
+        "rest)", removable=lambda load: load.blocker == CONFIG or (load.blocker == LAYERS
+                                                                     and _mlp_only(before)))
+    recorded = [v for v in blocked if v.blocker == CONFIG]  # the plan records head_dim
+    blocked = [v for v in blocked if v.blocker != CONFIG]
     if blocked and not uniform:
         raise BadInput(f"--repair: {', '.join(v.target.spec for v in blocked)} would still "
                        f"refuse OUT: {blocked[0].why}; re-run the compressor with the same "
@@ -51,6 +54,9 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
                        "Nothing was written", ckpt.path)
     widths: dict[str, int] = {}
     contract = before.contract
+    if recorded:
+        contract = assemble(contract.profile, contract.dtype, before.targets, before.sites,
+                            model_kind(ckpt, before.format))
     if uniform and len(layer_widths(model_shape(before.sites))["intermediate"]) > 1:
         widths, contract = _uniform(before, strategy)
     repair_plan = plan(before.sites, contract, strategy, shapes=ckpt.shapes,
