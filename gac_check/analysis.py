@@ -191,7 +191,7 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | No
         return _check_gguf(ckpt, fmt, sites, gpu, dtype, targets, accounting)
     choice = choose_dtype(ckpt, dtype)
     contract = assemble(gpu, choice.dtype, _deployed(targets, ckpt), sites,
-                        model_kind(ckpt, fmt) if targets else None)
+                        model_kind(ckpt, fmt, sites) if targets else None)
     return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice,
                        accounting=accounting)
 
@@ -212,7 +212,7 @@ def _check_gguf(ckpt: Checkpoint, fmt: Format, sites: list[DimSite], gpu: str,
 
     judged = file_target(ckpt.gguf, tuple(targets))
     choice = DtypeChoice(dtype, "--dtype") if dtype else GGUF_DTYPE
-    contract = assemble(gpu, choice.dtype, judged, sites, model_kind(ckpt, fmt))
+    contract = assemble(gpu, choice.dtype, judged, sites, model_kind(ckpt, fmt, sites))
     types = file_types(ckpt.gguf, judged[0])
     return CheckResult(ckpt, fmt, contract, sites, contract.check(sites), choice, types,
                        accounting)
@@ -229,11 +229,17 @@ def _deployed(targets: Sequence[Target | str], ckpt: Checkpoint) -> list[Target]
             for t in targets]
 
 
-def model_kind(ckpt: Checkpoint, fmt: Format) -> ModelKind:
+def model_kind(ckpt: Checkpoint, fmt: Format,
+               sites: Sequence[DimSite] | None = None) -> ModelKind:
     """What a deployment target needs to know beyond the widths: the compressor's layout,
-    config.json's architectures, and whether the weights are a pickled whole model."""
+    config.json's architectures, whether the weights are a pickled whole model, and, given
+    the sites, the config.json values the tensors contradict (a repair records the tensors'
+    head_dim, so the model it writes is judged without them)."""
+    from gac_check.formats.declared import unrecorded_head_dim
     from gac_check.targets.loadability import ModelKind
 
     archs = ckpt.config.get("architectures")
     archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
-    return ModelKind(fmt.name, archs, ckpt.pickled_model is not None, fmt.blocks(ckpt))
+    conflict = unrecorded_head_dim(ckpt.config, sites) if sites is not None else None
+    return ModelKind(fmt.name, archs, ckpt.pickled_model is not None, fmt.blocks(ckpt),
+                     (conflict.describe(),) if conflict else ())

@@ -12,9 +12,13 @@ leaves head_dim unknowable: a refusal, for the check and for ``--repair`` alike.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
 from gac_check.formats.layout import Linear
+from gac_check.sites import DimSite, Role
 
 
 def _count(value: object) -> int | None:
@@ -59,9 +63,7 @@ def config_head_dim(ckpt: Checkpoint,
     splits = [w for w in candidates if w % heads == 0 and w // heads and whole(w // heads)]
     if splits:
         if splits[0] != candidates[0]:
-            notes.append(f"head_dim from q's width {splits[0]} / num_attention_heads={heads}: "
-                         f"config.json's hidden_size={candidates[0]} does not split into "
-                         "whole heads")
+            notes.append(_tensor_head_dim_note(candidates[0], heads, splits[0], widths))
         return splits[0] // heads, notes
     width = candidates[0]
     if width % heads:
@@ -72,3 +74,50 @@ def config_head_dim(ckpt: Checkpoint,
         notes.append(f"config.json's hidden_size / num_attention_heads = {width // heads} does "
                      "not split the tensors' q/k widths into whole heads: not used")
     return None, notes
+
+
+def _tensor_head_dim_note(hidden: int, heads: int, width: int,
+                          widths: list[tuple[int, int, int]]) -> str:
+    """Both values where q's width, not hidden_size, gives head_dim."""
+    said = (f"hidden_size={hidden} / num_attention_heads={heads} = {hidden // heads}, which "
+            f"does not split the tensors' q/k widths {widths[0][0]}/{widths[0][1]} into whole "
+            "heads" if hidden % heads == 0 else
+            f"hidden_size={hidden} does not split into num_attention_heads={heads} whole heads")
+    return (f"config.json's {said}; head_dim {width // heads} from q's width {width} / "
+            f"num_attention_heads={heads}")
+
+
+@dataclass(frozen=True)
+class UnrecordedHeadDim:
+    """config.json records no ``head_dim``, and what a model class derives from it instead
+    (``hidden_size // num_attention_heads``) is not the tensors' head_dim. Torch-Pruning's
+    LLM example writes such configs (VainF/Torch-Pruning#495): it prunes hidden_size and the
+    head count by one ratio and updates both, but a Qwen2 config carries no head_dim, so
+    Qwen2 built from it expects q_proj rows of the derived head size and the weights do not
+    fit. Recording the tensors' head_dim is exact: no tensor changes."""
+
+    hidden: int
+    heads: int
+    tensors: int
+
+    @property
+    def built(self) -> int:
+        return self.hidden // self.heads
+
+    def describe(self) -> str:
+        return (f"config.json has no head_dim, and hidden_size={self.hidden} / "
+                f"num_attention_heads={self.heads} builds head_dim {self.built}; the tensors "
+                f"have head_dim {self.tensors}")
+
+
+def unrecorded_head_dim(config: Mapping, sites: Iterable[DimSite]) -> UnrecordedHeadDim | None:
+    """The conflict above where there is one: every layer's q/k head (the family layouts'
+    ``:head_dim`` sites; multi-head latent attention records its own sizes) has one size
+    and config.json derives another."""
+    hidden, heads = _count(config.get("hidden_size")), _count(config.get("num_attention_heads"))
+    if "head_dim" in config or hidden is None or heads is None:
+        return None
+    dims = {s.value for s in sites if s.role is Role.HEAD_DIM and s.name.endswith(":head_dim")}
+    if len(dims) != 1 or hidden // heads in dims:
+        return None
+    return UnrecordedHeadDim(hidden, heads, dims.pop())

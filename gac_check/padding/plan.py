@@ -23,6 +23,7 @@ from itertools import product
 from gac_check.contract.rules import ERROR, WARNING, Contract
 from gac_check.errors import BadInput
 from gac_check.formats.accounting import site_axes
+from gac_check.formats.declared import unrecorded_head_dim
 from gac_check.sites import AxisKind, DimSite, Role
 from gac_check.targets.blocks import FFN_MULT, ffn_mult_for
 
@@ -176,7 +177,7 @@ class ConfigEdit:
 
     path: tuple[str | int, ...]
     index: int | None
-    old: int | float
+    old: int | float | None  # None: config.json did not record it (head_dim, _recorded_head_dim)
     new: int | float
 
 
@@ -240,6 +241,7 @@ def plan(sites: Iterable[DimSite], contract: Contract, strategy: str = "minimal"
         config_edits, conflicts = _config_edits(sites, repairs, config)
         config_edits += _uniform_config_edits(sites, widths, config, config_edits)
         config_edits += _ffn_mult_edits(sites, repairs)
+        config_edits += _recorded_head_dim(sites, config)
         refused += [Refusal(r.site, r.target, conflicts[r.site.name]) for r in repairs
                     if r.site.name in conflicts]
         repairs = [r for r in repairs if r.site.name not in conflicts]
@@ -313,6 +315,14 @@ def _ffn_mult_edits(sites: list[DimSite], repairs: list[SiteRepair]) -> list[Con
         if new is not None and new != old:
             out.append(ConfigEdit(("block_configs", layer, "ffn", "ffn_mult"), None, old, new))
     return out
+
+
+def _recorded_head_dim(sites: list[DimSite], config: Mapping) -> list[ConfigEdit]:
+    """config.json's head_dim where it records none and derives another (Torch-Pruning's
+    configs, formats/declared.py): OUT records the tensors' own, so the class built from it
+    fits the weights; no tensor changes, so it is exact."""
+    conflict = unrecorded_head_dim(config, sites)
+    return [ConfigEdit(("head_dim",), None, None, conflict.tensors)] if conflict else []
 
 
 def _uniform_config_edits(sites: list[DimSite], widths: Mapping[str, int],

@@ -17,6 +17,9 @@ def render_repair(report: RepairReport) -> str:
         key = (r.site.role.value, r.site.value, r.target)
         folded[key] = folded.get(key, 0) + 1
     lines += [f"    {n} x {role} {a} -> {b}" for (role, a, b), n in sorted(folded.items())]
+    lines += [f"  config.json: {'.'.join(e.path)} recorded as {e.new} (it recorded none, and "
+              "the one a model class derives does not fit the tensors)"
+              for e in p.config_edits if e.old is None]
     if p.refused:
         lines.append(f"  refused {len(p.refused)} sites (left as they are):")
         reasons: dict[str, list[str]] = {}

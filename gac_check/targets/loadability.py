@@ -39,7 +39,14 @@ SCHEMA = "gac-check-registry/1"
 #: Beside this module, read as a file as the rule packs are (packs.PACKS_DIR).
 REGISTRIES = Path(__file__).resolve().parent / "registries.json"
 #: the blockers, in the order they are checked (the first one found is reported)
-CUSTOM, CONTAINER, ARCHITECTURE, LAYERS = "custom modules", "container", "architecture", "layers"
+CUSTOM, CONTAINER, ARCHITECTURE, CONFIG, LAYERS = ("custom modules", "container", "architecture",
+                                                  "config", "layers")
+#: vLLM's attention derives head_dim from config.json's hidden_size / num_attention_heads
+#: where config.json records none (read at the stored snapshot 013a279 of qwen2.py; LlamaAttention
+#: reads config.head_dim first and falls back the same way).
+HEAD_DIM_SOURCE = Source("vllm-project/vllm", "vllm/model_executor/models/qwen2.py",
+                         "Qwen2Attention.__init__ (head_dim = hidden_size // total_num_heads)",
+                         "013a2792517057519158cd232fad1b4bd39c129e")
 UNIFORM_REMEDY = ("pad every layer to the widest (--repair OUT --uniform: exact zero padding), "
                   "or re-run the compressor with the same width in every layer")
 HEADS_REMEDY = ("re-run the compressor with the same head count in every layer (head counts "
@@ -58,6 +65,9 @@ class ModelKind:
     #: per layer, what config.json's block_configs builds (DeciLM / Nemotron-NAS); empty
     #: for a model whose layers are all built from one width
     blocks: tuple[LayerBlocks, ...] = ()
+    #: config.json values a class built from it contradicts the tensors with, both values
+    #: each (Torch-Pruning's head_dim, formats/declared.py)
+    config_conflicts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,14 @@ def judge_load(kind: ModelKind, shape: ModelShape, target: Target) -> Loadabilit
                            f"{arch} (not in its model registry)",
                            "serve it on an engine that has a class for it, or convert it to "
                            "an architecture the engine lists", reg.registry)
+    if kind.config_conflicts:
+        source = HEAD_DIM_SOURCE if target.engine == "vllm" else reg.refusals["per_layer"][1]
+        return Loadability(target, False, CONFIG,
+                           f"{target.engine} builds its model class from config.json, which "
+                           f"the tensors contradict ({_some(list(kind.config_conflicts))}): the "
+                           "weights do not fit the class",
+                           "record the tensors' head_dim in config.json (--repair OUT writes "
+                           "it; no tensor changes)", source)
     if kind.blocks:
         return judge_blocks(kind, target)
     widths = layer_widths(shape)
