@@ -20,12 +20,8 @@ from gac_check.contract.select import assemble
 from gac_check.errors import BadInput
 from gac_check.padding.plan import STRATEGIES, RepairPlan, plan
 from gac_check.sites import Role
-<<<<<<< HEAD
 from gac_check.targets.blocks import ffn_width
-from gac_check.targets.loadability import LAYERS, layer_widths
-=======
 from gac_check.targets.loadability import CONFIG, LAYERS, layer_widths
->>>>>>> pruners
 from gac_check.targets.shards import model_shape
 
 
@@ -48,17 +44,11 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
     blocked = refuse_unloadable(
         before, "--repair: {spec} would still refuse OUT: {why}; no padding changes that. "
         "To serve it: {remedy}. Nothing was written (drop --target {spec} to repair for the "
-<<<<<<< HEAD
-        "rest)", removable=lambda load: load.blocker == LAYERS
-        and (ffn_mults or _mlp_only(before)))
-    if blocked and not uniform and not ffn_mults:
-=======
-        "rest)", removable=lambda load: load.blocker == CONFIG or (load.blocker == LAYERS
-                                                                     and _mlp_only(before)))
+        "rest)", removable=lambda load: load.blocker == CONFIG or (
+            load.blocker == LAYERS and (ffn_mults or _mlp_only(before))))
     recorded = [v for v in blocked if v.blocker == CONFIG]  # the plan records head_dim
     blocked = [v for v in blocked if v.blocker != CONFIG]
-    if blocked and not uniform:
->>>>>>> pruners
+    if blocked and not uniform and not ffn_mults:
         raise BadInput(f"--repair: {', '.join(v.target.spec for v in blocked)} would still "
                        f"refuse OUT: {blocked[0].why}; re-run the compressor with the same "
                        "width in every layer, or add --uniform to pad every layer to the "
