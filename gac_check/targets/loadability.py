@@ -42,11 +42,11 @@ REGISTRIES = Path(__file__).resolve().parent / "registries.json"
 CUSTOM, CONTAINER, ARCHITECTURE, CONFIG, LAYERS = ("custom modules", "container", "architecture",
                                                   "config", "layers")
 #: vLLM's attention derives head_dim from config.json's hidden_size / num_attention_heads
-#: where config.json records none (read at the stored snapshot 013a279 of qwen2.py; LlamaAttention
-#: reads config.head_dim first and falls back the same way).
+#: where config.json records none (qwen2.py at v0.33.0; llama.py's LlamaAttention reads
+#: config.head_dim first and falls back the same way).
 HEAD_DIM_SOURCE = Source("vllm-project/vllm", "vllm/model_executor/models/qwen2.py",
                          "Qwen2Attention.__init__ (head_dim = hidden_size // total_num_heads)",
-                         "013a2792517057519158cd232fad1b4bd39c129e")
+                         "v0.33.0")
 UNIFORM_REMEDY = ("pad every layer to the widest (--repair OUT --uniform: exact zero padding), "
                   "or re-run the compressor with the same width in every layer")
 HEADS_REMEDY = ("re-run the compressor with the same head count in every layer (head counts "
