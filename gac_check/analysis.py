@@ -234,4 +234,5 @@ def model_kind(ckpt: Checkpoint, fmt: Format) -> ModelKind:
 
     archs = ckpt.config.get("architectures")
     archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
-    return ModelKind(fmt.name, archs, ckpt.pickled_model is not None, fmt.blocks(ckpt))
+    return ModelKind(fmt.name, archs, ckpt.pickled_model is not None, fmt.blocks(ckpt),
+                     fmt.per_layer(ckpt))

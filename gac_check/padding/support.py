@@ -20,6 +20,7 @@ REPAIRABLE: dict[str, frozenset[str]] = {
     "palu": frozenset({"llama"}),
     "dense": frozenset({"llama", "bert", "mixtral", "qwen2_moe"}),
     "mla": frozenset({"deepseek", "deepseek_moe"}),
+    "per-layer": frozenset({"llama"}),
 }
 
 

@@ -32,6 +32,7 @@ from gac_check.targets.blocks import (
     describe,
 )
 from gac_check.targets.packs import PackError, Source, _source
+from gac_check.targets.per_layer import GLOBAL_CLASSES, LayerDiff, not_built
 from gac_check.targets.shards import ModelShape
 from gac_check.targets.spec import Target
 
@@ -58,6 +59,9 @@ class ModelKind:
     #: per layer, what config.json's block_configs builds (DeciLM / Nemotron-NAS); empty
     #: for a model whose layers are all built from one width
     blocks: tuple[LayerBlocks, ...] = ()
+    #: the layers that are not what the global config builds, where config.json has
+    #: transformers' per_layer_config (formats/per_layer.py); empty otherwise
+    per_layer: tuple[LayerDiff, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,8 @@ def judge_load(kind: ModelKind, shape: ModelShape, target: Target) -> Loadabilit
                            "an architecture the engine lists", reg.registry)
     if kind.blocks:
         return judge_blocks(kind, target)
+    if kind.per_layer:
+        return judge_per_layer(kind, shape, target)
     widths = layer_widths(shape)
     if len(widths["heads"]) > 1 or len(widths["head_dim"]) > 1:
         message, source = reg.refusals["per_layer"]
@@ -210,6 +216,26 @@ def judge_blocks(kind: ModelKind, target: Target) -> Loadability:
     return Loadability(target, why=f"{target.engine}'s {cls.name} builds each layer from its "
                        "own block config: " + describe(kind.blocks),
                        source=cls.source)
+
+
+def judge_per_layer(kind: ModelKind, shape: ModelShape, target: Target) -> Loadability:
+    """A per_layer_config model whose layers are not all what the global config builds:
+    the classes read (targets/per_layer.py) build every layer from the global values, so it
+    does not load there; where the class was not read, judging it would be a guess."""
+    arch = _arch(kind)
+    source = GLOBAL_CLASSES.get(target.engine, {}).get(arch)
+    if source is None:
+        read = ", ".join(f"{e} ({', '.join(c)})" for e, c in GLOBAL_CLASSES.items())
+        raise BadInput(f"--target {target.spec}: gac-check has not read whether "
+                       f"{target.engine}'s class for {arch} reads per_layer_config, so it "
+                       f"cannot say whether this per-layer model loads; it has read {read}")
+    widths = layer_widths(shape)
+    uniform = len(widths["heads"]) <= 1 and len(widths["head_dim"]) <= 1
+    return Loadability(target, False, LAYERS,
+                       not_built(target.engine, target.version, arch, kind.per_layer),
+                       (UNIFORM_REMEDY if uniform else HEADS_REMEDY) + "; every "
+                       "per_layer_config override must then equal the global value, and no "
+                       "layer skip a block", source)
 
 
 def _some(items: list[str]) -> str:
