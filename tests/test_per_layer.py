@@ -14,13 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.integrations.heterogeneity import AmbiguousGlobalPerLayerAttributeError
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 import gac_check
 from tests.helpers import gac, tree_digest
-from tests.per_layer_models import PRUNED, base_config, per_layer_forward, write_per_layer
+from tests.per_layer_models import (
+    ARCHS,
+    PRUNED,
+    base_config,
+    per_layer_forward,
+    write_per_layer,
+)
 from tests.test_api_check import same_check
 
 
@@ -203,11 +209,13 @@ def test_tensors_of_a_layer_past_num_hidden_layers_are_refused(tmp_path: Path) -
         run.stderr
 
 
-def test_repair_pads_each_layer_and_records_it_in_that_layers_entry(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_repair_pads_each_layer_and_records_it_in_that_layers_entry(tmp_path: Path,
+                                                                    arch: str) -> None:
     """Layer 1's MLP padded, its entry (zero-padded key kept) rewritten; every layer built
-    from the output's own per_layer_config[i] as a LlamaDecoderLayer loads strictly, and the
-    logits are those of the input."""
-    root = write_per_layer(tmp_path / "m", {"01": PRUNED["1"], "2": PRUNED["2"]})
+    from the output's own per_layer_config[i] as the architecture's decoder layer loads
+    strictly, and the logits are those of the input."""
+    root = write_per_layer(tmp_path / "m", {"01": PRUNED["1"], "2": PRUNED["2"]}, arch=arch)
     before = tree_digest(root)
     run = gac(root, "--gpu", "h100", "--repair", tmp_path / "out")
     assert run.returncode == 0, run.stderr
@@ -222,6 +230,22 @@ def test_repair_pads_each_layer_and_records_it_in_that_layers_entry(tmp_path: Pa
                                rtol=0, atol=1e-12)
     assert tree_digest(root) == before
     assert all(f.severity != "error" for f in gac_check.check(out, gpu="h100").findings)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_the_per_layer_forward_is_transformers_own_on_a_uniform_model(tmp_path: Path,
+                                                                      arch: str) -> None:
+    """The proof's forward pass (each layer from its own config) against the whole stock
+    model transformers builds, where one can be built: the same logits."""
+    torch.manual_seed(4)
+    model = AutoModelForCausalLM.from_config(
+        ARCHS[arch].config(**base_config(arch=arch), attn_implementation="sdpa")).eval()
+    model.save_pretrained(tmp_path / "m")
+    ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits = model(ids).logits.double()
+    torch.testing.assert_close(per_layer_forward(tmp_path / "m", ids), logits, rtol=0,
+                               atol=1e-5)
 
 
 def _assembled(per_layer: dict) -> LlamaForCausalLM:
