@@ -194,6 +194,15 @@ def test_what_is_not_understood_is_refused(tmp_path: Path, case: str) -> None:
     assert tree_digest(root) == before
 
 
+def test_a_refusal_is_one_line_from_the_real_cli_process(tmp_path: Path) -> None:
+    root = write_per_layer(tmp_path / "m", config=_plc({"7": {"intermediate_size": 107}}))
+    run = gac(root, "--gpu", "h100", "--target", "vllm", process=True)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.strip().splitlines() == [
+        f"gac-check: {root / 'config.json'}: per_layer_config['7'] names layer 7, but "
+        "num_hidden_layers is 3"]
+
+
 def test_an_override_at_the_global_value_is_read_as_transformers_drops_it(
         tmp_path: Path) -> None:
     root = write_per_layer(tmp_path / "m", {**PRUNED, "0": {"head_dim": 8,
