@@ -43,7 +43,6 @@ class Override:
     """One per_layer_config entry as read: its key in config.json, the width overrides that
     differ from the global value, and the blocks it skips."""
 
-    layer: int
     key: str
     values: dict[str, int]
     skip: tuple[str, ...]
@@ -121,11 +120,11 @@ def parse(cfg: dict, fam: Family, where: Path) -> dict[int, Override]:
                            f"{layers}", where)
         if i in out:
             raise BadInput(f"{KEY} names layer {i} twice ({out[i].key!r} and {key!r})", where)
-        out[i] = _entry(cfg, fam, key, i, entry, where)
+        out[i] = _entry(cfg, fam, key, entry, where)
     return out
 
 
-def _entry(cfg: dict, fam: Family, key: str, i: int, entry: object, where: Path) -> Override:
+def _entry(cfg: dict, fam: Family, key: str, entry: object, where: Path) -> Override:
     name = f"{KEY}[{key!r}]"
     if not isinstance(entry, dict):
         raise BadInput(f"{name} is {type(entry).__name__}, not an object of overrides", where)
@@ -148,7 +147,7 @@ def _entry(cfg: dict, fam: Family, key: str, i: int, entry: object, where: Path)
         else:
             raise BadInput(f"{name} has {attr!r}, which gac-check does not read: refusing "
                            "rather than guess the layer's widths", where)
-    return Override(i, key, values, skip)
+    return Override(key, values, skip)
 
 
 def global_value(cfg: dict, attr: str) -> object:
