@@ -102,6 +102,16 @@ def test_an_override_the_tensors_contradict_is_a_note_with_both_values(
         "per_layer_config['1'] says num_key_value_heads=2, tensors have 4"]
 
 
+def test_a_block_dropped_without_per_layer_config_does_not_load(tmp_path: Path) -> None:
+    """The skipped MLP with a config that does not say so: the class builds it and finds no
+    weights (vLLM v0.33.0's loader refuses that; before, the target said it loads)."""
+    root = write_per_layer(tmp_path / "m", {"2": {"skip": ["mlp"]}}, config=lambda c: {
+        k: v for k, v in c.items() if k != "per_layer_config"})
+    load = _json(root, "--gpu", "h100", "--target", "vllm")["summary"]["targets"]["vllm"]["load"]
+    assert not load["loads"] and load["blocker"] == "layers"
+    assert load["why"].startswith("layer 2 has no MLP tensors, where the class builds every")
+
+
 def test_a_skip_the_tensors_contradict_is_a_note_either_way(tmp_path: Path) -> None:
     """A skipped block with tensors is read as the full block they are; a block with no
     tensors that no entry skips is noted too."""

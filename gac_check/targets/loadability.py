@@ -158,6 +158,14 @@ def judge_load(kind: ModelKind, shape: ModelShape, target: Target) -> Loadabilit
         return judge_blocks(kind, target)
     if kind.per_layer:
         return judge_per_layer(kind, shape, target)
+    missing = missing_blocks(shape)
+    if missing:
+        message, source = reg.refusals["per_layer"]
+        return Loadability(target, False, LAYERS,
+                           f"{_some(missing)}, where the class builds every block of every "
+                           f"layer; {message}",
+                           "restore the missing blocks' weights (no Llama-family class skips "
+                           "a block)", source)
     widths = layer_widths(shape)
     if len(widths["heads"]) > 1 or len(widths["head_dim"]) > 1:
         message, source = reg.refusals["per_layer"]
@@ -242,6 +250,22 @@ def _some(items: list[str]) -> str:
     """Up to three of ``items``, and how many more."""
     more = f" and {len(items) - 3} more" if len(items) > 3 else ""
     return ", ".join(items[:3]) + more
+
+
+def missing_blocks(shape: ModelShape) -> list[str]:
+    """The layers that have no attention, or (a dense layer) no MLP, where other layers have
+    one: a block dropped from the checkpoint. A site exists wherever the tensors are (one
+    that none reads is refused by the accounting before any target is judged)."""
+    layers = [(i, shape.layers[i]) for i in sorted(shape.layers)]
+    attention = any(lay.heads is not None for _, lay in layers)
+    mlp = any(lay.intermediate is not None for _, lay in layers if not lay.moe)
+    out = []
+    for i, lay in layers:
+        if attention and lay.heads is None:
+            out.append(f"layer {i} has no attention tensors")
+        if mlp and not lay.moe and lay.intermediate is None:
+            out.append(f"layer {i} has no MLP tensors")
+    return out
 
 
 def layer_widths(shape: ModelShape) -> dict[str, list[int]]:
