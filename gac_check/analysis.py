@@ -242,4 +242,4 @@ def model_kind(ckpt: Checkpoint, fmt: Format,
     archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
     conflict = unrecorded_head_dim(ckpt.config, sites) if sites is not None else None
     return ModelKind(fmt.name, archs, ckpt.pickled_model is not None, fmt.blocks(ckpt),
-                     (conflict.describe(),) if conflict else ())
+                     (conflict.describe(),) if conflict else (), fmt.per_layer(ckpt))

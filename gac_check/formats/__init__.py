@@ -10,6 +10,7 @@ from gac_check.formats.dense import Dense
 from gac_check.formats.llm_pruner import LLMPruner
 from gac_check.formats.mla import MLA
 from gac_check.formats.palu import PaLU
+from gac_check.formats.per_layer import PerLayer
 from gac_check.formats.slicegpt import SliceGPT
 from gac_check.formats.svdllm import SVDLLM
 
@@ -20,10 +21,12 @@ from gac_check.formats.svdllm import SVDLLM
 #: DeciLM / Nemotron-NAS first: its block_configs decide what every layer is, so a layout
 #: another format would read (a compressor's tensors over such a model) is refused by the
 #: accounting rather than read as uniform layers.
+#: transformers' per_layer_config before it: it is told by its own config key, and refuses a
+#: config that also has block_configs (which DeciLM would read without it).
 #: A GGUF file is told by its container, before any of them (and its format, which reads
 #: llama.cpp's rule pack, is imported only then).
-FORMATS: list[Format] = [DeciLM(), PaLU(), SVDLLM(), ASVD(), SliceGPT(), MLA(), LLMPruner(),
-                         Dense()]
+FORMATS: list[Format] = [PerLayer(), DeciLM(), PaLU(), SVDLLM(), ASVD(), SliceGPT(), MLA(),
+                         LLMPruner(), Dense()]
 
 
 def detect(ckpt: Checkpoint) -> Format:

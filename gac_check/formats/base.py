@@ -8,6 +8,7 @@ from gac_check.formats.layout import Linear, dense_linear
 from gac_check.formats.moe import moe_sites
 from gac_check.sites import DimSite
 from gac_check.targets.blocks import LayerBlocks
+from gac_check.targets.per_layer import LayerDiff
 
 
 class Format:
@@ -34,6 +35,11 @@ class Format:
     def blocks(self, ckpt: Checkpoint) -> tuple[LayerBlocks, ...]:
         """Per layer, what its config builds, where each layer has its own (DeciLM's
         block_configs); empty where one width builds every layer."""
+        return ()
+
+    def per_layer(self, ckpt: Checkpoint) -> tuple[LayerDiff, ...]:
+        """The layers that are not what the global config builds, where config.json says
+        each layer's own (transformers' per_layer_config); empty otherwise."""
         return ()
 
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:

@@ -24,6 +24,7 @@ REPAIRABLE: dict[str, frozenset[str]] = {
     # DeciLM / Nemotron-NAS block_configs (formats/decilm.py): Llama's modules per layer,
     # rebuilt per block from OUT's block_configs in tests/test_decilm.py
     "decilm": frozenset({"llama"}),
+    "per-layer": frozenset({"llama"}),
 }
 
 

@@ -32,6 +32,7 @@ from gac_check.targets.blocks import (
     describe,
 )
 from gac_check.targets.packs import PackError, Source, _source
+from gac_check.targets.per_layer import GLOBAL_CLASSES, LayerDiff, not_built
 from gac_check.targets.shards import ModelShape
 from gac_check.targets.spec import Target
 
@@ -68,6 +69,9 @@ class ModelKind:
     #: config.json values a class built from it contradicts the tensors with, both values
     #: each (Torch-Pruning's head_dim, formats/declared.py)
     config_conflicts: tuple[str, ...] = ()
+    #: the layers that are not what the global config builds, where config.json has
+    #: transformers' per_layer_config (formats/per_layer.py); empty otherwise
+    per_layer: tuple[LayerDiff, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,16 @@ def judge_load(kind: ModelKind, shape: ModelShape, target: Target) -> Loadabilit
                            "it; no tensor changes)", source)
     if kind.blocks:
         return judge_blocks(kind, target)
+    if kind.per_layer:
+        return judge_per_layer(kind, shape, target)
+    missing = missing_blocks(shape)
+    if missing:
+        message, source = reg.refusals["per_layer"]
+        return Loadability(target, False, LAYERS,
+                           f"{_some(missing)}, where the class builds every block of every "
+                           f"layer; {message}",
+                           "restore the missing blocks' weights (no Llama-family class skips "
+                           "a block)", source)
     widths = layer_widths(shape)
     if len(widths["heads"]) > 1 or len(widths["head_dim"]) > 1:
         message, source = reg.refusals["per_layer"]
@@ -230,10 +244,46 @@ def judge_blocks(kind: ModelKind, target: Target) -> Loadability:
                        source=cls.source)
 
 
+def judge_per_layer(kind: ModelKind, shape: ModelShape, target: Target) -> Loadability:
+    """A per_layer_config model whose layers are not all what the global config builds:
+    the classes read (targets/per_layer.py) build every layer from the global values, so it
+    does not load there; where the class was not read, judging it would be a guess."""
+    arch = _arch(kind)
+    source = GLOBAL_CLASSES.get(target.engine, {}).get(arch)
+    if source is None:
+        read = ", ".join(f"{e} ({', '.join(c)})" for e, c in GLOBAL_CLASSES.items())
+        raise BadInput(f"--target {target.spec}: gac-check has not read whether "
+                       f"{target.engine}'s class for {arch} reads per_layer_config, so it "
+                       f"cannot say whether this per-layer model loads; it has read {read}")
+    widths = layer_widths(shape)
+    uniform = len(widths["heads"]) <= 1 and len(widths["head_dim"]) <= 1
+    return Loadability(target, False, LAYERS,
+                       not_built(target.engine, target.version, arch, kind.per_layer),
+                       (UNIFORM_REMEDY if uniform else HEADS_REMEDY) + "; every "
+                       "per_layer_config override must then equal the global value, and no "
+                       "layer skip a block", source)
+
+
 def _some(items: list[str]) -> str:
     """Up to three of ``items``, and how many more."""
     more = f" and {len(items) - 3} more" if len(items) > 3 else ""
     return ", ".join(items[:3]) + more
+
+
+def missing_blocks(shape: ModelShape) -> list[str]:
+    """The layers that have no attention, or (a dense layer) no MLP, where other layers have
+    one: a block dropped from the checkpoint. A site exists wherever the tensors are (one
+    that none reads is refused by the accounting before any target is judged)."""
+    layers = [(i, shape.layers[i]) for i in sorted(shape.layers)]
+    attention = any(lay.heads is not None for _, lay in layers)
+    mlp = any(lay.intermediate is not None for _, lay in layers if not lay.moe)
+    out = []
+    for i, lay in layers:
+        if attention and lay.heads is None:
+            out.append(f"layer {i} has no attention tensors")
+        if mlp and not lay.moe and lay.intermediate is None:
+            out.append(f"layer {i} has no MLP tensors")
+    return out
 
 
 def layer_widths(shape: ModelShape) -> dict[str, list[int]]:
