@@ -346,12 +346,18 @@ KEPT_STYLE = {"input": ("#8a93a3", "input's ranks (misaligned)"),
               "realigned": ("#2f6fb5", "--realign (knapsack)"),
               "round down": ("#b85c00", "each rank rounded down"),
               "round up": ("#8e44ad", "each rank rounded up")}
-KEPT_ROW, KEPT_LABEL, KEPT_PLOT, KEPT_RANKS, KEPT_TOP, KEPT_BOTTOM = 16, 300, 380, 130, 30, 8
+KEPT_ROW, KEPT_LABEL, KEPT_PLOT, KEPT_RANKS, KEPT_TOP, KEPT_BOTTOM = 20, 300, 380, 150, 30, 8
+CHOICE_ORDER = list(KEPT_STYLE)
+KEPT_GAP = 28  # between the plot's 100% and the rank column
+#: Each choice's vertical offset in its row, so equal fractions stay apart: the knapsack's
+#: large mark on the line, drawn first, the others small above, on and below it.
+KEPT_DY = {"realigned": 0.0, "input": -5.0, "round down": 0.0, "round up": 5.0}
 
 
 @dataclass
 class KeptMark:
     x: float
+    y: float
     colour: str
     choice: str
     fraction: float  # of the matrix's energy
@@ -377,6 +383,7 @@ class KeptChart:
     x_ticks: list[tuple[float, str]]
     rows: list[KeptRow]
     legend: list[tuple[str, str]]
+    ranks_x: float  # where the rank column starts
 
 
 def kept_fraction(kept: float, energy: float) -> float:
@@ -385,7 +392,8 @@ def kept_fraction(kept: float, energy: float) -> float:
 
 def kept_chart(quality: dict) -> KeptChart:
     """The realign's quality chart from its run document's ``fix.quality``."""
-    choices = [c for c in quality["choices"] if c in KEPT_STYLE]
+    choices = sorted((c for c in quality["choices"] if c in KEPT_STYLE),
+                     key=lambda c: c != "realigned")  # the large mark first, under the others
     mats = quality["matrices"]
     fractions = [kept_fraction(k["kept"][c], k["energy"]) for k in mats for c in choices]
     lo = min(fractions, default=0.0)
@@ -405,15 +413,16 @@ def kept_chart(quality: dict) -> KeptChart:
                       f"{ranks['input']} → {ranks['realigned']}")
         for c in choices:
             f = kept_fraction(k["kept"][c], k["energy"])
-            row.marks.append(KeptMark(sx(f), KEPT_STYLE[c][0], c, f,
+            row.marks.append(KeptMark(sx(f), row.y + KEPT_DY[c], KEPT_STYLE[c][0], c, f,
                                       f"{k['module']}: {c}: rank {ranks[c]}, keeps {f:.4%} of "
                                       f"its energy, {k['params'][c]:,} parameters"))
         rows.append(row)
-    return KeptChart(left + KEPT_PLOT + KEPT_RANKS, height,
+    return KeptChart(right + KEPT_GAP + KEPT_RANKS, height,
                      (left, KEPT_TOP, right, height - KEPT_BOTTOM),
                      [(sx(t), f"{t:.0%}" if t * 100 == round(t * 100) else f"{t:.1%}")
                       for t in ticks if x_lo <= t <= 1.0],
-                     rows, [KEPT_STYLE[c] for c in choices])
+                     rows, [KEPT_STYLE[c] for c in sorted(choices, key=CHOICE_ORDER.index)],
+                     right + KEPT_GAP)
 
 
 def kept_totals(quality: dict) -> list[dict]:
