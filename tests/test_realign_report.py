@@ -173,3 +173,33 @@ def test_a_merged_realign_run_draws_its_chart_again(realigned, tmp_path):
     assert proc.returncode == 0, proc.stderr
     again, first = read_chart(out), read_chart(root / "rep" / "realign.html")
     assert again.marks == first.marks and again.totals == first.totals
+
+
+def test_a_palu_realign_charts_each_group_in_its_whitened_basis(tmp_path):
+    """Without --base the energy is the factors' own: the input keeps all of it, and each
+    group's rounding keeps its leading whitened components (||U_g[:, i]||^2, squared)."""
+    from tests import compressors as C
+    from tests import helpers
+
+    built = C.build_palu(tmp_path / "palu", (19, 10),
+                         scaling=C.whitening([helpers.LLAMA["hidden_size"]]))
+    run = gac(built.path, "--realign", tmp_path / "out", "--gpu", "gpu", "--dtype", "float16",
+              "--report", tmp_path / "rep" / "palu.html")
+    assert run.returncode == 0, run.stderr
+    chart = read_chart(tmp_path / "rep" / "palu.html")
+    state = load_file(str(built.path / "model.safetensors"))
+    plan = {c["name"]: c["rank"] for c in
+            json.loads((tmp_path / "out" / "gac-realign.json").read_text())["plan"]["choices"]}
+    assert set(chart.marks) == set(plan) and len(plan) == 8  # 2 layers x k, v x 2 groups
+    for name, marks in chart.marks.items():
+        module, _, g = name.rpartition(":group")
+        u = state[f"{module}.U.{g}.weight"].double()
+        energy = u.square().sum(0).sort(descending=True).values.square()
+        rank = u.shape[1]
+        down, up = rank // ALIGN * ALIGN, -(-rank // ALIGN) * ALIGN
+        want = {"input": 1.0, "round up": 1.0,
+                "round down": float(energy[:down].sum() / energy.sum()),
+                "realigned": float(energy[:plan[name]].sum() / energy.sum())}
+        assert marks == pytest.approx(want, abs=2e-6), name
+        assert chart.rank_text[name] == f"{rank} → {plan[name]}"
+        assert up > rank > down
