@@ -38,6 +38,7 @@ def realigned(tmp_path_factory):
     run = gac(root / "compressed", "--realign", root / "out", "--base", root / "dense", *GPU,
               "--report", root / "rep" / "realign.html")
     assert run.returncode == 0, run.stderr
+    (root / "summary.txt").write_text(run.stdout)
     return dense, ranks, root
 
 
@@ -152,6 +153,12 @@ def test_the_totals_weigh_each_matrix_by_its_energy_and_judge_the_budget(realign
     # the knapsack keeps more than rounding down within the same budget, on these weights
     assert float(chart.totals["realigned"][3]) > float(chart.totals["round down"][3])
     assert chart.totals["round up"][2] == "no"  # rounding up does not fit the budget here
+    # the text summary says the same, on one line
+    share = {c: f"{float(cells[3]):.2%} ({'within' if cells[2] == 'yes' else 'over'} the "
+                "budget)" for c, cells in chart.totals.items()}
+    assert (f"  energy kept: input {share['input']}, realigned {share['realigned']}; each rank "
+            f"rounded down {share['round down']}, rounded up {share['round up']}\n"
+            in (root / "summary.txt").read_text())
 
 
 def test_a_merged_run_with_a_broken_quality_record_is_refused(realigned, tmp_path):
