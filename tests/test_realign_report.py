@@ -210,3 +210,24 @@ def test_a_palu_realign_charts_each_group_in_its_whitened_basis(tmp_path):
         assert marks == pytest.approx(want, abs=2e-6), name
         assert chart.rank_text[name] == f"{rank} → {plan[name]}"
         assert up > rank > down
+
+
+@pytest.mark.parametrize("low", [0.5, 0.99, 0.9999])
+def test_axis_ticks_stay_apart_however_close_the_fractions_are(low):
+    """Without --base every choice keeps 99.9-100% of the factors' own energy: the axis must
+    still label its ticks differently, from the lowest fraction to 100%."""
+    from gac_check.report.charts import kept_chart
+
+    choices = ["input", "realigned", "round down", "round up"]
+    kept = dict(zip(choices, (1.0, (1 + low) / 2, low, 1.0), strict=True))
+    quality = {"objective": "x", "budget": 10, "choices": choices, "totals": {},
+               "matrices": [{"module": "m", "m": 4, "n": 4, "energy": 1.0,
+                             "ranks": dict.fromkeys(choices, 8), "kept": kept,
+                             "params": dict.fromkeys(choices, 8)}]}
+    chart = kept_chart(quality)
+    labels = [label for _, label in chart.x_ticks]
+    assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
+    assert labels[-1].startswith("100")
+    xs = {m.choice: m.x for m in chart.rows[0].marks}
+    left, _, right, _ = chart.plot
+    assert left <= xs["round down"] < xs["realigned"] < xs["input"] == right

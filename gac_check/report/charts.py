@@ -419,8 +419,7 @@ def kept_chart(quality: dict) -> KeptChart:
         rows.append(row)
     return KeptChart(right + KEPT_GAP + KEPT_RANKS, height,
                      (left, KEPT_TOP, right, height - KEPT_BOTTOM),
-                     [(sx(t), f"{t:.0%}" if t * 100 == round(t * 100) else f"{t:.1%}")
-                      for t in ticks if x_lo <= t <= 1.0],
+                     [(sx(t), _percent(t, ticks)) for t in ticks if x_lo <= t <= 1.0],
                      rows, [KEPT_STYLE[c] for c in sorted(choices, key=CHOICE_ORDER.index)],
                      right + KEPT_GAP)
 
@@ -436,6 +435,13 @@ def kept_totals(quality: dict) -> list[dict]:
                     "within": t["params"] <= quality["budget"],
                     "fraction": kept_fraction(t["kept"], t["energy"])})
     return out
+
+
+def _percent(t: float, ticks: list[float]) -> str:
+    """A tick as a percentage with as many decimals as the ticks' step needs to tell them
+    apart (a chart of fractions between 99.9% and 100% is common without --base)."""
+    step = (ticks[1] - ticks[0]) * 100 if len(ticks) > 1 else 1.0
+    return f"{t * 100:.{max(0, math.ceil(-math.log10(step) - 1e-9))}f}%"
 
 
 def _short(name: str, width: int) -> str:
