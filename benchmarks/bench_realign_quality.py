@@ -121,7 +121,11 @@ class Embedder:
     def distance(self, model_dir: Path) -> tuple[torch.Tensor, float, float, float]:
         """``model_dir``'s embeddings, and their mean and min cosine and relative
         hidden-state error to dense."""
-        hidden = self._hidden(load_model(model_dir))
+        return self.distance_of(load_model(model_dir))
+
+    def distance_of(self, model: nn.Module) -> tuple[torch.Tensor, float, float, float]:
+        """:meth:`distance` of a model in memory."""
+        hidden = self._hidden(model)
         embedding = self._pool(hidden)
         cos = (embedding * self.embedding).sum(-1)
         rel = (hidden - self.hidden).norm() / self.hidden.norm()

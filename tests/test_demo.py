@@ -22,3 +22,4 @@ def test_demo_runs_the_main_job_on_the_bundled_model(tmp_path):
     cos = dict(re.findall(r"embeddings, (\w+): mean ([0-9.]+)", out))
     assert float(cos["realigned"]) > float(cos["compressed"])
     assert (tmp_path / "demo" / "a100.html").read_text().count("<svg") >= 1
+    assert (tmp_path / "demo" / "realign.html").read_text().count('class="kept-row"') == 36

@@ -131,7 +131,8 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     parameter budget (or ``budget``, a fraction of the dense matrices), write it to ``out`` in
     its own layout and re-check ``out``. SVD-LLM's ranks are re-truncated from its whitened
     factors (:mod:`gac_check.ranks.whitened`), PaLU's group latents from each group's own
-    factors (:mod:`gac_check.ranks.grouped`), so neither takes a ``base``.
+    factors in the basis PaLU built them in (:mod:`gac_check.ranks.grouped`), so neither
+    takes a ``base``.
 
     ``base`` is the dense original, so any aligned rank can be chosen; without it ranks only
     go down within the existing factors. With ``target``, a rank is chosen only where every

@@ -96,8 +96,11 @@ def main(argv: Sequence[str], parser_class: type[argparse.ArgumentParser]) -> in
           f"max abs difference {diff:.2e} ({'unchanged' if diff < 1e-5 else 'CHANGED'})")
 
     realigned = out / "minilm-realigned"
+    realign_report = out / "realign.html"
     sh(*check, compressed, "--gpu", "a100", "--dtype", "float16", "--realign", realigned,
-       "--base", dense, "--force")
+       "--base", dense, "--force", "--report", realign_report)
+    print(f"realign report (what the new ranks keep against rounding each rank): "
+          f"{realign_report}")
     reference = embeddings(dense, dense)
     for label, model in (("compressed", compressed), ("realigned", realigned)):
         cos = (embeddings(model, dense) * reference).sum(-1)

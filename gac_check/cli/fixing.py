@@ -28,7 +28,10 @@ def plan_fix_outputs(args: argparse.Namespace, out: Path) -> Outputs:
     return outputs
 
 
-def write_fix_outputs(outputs: Outputs, kind: str, fix: FixResult, fail_on: str) -> list[Path]:
-    """Write the requested files from the fix's re-check of OUT."""
+def write_fix_outputs(outputs: Outputs, kind: str, fix: FixResult, fail_on: str,
+                      quality: dict | None = None) -> list[Path]:
+    """Write the requested files from the fix's re-check of OUT (``quality``: a realign's
+    kept energy per choice, which the HTML report charts)."""
     was, after = to_json(fix.before), to_json(fix.after)
-    return write_outputs(outputs, annotate(was, after), fail_on, fix_record(kind, was, after))
+    return write_outputs(outputs, annotate(was, after), fail_on,
+                         fix_record(kind, was, after, quality))

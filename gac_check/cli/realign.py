@@ -21,5 +21,6 @@ def run_realign(args: argparse.Namespace) -> int:
                   progress=args.output != "json")
     print(json.dumps(fix.report.to_json(), indent=2) if args.output == "json"
           else render_realign(fix.report))
-    write_fix_outputs(outputs, "realign", fix, args.fail_on)
+    kept = fix.report.kept
+    write_fix_outputs(outputs, "realign", fix, args.fail_on, kept.to_json() if kept else None)
     return exit_code(fix.remaining, args.fail_on)

@@ -28,6 +28,7 @@ from gac_check.errors import BadInput
 from gac_check.progress import steps
 from gac_check.ranks.calibration import input_scales
 from gac_check.ranks.candidates import RankMenu
+from gac_check.ranks.kept import Kept, kept
 from gac_check.ranks.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
 from gac_check.sites import Role
 
@@ -71,6 +72,8 @@ class RealignReport:
     why: dict[str, str] = field(default_factory=dict)
     #: what the error measures (SVD-LLM's is its whitened truncation loss)
     error_name: str = "weight-space error (sum of discarded s^2)"
+    #: what the plan and rounding each rank down/up keep, per matrix (the report's chart)
+    kept: Kept | None = None
 
     def matrices(self) -> list[dict]:
         """Each matrix's rank before and after, and why: the report's per-matrix table."""
@@ -83,7 +86,8 @@ class RealignReport:
         return {"out": str(self.out), "align": self.align, "with_base": self.with_base,
                 "old_ranks": self.old_ranks, "old_params": self.old_params,
                 "old_error": self.old_error, "plan": self.plan.as_dict(), "notes": self.notes,
-                "matrices": self.matrices(), "remaining": counts}
+                "matrices": self.matrices(), "remaining": counts,
+                "quality": self.kept.to_json() if self.kept else None}
 
 
 def rank_alignment(contract: Contract, strategy: str = "minimal") -> int:
@@ -169,7 +173,7 @@ def realign(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
     state = read_state(ckpt)
     srcs = sources(state, modules, base, scales, progress)
     report = select_ranks(menus, [src.S for src in srcs], out, align, budget,
-                          old_error=sum(src.current_error for src in srcs) if base else 0.0,
+                          old_errors={s.module: s.current_error for s in srcs} if base else None,
                           with_base=base is not None)
     if scales is not None:
         report.notes.append(f"activation-aware objective from {calib}: errors are "
@@ -183,21 +187,26 @@ def realign(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
 
 
 def select_ranks(menus: list[RankMenu], spectra: list[torch.Tensor], out: Path, align: int,
-                 budget: str, *, allow_dense: bool = True, old_error: float = 0.0,
-                 with_base: bool = False, error_name: str | None = None) -> RealignReport:
+                 budget: str, *, allow_dense: bool = True,
+                 old_errors: dict[str, float] | None = None, with_base: bool = False,
+                 error_name: str | None = None) -> RealignReport:
     """The knapsack over every matrix's menu, each valued by its singular values
     (``spectra``, in the menus' order), as every layout's --realign chooses: the plan and the
-    report of what changed (``allow_dense``: whether a matrix may be kept dense)."""
+    report of what changed, with what rounding each rank would have kept instead
+    (``allow_dense``: whether a matrix may be kept dense; ``old_errors``: the input's own error
+    per matrix, where its factors are not a truncation of ``spectra``)."""
     matrices = [Matrix(menu.module, menu.m, menu.n, sv=sv.numpy())
                 for menu, sv in zip(menus, spectra, strict=True)]
     old = {menu.module: menu.rank for menu in menus}
     plan = realign_plan(matrices, budget_from_spec(budget, matrices, old), align,
                         {m.module: m.candidates for m in menus}, allow_dense=allow_dense)
     report = RealignReport(Path(out), plan, align, old,
-                           sum(old[m.name] * (m.m + m.n) for m in matrices), old_error,
-                           with_base, why={m.module: m.why(plan.ranks[m.module]) for m in menus})
+                           sum(old[m.name] * (m.m + m.n) for m in matrices),
+                           math.fsum((old_errors or {}).values()), with_base,
+                           why={m.module: m.why(plan.ranks[m.module]) for m in menus})
     if error_name:
         report.error_name = error_name
+    report.kept = kept(menus, matrices, plan, report.error_name, old_errors)
     return report
 
 

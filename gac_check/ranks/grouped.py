@@ -4,19 +4,34 @@ PaLU (shadowpa0327/Palu, ``palu/model/modules/svd_linear.py``, ``HeadwiseLowRank
 splits a K/V projection's output rows into head groups and stores, per group ``g``, a latent
 ``VT_g`` [r_g, in] (its row segment of ``X.VT.weight``, the segments concatenated in group
 order) and ``U_g`` [group_out, r_g] (``X.U.{g}.weight``, with the bias if the linear had one);
-config.json's ``head_wise_ranks[X]`` lists the r_g. The group's product ``U_g VT_g`` is what
-the model computes, so its SVD (two thin QRs of the factors, never the product:
-:func:`gac_check.ranks.factors.svd_of_product`) gives the best approximation of it at every
-lower rank (Eckart-Young) and what each costs (the discarded ``s^2``). A group can go down to
-an aligned rank within its own, or up to the next aligned rank by zero padding (exactly the
-input's factors, paid for with what other groups freed); never dense (PaLU's module has no
-dense form). The grouping is kept: a group's rows are never moved to another.
+config.json's ``head_wise_ranks[X]`` lists the r_g.
 
-PaLU's default ``--decompose_method whiten`` factorises ``W_g S`` (SVD-LLM's whitening), so
-its own lower-rank result is the whitened one; this re-truncation is the best in weight space
-of what the model computes, which is PaLU's own only for ``--decompose_method svd``. The dense
-weights (``--base``) are refused: PaLU's group SVD (and its whitening) would have to be re-run
-on them, which needs its calibration data.
+Both of PaLU's decompositions store ``U_g = U_r sqrt(Sigma_r)``: ``--decompose_method whiten``
+(its default, ``_per_head_whiten_decomposition_from_weight``) of ``svd(W_g S)`` with ``S`` the
+Cholesky factor of the calibration activations' Gram matrix, ``svd``
+(``_per_head_decomposition_from_weight``) of ``svd(W_g)``. So ``U_g``'s columns are
+orthogonal, with squared norms ``sigma_i`` (the whitened singular values, or the plain ones),
+and its first ``r'`` columns with ``VT_g``'s first ``r'`` rows are exactly PaLU's own
+rank-``r'`` result under either method:
+the re-truncation needs no ``S`` (which PaLU does not save: it lives on the replaced
+``nn.Linear`` as ``scaling_diag_matrix`` during compress.py, and in its cache file
+``cache/whiten/..._scaling_matrices_fp16.pt`` only with ``--use_cache``). Each group's values
+(:func:`gac_check.ranks.whitened.stored_components`) are what the knapsack weighs, as for
+SVD-LLM.
+
+Where some group's ``U_g`` columns are not orthogonal (factors changed after PaLU built them,
+e.g. a Hadamard rotation fused into them as ``fused_hadamard_matrix`` does), no stored
+component is a singular vector; every group is then re-truncated in weight space instead: the
+SVD of its product ``U_g VT_g`` (two thin QRs of the factors:
+:func:`gac_check.ranks.factors.svd_of_product`), the best approximation of it at every lower
+rank (Eckart-Young), which is PaLU's own result only for an ``svd`` build. The output says
+which.
+
+A group can go down to an aligned rank within its own, or up to the next aligned rank by zero
+padding (exactly the input's factors, paid for with what other groups freed); never dense
+(PaLU's module has no dense form). The grouping is kept: a group's rows are never moved to
+another. The dense weights (``--base``) are refused: ranks above the factors would need PaLU's
+group SVD (and its whitening) re-run on them, which needs its calibration data.
 """
 from __future__ import annotations
 
@@ -35,6 +50,7 @@ from gac_check.errors import BadInput
 from gac_check.formats.palu import VT
 from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.factors import PROVENANCE, RealignReport, select_ranks, svd_of_product
+from gac_check.ranks.whitened import stored_components
 from gac_check.sites import DimSite, Role
 
 #: The families whose realigned PaLU output tests load with PaLU's own from_pretrained.
@@ -43,15 +59,25 @@ FAMILIES = frozenset({"llama"})
 
 @dataclass
 class Group:
-    """One head group's factors and the SVD of their product (float64)."""
+    """One head group: each component's value (descending: the knapsack's spectrum) and how a
+    lower rank is cut, either a prefix of the stored components in that ``order`` (PaLU's
+    basis) or the leading components of the product's SVD ``U``, ``Vh`` (float64)."""
 
     site: str  # "X:group{g}", the knapsack's and the report's name
     module: str
     index: int
     rank: int
-    U: torch.Tensor
     S: torch.Tensor
-    Vh: torch.Tensor
+    order: torch.Tensor | None = None
+    U: torch.Tensor | None = None
+    Vh: torch.Tensor | None = None
+
+
+#: What the knapsack minimises in each basis, as the report names it.
+STORED_ERROR = ("PaLU's own truncation loss in the basis it built each group in (sum of "
+                "discarded sigma^2, sigma_i = ||U_g[:, i]||^2: whitened for its default "
+                "--decompose_method whiten)")
+PRODUCT_ERROR = "weight-space error of the group products (sum of discarded s^2)"
 
 
 def group_menus(sites: list[DimSite], shapes: dict[str, tuple[int, ...]], contract: Contract,
@@ -108,20 +134,32 @@ def require_rewritable(ckpt: Checkpoint, family: str | None, sites: list[DimSite
                        "rewrite", ckpt.path)
 
 
-def read_groups(state: dict[str, torch.Tensor], menus: list[RankMenu]) -> list[Group]:
-    """Each group's factors, sliced from VT by the running sum of the earlier r_g."""
-    groups = []
+def read_groups(state: dict[str, torch.Tensor], menus: list[RankMenu]
+                ) -> tuple[list[Group], str | None]:
+    """Each group's factors, sliced from VT by the running sum of the earlier r_g, in PaLU's
+    stored basis; or, where a ``U_g``'s columns are not orthogonal, every group in weight space
+    (one objective for all groups), with the first such group and its largest ``|cos|``."""
+    slices = []
     starts: dict[str, int] = {}
     for menu in menus:
         module, _, tail = menu.module.rpartition(":group")
         g = int(tail)
         start = starts.get(module, 0)
         starts[module] = start + menu.rank
-        u = state[f"{module}.U.{g}.weight"].double()
-        vt = state[module + VT][start:start + menu.rank].double()
-        U, S, Vh = svd_of_product(u, vt)
-        groups.append(Group(menu.module, module, g, menu.rank, U, S, Vh))
-    return groups
+        slices.append((menu, module, g, state[f"{module}.U.{g}.weight"],
+                       state[module + VT][start:start + menu.rank]))
+    stored = []
+    for menu, module, g, u, _ in slices:
+        components = stored_components(u)
+        if isinstance(components, float):
+            return ([Group(menu.module, module, g, menu.rank, S, U=U, Vh=Vh)
+                     for menu, module, g, u, vt in slices
+                     for U, S, Vh in [svd_of_product(u.double(), vt.double())]],
+                    f"{module}.U.{g}.weight: columns not orthogonal (|cos| up to "
+                    f"{components:.3g})")
+        sigma, order = components
+        stored.append(Group(menu.module, module, g, menu.rank, sigma, order=order))
+    return stored, None
 
 
 def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
@@ -133,14 +171,21 @@ def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
         raise BadInput("is in palu format but has no group latents (X.VT.weight with X.U.{g}): "
                        "nothing to realign", ckpt.path)
     state = read_state(ckpt)
-    groups = read_groups(state, menus)
+    groups, unrotated = read_groups(state, menus)
     report = select_ranks(menus, [g.S for g in groups], out, align, budget, allow_dense=False,
-                          error_name="weight-space error of the group products (sum of "
-                                     "discarded s^2)")
-    report.notes.append("palu: each head group's latent re-truncated from its own factors (the "
-                        "SVD of U_g VT_g), grouping kept; the error shown is relative to the "
-                        "input. For a model PaLU built with --decompose_method whiten (its "
-                        "default) this is the weight-space optimum, not PaLU's whitened one")
+                          error_name=PRODUCT_ERROR if unrotated else STORED_ERROR)
+    if unrotated is None:
+        report.notes.append("palu: each head group's latent re-truncated in the basis PaLU built "
+                            "it in (U_g's columns are U_r sqrt(Sigma_r), whitened for "
+                            "--decompose_method whiten, its default): a lower rank keeps the "
+                            "leading components, PaLU's own lower-rank result; the error shown "
+                            "is relative to the input")
+    else:
+        report.notes.append(f"palu: {unrotated}, so the stored components are not PaLU's "
+                            "singular vectors (factors changed after compress.py, e.g. a fused "
+                            "Hadamard rotation): every group re-truncated in weight space "
+                            "instead (the SVD of U_g VT_g), PaLU's own result only for "
+                            "--decompose_method svd builds; grouping kept")
     _write(ckpt, state, groups, report, force, recheck)
     return report
 
@@ -190,13 +235,17 @@ def _write(ckpt: Checkpoint, state: dict[str, torch.Tensor], groups: list[Group]
 def _refactored(g: Group, rank: int, u: torch.Tensor, vt: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``U_g`` and ``VT_g`` at ``rank``: unchanged at the input's rank, the input's own
-    factors zero-padded above it (exact), the product's leading components below it."""
+    factors zero-padded above it (exact); below it, the leading stored components (PaLU's
+    basis) or the product's leading components (weight space)."""
     if rank >= g.rank:
         pad_u = u.new_zeros(u.shape[0], rank)
         pad_u[:, :g.rank] = u
         pad_vt = vt.new_zeros(rank, vt.shape[1])
         pad_vt[:g.rank] = vt
         return pad_u, pad_vt
+    if g.order is not None:
+        keep = g.order[:rank]
+        return u[:, keep], vt[keep]
+    assert g.U is not None and g.Vh is not None
     root = g.S[:rank].sqrt()
     return ((g.U[:, :rank] * root).to(u.dtype), (root[:, None] * g.Vh[:rank]).to(vt.dtype))
-

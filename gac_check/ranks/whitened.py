@@ -110,6 +110,23 @@ def read_factors(ckpt: Checkpoint, menu: RankMenu) -> Factors:
     stem = menu.module.removesuffix("_proj")
     u_name, v_name = stem + U_SUFFIX, stem + V_SUFFIX
     u = tensor(ckpt, u_name)
+    components = stored_components(u)
+    if isinstance(components, float):
+        raise BadInput(f"{u_name}: its columns are not orthogonal (|cos| up to "
+                       f"{components:.3g}), so they are not SVD-LLM's whitened singular vectors "
+                       "(factors updated after truncation, as SVDLLM.py's update steps do): "
+                       "--realign cannot re-truncate them exactly; run --repair OUT instead",
+                       ckpt.path)
+    sigma, order = components
+    return Factors(menu.module, u_name, v_name, u.shape[1], sigma, order)
+
+
+def stored_components(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | float:
+    """The components of a left factor stored as ``U_r sqrt(Sigma_r)`` (SVD-LLM's ``svd_u``,
+    PaLU's ``U_g``): each column's value ``sigma_i = ||u[:, i]||^2`` in descending order, and
+    the columns in that order; or, where the columns are not orthogonal (within what the
+    factor's precision leaves, :data:`COHERENCE`), the largest ``|cos|`` between two of them:
+    their norms are then not singular values, and a prefix is no truncation."""
     cols = u.double()
     gram = cols.T @ cols
     sigma = gram.diagonal().clone()
@@ -117,12 +134,9 @@ def read_factors(ckpt: Checkpoint, menu: RankMenu) -> Factors:
     cos = (gram / norms[:, None] / norms[None, :]).fill_diagonal_(0).abs()
     worst = float(cos.max()) if cos.numel() else 0.0
     if worst > COHERENCE.get(u.dtype, COHERENCE_16BIT):
-        raise BadInput(f"{u_name}: its columns are not orthogonal (|cos| up to {worst:.3g}), "
-                       "so they are not SVD-LLM's whitened singular vectors (factors updated "
-                       "after truncation, as SVDLLM.py's update steps do): --realign cannot "
-                       "re-truncate them exactly; run --repair OUT instead", ckpt.path)
+        return worst
     order = torch.argsort(sigma, descending=True, stable=True)
-    return Factors(menu.module, u_name, v_name, u.shape[1], sigma[order], order)
+    return sigma[order], order
 
 
 def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,

@@ -23,9 +23,10 @@ def annotate(before: dict, after: dict) -> dict:
     return doc
 
 
-def fix_record(kind: str, before: dict, after: dict) -> dict:
+def fix_record(kind: str, before: dict, after: dict, quality: dict | None = None) -> dict:
     """The run document's ``fix`` entry: what was fixed how, summaries, and every site whose
-    value or verdict changed."""
+    value or verdict changed; for a realign, ``quality``: what its ranks and rounding each rank
+    keep (:meth:`gac_check.ranks.kept.Kept.to_json`), which the report charts."""
     was = {s["name"]: s for s in before["sites"]}
     changes = []
     for site in after["sites"]:
@@ -35,8 +36,11 @@ def fix_record(kind: str, before: dict, after: dict) -> dict:
         changes.append({"name": site["name"], "role": site["role"],
                         "from": old["value"], "to": site["value"],
                         "before": _state(old), "after": _state(site)})
-    return {"kind": kind, "source": before["model_dir"], "out": after["model_dir"],
-            "before": before["summary"], "after": after["summary"], "changes": changes}
+    record = {"kind": kind, "source": before["model_dir"], "out": after["model_dir"],
+              "before": before["summary"], "after": after["summary"], "changes": changes}
+    if quality is not None:
+        record["quality"] = quality
+    return record
 
 
 def _state(site: dict) -> str:

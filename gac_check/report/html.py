@@ -94,6 +94,8 @@ def render_html(runs: list[dict], title: str | None = None) -> str:
                   if not rec.get("equivalence")],
         environment=_environment_rows(views),
         charts_layers=charts.layers_text,
+        kept_chart=charts.kept_chart,
+        kept_totals=charts.kept_totals,
     )
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from gac_check.contract.rules import ERROR
 from gac_check.ranks.factors import PROVENANCE, RealignReport
+from gac_check.ranks.kept import DOWN, INPUT, REALIGNED, UP, Kept
 from gac_check.ranks.knapsack import DENSE, RankPlan
 
 
@@ -26,12 +27,27 @@ def render_realign(report: RealignReport) -> str:
         _solver_line(p),
     ]
     errors = sum(f.severity == ERROR for f in report.remaining)
+    if report.kept is not None:
+        lines.append(_kept_line(report.kept))
     lines += _matrix_lines(report)
     lines += [f"  note: {n}" for n in report.notes]
     lines.append(f"  re-check of {report.out.name}: {len(report.remaining)} sites still "
                  f"misaligned ({errors} errors, {len(report.remaining) - errors} warnings); "
                  f"provenance in {report.out.name}/{PROVENANCE}")
     return "\n".join(lines)
+
+
+def _kept_line(kept: Kept) -> str:
+    """What the plan keeps of the energy against rounding each rank by hand, on one line."""
+    totals = kept.totals()
+
+    def share(choice: str) -> str:
+        t = totals[choice]
+        fits = "within" if t["params"] <= kept.budget else "over"
+        return f"{t['kept'] / t['energy']:.2%} ({fits} the budget)" if t["energy"] else "-"
+
+    return (f"  energy kept: input {share(INPUT)}, realigned {share(REALIGNED)}; each rank "
+            f"rounded down {share(DOWN)}, rounded up {share(UP)}")
 
 
 def _matrix_lines(report: RealignReport) -> list[str]:

@@ -17,6 +17,7 @@ merged side by side. One run holds:
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -155,6 +156,58 @@ def _validate_run(run: dict, path: Path) -> None:
     for i, rec in enumerate(run["equivalence"]):
         if not isinstance(rec, dict) or not isinstance(rec.get("nodeid"), str):
             raise BadInput(f"equivalence[{i}] has no nodeid", path)
+    fix = run.get("fix")
+    if fix is not None and not isinstance(fix, dict):
+        raise BadInput("fix is not an object", path)
+    if fix and fix.get("quality") is not None:
+        _validate_quality(fix["quality"], path)
+
+
+def _validate_quality(q: object, path: Path) -> None:
+    """A realign's ``fix.quality`` (:meth:`gac_check.ranks.kept.Kept.to_json`), which the
+    report charts: every number it draws present and a number."""
+    where = "fix.quality."
+    if not isinstance(q, dict):
+        raise BadInput("fix.quality is not an object", path)
+    _expect(q, "objective", str, path, where)
+    _expect(q, "budget", int, path, where)
+    _expect(q, "choices", list, path, where)
+    _expect(q, "totals", dict, path, where)
+    _expect(q, "matrices", list, path, where)
+    choices = q["choices"]
+    if not all(isinstance(c, str) for c in choices):
+        raise BadInput(f"{where}choices are not all strings", path)
+    for c in choices:
+        total = q["totals"].get(c)
+        if not isinstance(total, dict):
+            raise BadInput(f"{where}totals has no {c!r}", path)
+        for key, kind in (("params", int), ("kept", float), ("energy", float)):
+            _number(total, key, kind, path, f"{where}totals.{c}.")
+    for i, mat in enumerate(q["matrices"]):
+        here = f"{where}matrices[{i}]."
+        if not isinstance(mat, dict):
+            raise BadInput(f"{where}matrices[{i}] is not an object", path)
+        _expect(mat, "module", str, path, here)
+        _number(mat, "energy", float, path, here)
+        for field_, kind in (("ranks", None), ("kept", float), ("params", int)):
+            _expect(mat, field_, dict, path, here)
+            for c in choices:
+                if kind is None:
+                    rank = mat[field_].get(c)
+                    if not (isinstance(rank, str) or (isinstance(rank, int)
+                                                      and not isinstance(rank, bool))):
+                        raise BadInput(f"{here}ranks.{c} is missing or not a rank", path)
+                else:
+                    _number(mat[field_], c, kind, path, f"{here}{field_}.")
+
+
+def _number(obj: dict, key: str, kind: type, path: Path, where: str) -> None:
+    """``obj[key]`` a finite number (an int where ``kind`` is int; never a bool)."""
+    value = obj.get(key)
+    kinds = (int,) if kind is int else (int, float)
+    if (not isinstance(value, kinds) or isinstance(value, bool)
+            or not math.isfinite(value)):
+        raise BadInput(f"{where}{key} is missing or not a finite number", path)
 
 
 def _validate_check(check: dict, path: Path, where: str) -> None:
