@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from gac_check.testing.models import LLAMA, build
 
@@ -126,16 +126,41 @@ def gptq(root: Path, intermediate: int, group: int = 128, desc_act: bool = False
     m = model(intermediate)
     tensors = _dense_rest(m, linears(m))
     for name, w in linears(m).items():
-        q, scale = quantize_groups(w, group)
-        out, width = w.shape
-        tensors[f"{name}.qweight"] = _pack_rows((q.int() + 8).t())
-        zeros = torch.full((scale.shape[1], out), 8, dtype=torch.int32)
-        tensors[f"{name}.qzeros"] = _pack_rows(zeros.t()).t().contiguous()
-        tensors[f"{name}.scales"] = scale.t().half().contiguous()
-        tensors[f"{name}.g_idx"] = (torch.arange(width) // group).to(torch.int32)
-    cfg = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": desc_act,
-           "sym": True, "checkpoint_format": "gptq"}
-    return _write(root, tensors, _config(m, cfg))
+        tensors.update(_gptq_linear(name, w, group))
+    return _write(root, tensors, _config(m, gptq_config(group, desc_act)))
+
+
+def gptq_config(group: int = 128, desc_act: bool = False) -> dict:
+    return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": desc_act,
+            "sym": True, "checkpoint_format": "gptq"}
+
+
+def _gptq_linear(name: str, w: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
+    q, scale = quantize_groups(w, group)
+    out, width = w.shape
+    zeros = torch.full((scale.shape[1], out), 8, dtype=torch.int32)
+    return {f"{name}.qweight": _pack_rows((q.int() + 8).t()),
+            f"{name}.qzeros": _pack_rows(zeros.t()).t().contiguous(),
+            f"{name}.scales": scale.t().half().contiguous(),
+            f"{name}.g_idx": (torch.arange(width) // group).to(torch.int32)}
+
+
+def gptq_moe(root: Path, saved: Path, group: int = 128) -> Path:
+    """A ``save_pretrained`` MoE directory (one module per expert) quantized as GPTQModel
+    writes an MoE: every expert's and attention projection in GPTQ's layout; the router, the
+    embeddings and the head stay dense (GPTQModel does not quantize the router)."""
+    state = load_file(saved / "model.safetensors")
+    tensors: dict[str, torch.Tensor] = {}
+    for name, w in state.items():
+        module = name.removesuffix(".weight")
+        if (w.dim() == 2 and ".layers." in name and name.endswith(".weight")
+                and not module.endswith(".gate")):
+            tensors.update(_gptq_linear(module, w.half(), group))
+        else:
+            tensors[name] = w.half() if w.is_floating_point() else w
+    cfg = json.loads((saved / "config.json").read_text())
+    cfg["quantization_config"] = gptq_config(group)
+    return _write(root, tensors, cfg)
 
 
 def awq_gemm(root: Path, intermediate: int, group: int = 128) -> Path:

@@ -53,7 +53,7 @@ class Outcome:
 
 #: The per-use quantities the check JSON reports (what a reader needs to see the shard).
 DETAIL = ("in", "out", "shard_in", "shard_out", "head_dim", "heads_per_rank",
-          "kv_heads_per_rank", "vocab", "vocab_per_rank")
+          "kv_heads_per_rank", "vocab", "vocab_per_rank", "expert_shard", "experts", "ep")
 
 
 @dataclass
@@ -241,7 +241,7 @@ def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
     widen_here = bool(widen) and (target.pack.version_index(target.version)
                                   >= target.pack.version_index(widen["from"]))
     return uses(site, shape, target.tp, target.group, kv_rule, int(padding.get("multiple", 1)),
-                widen_here)
+                widen_here, target.ep)
 
 
 NO_RULE = "no rule of this engine's pack constrains this dimension"
@@ -483,7 +483,7 @@ def resolved(target: Target) -> dict:
     tp, quant, group and KV dtype, and which pack (its newest release and its sha256)."""
     pack = target.pack
     return {"engine": target.engine, "version": target.version, "tp": target.tp,
-            "quant": target.quant, "group": target.group, "kv": target.kv,
+            "ep": target.ep, "quant": target.quant, "group": target.group, "kv": target.kv,
             "pack": {"file": f"{pack.engine}.json", "newest": pack.default_version,
                      "sha256": pack.sha256}}
 
