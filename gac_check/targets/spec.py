@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from gac_check.errors import BadInput
 from gac_check.targets.packs import Pack, find_pack
 
-OPTIONS = ("tp", "ep", "quant", "group", "kv")
+OPTIONS = ("tp", "quant", "group", "kv", "ep")
 KV_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
