@@ -400,29 +400,37 @@ def test_hopper_runs_wna16_experts_on_humming(tmp_path: Path) -> None:
     assert got[0]["source"]["function"].startswith("prioritize_humming")
 
 
-def test_a_gptq_moe_checkpoint_is_judged_with_its_own_scheme(tmp_path: Path) -> None:
-    """A Mixtral quantized as GPTQModel writes an MoE (experts and attention packed, router
-    dense) is read at its logical widths and judged as vLLM deploys it (quant=gptq, its group
-    64), never as unquantized nor refused as unread: 96 at tp=2 leaves 48 per rank, which
-    group 64 straddles and MoeWNA16's halved group (32) does not divide either: refused,
+@pytest.mark.parametrize(("scheme", "quant", "group", "whole"), [
+    ("gptq", "gptq", 64, "TritonWNA16Experts (MoeWNA16Method)"),
+    ("ct_w4a16", "gptq", 64, "TritonWNA16Experts (MoeWNA16Method)"),
+    ("awq", "awq", 32, "MarlinExperts (tile-padded)"),
+])
+def test_a_quantized_moe_checkpoint_is_judged_with_its_own_scheme(
+        tmp_path: Path, scheme: str, quant: str, group: int, whole: str) -> None:
+    """A Mixtral quantized as GPTQModel, AutoAWQ or llm-compressor (pack-quantized W4A16)
+    write an MoE (experts and attention packed, router dense) is read at its logical widths
+    and judged as vLLM deploys it (its scheme, its group), never as unquantized nor refused
+    as unread: 96 at tp=2 leaves 48 per rank, which the group (64; AWQ, which needs whole
+    groups, 32) straddles and MoeWNA16's halved group does not divide either: refused,
     exactly as the prediction for the unquantized model says; with ep=2 each rank holds
-    whole experts (96: Triton after the straddled Marlin route)."""
+    whole experts (96: Triton after a straddled Marlin route at group 64, Marlin padding its
+    tiles at 32)."""
     src = _saved(_mixtral(96, experts=4, hidden=128), tmp_path / "src")
-    root = quantized_models.gptq_moe(tmp_path / "gptq", src, group=64)
+    root = quantized_models.quantized_moe(tmp_path / scheme, src, scheme, group=group)
     doc = _json(root, "--gpu", "a100", "--target", "vllm,tp=2", "--target", "vllm,tp=2,ep=2")
-    assert doc["summary"]["targets"]["vllm,tp=2"]["quant"] == "gptq"
-    assert doc["summary"]["targets"]["vllm,tp=2"]["group"] == 64
+    assert doc["summary"]["targets"]["vllm,tp=2"]["quant"] == quant
+    assert doc["summary"]["targets"]["vllm,tp=2"]["group"] == group
     experts = [s for s in doc["sites"] if s["role"] == "expert_intermediate"]
     assert len(experts) == 8 and {s["value"] for s in experts} == {96}
     tp2 = _verdict(doc, "expert_intermediate", "vllm,tp=2")
     assert tp2["verdict"] == "refused" and "MoeWNA16Method" in tp2["why"]
     assert tp2["fix_to"] == 128
     ep2 = _verdict(doc, "expert_intermediate", "vllm,tp=2,ep=2")
-    assert (ep2["verdict"], ep2["kernel"]) == ("fallback", "TritonWNA16Experts (MoeWNA16Method)")
-    predicted = _json(src, "--gpu", "a100", "--target", "vllm,tp=2,quant=gptq,group=64")
-    for spec, doc_ in (("vllm,tp=2", doc), ("vllm,tp=2,quant=gptq,group=64", predicted)):
-        got = _verdict(doc_, "expert_intermediate", spec)
-        assert (got["verdict"], got["why"]) == (tp2["verdict"], tp2["why"])
+    assert (ep2["verdict"], ep2["kernel"]) == ("fallback", whole)
+    spec = f"vllm,tp=2,quant={quant},group={group}"
+    predicted = _verdict(_json(src, "--gpu", "a100", "--target", spec), "expert_intermediate",
+                         spec)
+    assert (predicted["verdict"], predicted["why"]) == (tp2["verdict"], tp2["why"])
 
 
 # ----------------------------------------------------------------------------- repair
