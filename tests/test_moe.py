@@ -221,11 +221,12 @@ def test_the_text_output_folds_experts_of_one_width_into_one_row(tmp_path: Path)
 # ----------------------------------------------------------------------------- targets
 
 def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
-    """Where no pack rule models the fused-MoE kernels (SGLang; vLLM with FP8), every MoE
-    site is refused on the target, saying so, and the model's verdict is refused, never
-    fast; on unquantized vLLM the expert count is judged (every expert on every rank)."""
+    """Where no pack rule models the fused-MoE kernels (SGLang with AWQ; vLLM with FP8),
+    every MoE site is refused on the target, saying so, and the model's verdict is refused,
+    never fast; on unquantized vLLM the expert count is judged (every expert on every
+    rank)."""
     root = _saved(_mixtral(48), tmp_path / "mixtral")
-    doc = _json(root, "--target", "sglang,tp=2", "--target", "vllm,tp=2,quant=fp8",
+    doc = _json(root, "--target", "sglang,tp=2,quant=awq", "--target", "vllm,tp=2,quant=fp8",
                 "--target", "vllm,tp=2")
     for site in doc["sites"]:
         sglang, fp8, vllm = site["targets"]
@@ -238,14 +239,35 @@ def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
         if site["role"] == "experts":
             assert (vllm["verdict"], vllm["kernel"]) == (
                 "fast", "even expert map (experts / ep per rank)")
-    for spec in ("sglang,tp=2", "vllm,tp=2,quant=fp8"):
+    for spec in ("sglang,tp=2,quant=awq", "vllm,tp=2,quant=fp8"):
         assert doc["summary"]["targets"][spec]["verdict"] == "refused"
     assert doc["summary"]["targets"]["vllm,tp=2"]["verdict"] == "fast"
     out = tmp_path / "out"
-    run = helpers.gac(root, "--gpu", "h100", "--repair", out, "--target", "sglang,tp=2")
+    run = helpers.gac(root, "--gpu", "h100", "--repair", out, "--target", "vllm,tp=2,quant=fp8")
     assert run.returncode == 2 and not out.exists(), run.stdout + run.stderr
-    assert "sglang,tp=2 would still refuse OUT" in run.stderr
+    assert "vllm,tp=2,quant=fp8 would still refuse OUT" in run.stderr
     assert "not judged for MoE" in run.stderr
+
+
+def test_sglang_runs_unquantized_experts_on_triton(tmp_path: Path) -> None:
+    """SGLang v0.5.23: FusedMoE.__init__ asserts intermediate_size % moe_tp_size == 0, so 45
+    is refused at tp=2 (fix_to 46) and loads at tp=3; UnquantizedFusedMoEMethod runs the
+    Triton fused_moe_kernel on sm80/sm90, which masks K and N: fast at any width that loads.
+    Every expert on every rank (the count is fast); v0.4.6.post5 was not read: not judged."""
+    root = _saved(_mixtral(45), tmp_path / "mixtral")
+    specs = ("sglang", "sglang,tp=2", "sglang,tp=3", "sglang@v0.4.6.post5")
+    doc = _json(root, *[a for s in specs for a in ("--target", s)])
+    width = {s: _verdict(doc, "expert_intermediate", s) for s in specs}
+    for spec in ("sglang", "sglang,tp=3"):
+        assert (width[spec]["verdict"], width[spec]["kernel"]) == (
+            "fast", "fused_moe_kernel (Triton)"), width[spec]
+        assert width[spec]["source"]["ref"] == "v0.5.23"
+    refused = width["sglang,tp=2"]
+    assert refused["verdict"] == "refused" and refused["fix_to"] == 46
+    assert "FusedMoE asserts intermediate_size % moe_tp_size == 0" in refused["why"]
+    assert refused["source"]["file"] == "python/sglang/srt/layers/moe/fused_moe_triton/layer.py"
+    assert width["sglang@v0.4.6.post5"]["why"].startswith("not judged for MoE")
+    assert _verdict(doc, "experts", "sglang,tp=2")["verdict"] == "fast"
 
 
 def test_vllm_refuses_an_expert_width_tp_does_not_divide(tmp_path: Path) -> None:
