@@ -255,12 +255,17 @@ NOT_JUDGED_MOE = ("not judged for MoE: {engine}'s fused-MoE kernels and their sh
 
 def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> TargetVerdict:
     """The site's verdict on ``target`` (fast, with no kernel, where no rule speaks; refused
-    for a mixture-of-experts site whose kernels the pack does not model)."""
+    for a mixture-of-experts or latent-attention site whose kernels the pack does not model)."""
     sm = SM_OF_PROFILE.get(profile)
     su = site_uses(site, shape, target)
     outcomes = judge_uses(target, su, site.value, sm)
     if site.role in MOE_ROLES and all(o.gate for o in outcomes):
         return _moe_verdict(target, outcomes)
+    mla_uses = {u.name for u in su if u.component == "mla"}
+    if mla_uses and not any(o.use in mla_uses for o in outcomes):
+        return TargetVerdict(target, REFUSED, None, NOT_JUDGED_MLA.format(
+            engine=target.engine, version=target.version), None,
+            cannot_pad=f"no size of this latent-attention dimension is judged on {target.spec}")
     if not outcomes:
         return TargetVerdict(target, FAST, None, NO_RULE, None, fix_to=site.value)
     verdict = worst(outcomes)
@@ -283,6 +288,11 @@ def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> Tar
     else:
         tv.fix_to = fast_at
     return tv
+
+
+NOT_JUDGED_MLA = ("not judged for MLA: {engine} {version}'s multi-head latent attention backends "
+                  "(which latent ranks and head sizes they take) are not in its rule pack, so "
+                  "gac-check cannot say whether this layer loads or which backend runs it")
 
 
 def _moe_verdict(target: Target, outcomes: list[Outcome]) -> TargetVerdict:
