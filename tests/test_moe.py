@@ -295,8 +295,9 @@ def test_vllm_runs_unquantized_experts_on_triton(tmp_path: Path, family: str) ->
     moved behind Triton), and fused_moe_kernel masks K and N, so an expert width of 45 is
     fast there at tp=1 and 3 (45 / 3 = 15 per rank), with the rule's source and its caveat
     (tuned block sizes not modelled). With no GPU, nothing read runs it: refused. Qwen2-MoE's
-    shared expert (a dense MLP in vLLM, no rule read) stays refused as not judged; the expert
-    count (no expert parallelism: every expert on every rank) is fast."""
+    shared expert is Qwen2MoeMLP, a dense MLP (vllm-moe-shared-expert): 44 is fast at tp=1 and
+    refused at tp=3 by the column-parallel TP rule; the expert count (no expert parallelism:
+    every expert on every rank) is fast."""
     make = {"mixtral": _mixtral, "qwen2_moe": _qwen2_moe}[family]
     root = _saved(make(45), tmp_path / family)
     doc = _json(root, "--target", "vllm", "--target", "vllm,tp=3")
@@ -310,8 +311,11 @@ def test_vllm_runs_unquantized_experts_on_triton(tmp_path: Path, family: str) ->
             "function": "select_unquantized_moe_backend"}
         assert any("tuned file" in u for u in verdict["uncertain"])
     for site in doc["sites"]:
-        if site["role"] == "shared_expert_intermediate":
-            assert site["targets"][0]["why"].startswith("not judged for MoE"), site["name"]
+        if site["role"] == "shared_expert_intermediate":  # Qwen2MoeMLP: a dense MLP of 44
+            tp1, tp3 = site["targets"]
+            assert (tp1["verdict"], tp1["kernel"]) == (
+                "fast", "dense MLP (MergedColumnParallelLinear + RowParallelLinear)"), tp1
+            assert tp3["verdict"] == "refused" and "TP size" in tp3["why"], tp3
         if site["role"] == "experts":
             assert site["targets"][0]["verdict"] == "fast", site["name"]
     a100 = helpers.gac(root, "--gpu", "a100", "--format", "json", "--target", "vllm")
@@ -370,6 +374,21 @@ def test_an_expert_parallel_size_no_engine_runs_is_bad_input(tmp_path: Path, spe
     run = helpers.gac(root, "--target", spec)
     assert run.returncode == 2, run.stdout + run.stderr
     assert said in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_a_shared_expert_no_moe_rule_judges_is_refused(tmp_path: Path) -> None:
+    """SGLang's pack judges Qwen2-MoE's shared expert nowhere (no rule says it is a dense MLP
+    there): with AWQ its dense linear rules would speak (a kernel for gate_up and down), but a
+    dense rule alone does not make an MoE site judged: refused as not judged; on vLLM the
+    shared-expert rule makes the same linears' verdict its verdict."""
+    root = _saved(_qwen2_moe(width=128, shared=128), tmp_path / "qwen")
+    doc = _json(root, "--target", "sglang,quant=awq", "--target", "vllm,quant=awq")
+    sglang = _verdict(doc, "shared_expert_intermediate", "sglang,quant=awq")
+    assert sglang["verdict"] == "refused", sglang
+    assert sglang["why"].startswith("not judged for MoE: sglang's fused-MoE"), sglang["why"]
+    vllm = _verdict(doc, "shared_expert_intermediate", "vllm,quant=awq")
+    assert (vllm["verdict"], vllm["kernel"]) == (
+        "fast", "machete+dense MLP (MergedColumnParallelLinear + RowParallelLinear)"), vllm
 
 
 #: width -> (group -> (a100 verdict, kernel)): AWQ/GPTQ MoE on vLLM v0.33.0 at tp=1

@@ -147,7 +147,7 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
         if role is Role.KV_LATENT:
             own += uses(DimSite(site.name, role, site.value, site.axes), shape, tp, group)
         return own
-    if role is Role.INTERMEDIATE:
+    if role in (Role.INTERMEDIATE, Role.SHARED_EXPERT):
         def gate_up(v: int) -> dict[str, int]:
             q = {**base, "part_out": v, "out": 2 * v}
             _put(q, "part_shard_out", split(v, tp))  # one of gate, up on one rank
@@ -156,8 +156,10 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
         def down(v: int) -> dict[str, int]:
             return _put({**base, "in": v}, "shard_in", split(v, tp))
 
-        return [Use("linear", "gate_up_proj", gate_up), Use("linear", "down_proj", down),
-                Use("model", "layers", lambda v: dict(base))]
+        mlp = [Use("linear", "gate_up_proj", gate_up), Use("linear", "down_proj", down)]
+        if role is Role.SHARED_EXPERT:  # a dense MLP beside the experts, from its own key
+            return [*mlp, Use("model", "shared_expert", lambda v: dict(base))]
+        return [*mlp, Use("model", "layers", lambda v: dict(base))]
     if role is Role.EXPERT:
         return [Use("model", "experts", lambda v: expert_quantities(base, v, tp, ep))]
     if role is Role.EXPERTS:

@@ -245,9 +245,13 @@ def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
 
 
 NO_RULE = "no rule of this engine's pack constrains this dimension"
-#: A mixture-of-experts layer's sites: refused, never passed, unless a pack's kernel rule
-#: judges them (vLLM v0.33.0's unquantized fused-MoE backend, for an expert's width).
+#: A mixture-of-experts layer's sites: refused, never passed, unless a pack's MoE rule judges
+#: them (vLLM v0.33.0's fused-MoE backends, SGLang v0.5.23's Triton runner, vLLM's shared
+#: expert as a dense MLP).
 MOE_ROLES = frozenset({Role.EXPERT, Role.SHARED_EXPERT, Role.EXPERTS})
+#: the uses only an MoE rule of a pack judges: an MoE site is judged where one of them speaks
+#: (a dense linear rule alone does not say the engine builds the layer that way)
+MOE_USES = frozenset({"experts", "expert_count", "shared_expert"})
 NOT_JUDGED_MOE = ("not judged for MoE: {engine}'s fused-MoE kernels and their shape rules under "
                   "tensor and expert parallelism are not in its rule pack yet, so gac-check "
                   "cannot say whether this layer loads or which kernel runs it")
@@ -259,7 +263,7 @@ def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> Tar
     sm = SM_OF_PROFILE.get(profile)
     su = site_uses(site, shape, target)
     outcomes = judge_uses(target, su, site.value, sm)
-    if site.role in MOE_ROLES and all(o.gate for o in outcomes):
+    if site.role in MOE_ROLES and not any(o.use in MOE_USES and not o.gate for o in outcomes):
         return _moe_verdict(target, outcomes)
     mla_uses = {u.name for u in su if u.component == "mla"}
     if mla_uses and not any(o.use in mla_uses for o in outcomes):
