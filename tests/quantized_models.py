@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from gac_check.testing.models import LLAMA, build
 
@@ -91,17 +91,21 @@ W4A16 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
 
 
 def compressed_tensors_w4a16(root: Path, intermediate: int, group: int = 128) -> Path:
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
-
     m = model(intermediate)
     tensors = _dense_rest(m, linears(m))
     for name, w in linears(m).items():
-        q, scale = quantize_groups(w, group)
-        tensors[f"{name}.weight_packed"] = pack_to_int32(q, 4)
-        tensors[f"{name}.weight_scale"] = scale.half()
-        tensors[f"{name}.weight_shape"] = torch.tensor(w.shape)
+        tensors.update(_ct_w4a16_linear(name, w, group))
     cfg = ct_config("pack-quantized", {**W4A16, "group_size": group})
     return _write(root, tensors, _config(m, cfg))
+
+
+def _ct_w4a16_linear(name: str, w: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    q, scale = quantize_groups(w, group)
+    return {f"{name}.weight_packed": pack_to_int32(q, 4),
+            f"{name}.weight_scale": scale.half(),
+            f"{name}.weight_shape": torch.tensor(w.shape)}
 
 
 def compressed_tensors_fp8(root: Path, intermediate: int) -> Path:
@@ -126,16 +130,53 @@ def gptq(root: Path, intermediate: int, group: int = 128, desc_act: bool = False
     m = model(intermediate)
     tensors = _dense_rest(m, linears(m))
     for name, w in linears(m).items():
-        q, scale = quantize_groups(w, group)
-        out, width = w.shape
-        tensors[f"{name}.qweight"] = _pack_rows((q.int() + 8).t())
-        zeros = torch.full((scale.shape[1], out), 8, dtype=torch.int32)
-        tensors[f"{name}.qzeros"] = _pack_rows(zeros.t()).t().contiguous()
-        tensors[f"{name}.scales"] = scale.t().half().contiguous()
-        tensors[f"{name}.g_idx"] = (torch.arange(width) // group).to(torch.int32)
-    cfg = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": desc_act,
-           "sym": True, "checkpoint_format": "gptq"}
-    return _write(root, tensors, _config(m, cfg))
+        tensors.update(_gptq_linear(name, w, group))
+    return _write(root, tensors, _config(m, gptq_config(group, desc_act)))
+
+
+def gptq_config(group: int = 128, desc_act: bool = False) -> dict:
+    return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": desc_act,
+            "sym": True, "checkpoint_format": "gptq"}
+
+
+def _gptq_linear(name: str, w: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
+    q, scale = quantize_groups(w, group)
+    out, width = w.shape
+    zeros = torch.full((scale.shape[1], out), 8, dtype=torch.int32)
+    return {f"{name}.qweight": _pack_rows((q.int() + 8).t()),
+            f"{name}.qzeros": _pack_rows(zeros.t()).t().contiguous(),
+            f"{name}.scales": scale.t().half().contiguous(),
+            f"{name}.g_idx": (torch.arange(width) // group).to(torch.int32)}
+
+
+#: how each scheme writes one linear, and its quantization_config, for :func:`quantized_moe`
+MOE_SCHEMES = {
+    "gptq": (lambda name, w, g: _gptq_linear(name, w, g), lambda g: gptq_config(g)),
+    "awq": (lambda name, w, g: _awq_linear(name, w, g), lambda g: awq_config(g)),
+    "ct_w4a16": (lambda name, w, g: _ct_w4a16_linear(name, w, g),
+                 lambda g: ct_config("pack-quantized", {**W4A16, "group_size": g})),
+}
+
+
+def quantized_moe(root: Path, saved: Path, scheme: str, group: int = 128) -> Path:
+    """A ``save_pretrained`` MoE directory (one module per expert) quantized as GPTQModel,
+    AutoAWQ or llm-compressor write an MoE: every expert's and attention projection in the
+    scheme's layout; the router, the embeddings and the head stay dense (none of them
+    quantizes the router)."""
+    write, config = MOE_SCHEMES[scheme]
+    state = load_file(saved / "model.safetensors")
+    tensors: dict[str, torch.Tensor] = {}
+    for name, w in state.items():
+        module = name.removesuffix(".weight")
+        if (w.dim() == 2 and ".layers." in name and name.endswith(".weight")
+                and not module.endswith(".gate")):
+            tensors.update(write(module, w.half(), group))
+        else:
+            tensors[name] = w.half() if w.is_floating_point() else w
+    cfg = json.loads((saved / "config.json").read_text())
+    cfg["quantization_config"] = {**config(group), "ignore": ["lm_head", "re:.*gate$"]} \
+        if scheme == "ct_w4a16" else config(group)
+    return _write(root, tensors, cfg)
 
 
 def awq_gemm(root: Path, intermediate: int, group: int = 128) -> Path:
@@ -143,15 +184,22 @@ def awq_gemm(root: Path, intermediate: int, group: int = 128) -> Path:
     m = model(intermediate)
     tensors = _dense_rest(m, linears(m))
     for name, w in linears(m).items():
-        q, scale = quantize_groups(w, group)
-        out, width = w.shape
-        tensors[f"{name}.qweight"] = _pack_rows(q.int() + 8).t().contiguous()  # [in, out/8]
-        zeros = torch.full((out, width // group), 8, dtype=torch.int32)
-        tensors[f"{name}.qzeros"] = _pack_rows(zeros).t().contiguous()
-        tensors[f"{name}.scales"] = scale.t().half().contiguous()
-    cfg = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
-           "version": "gemm"}
-    return _write(root, tensors, _config(m, cfg))
+        tensors.update(_awq_linear(name, w, group))
+    return _write(root, tensors, _config(m, awq_config(group)))
+
+
+def awq_config(group: int = 128) -> dict:
+    return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+            "version": "gemm"}
+
+
+def _awq_linear(name: str, w: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
+    q, scale = quantize_groups(w, group)
+    out, width = w.shape
+    zeros = torch.full((out, width // group), 8, dtype=torch.int32)
+    return {f"{name}.qweight": _pack_rows(q.int() + 8).t().contiguous(),  # [in, out/8]
+            f"{name}.qzeros": _pack_rows(zeros).t().contiguous(),
+            f"{name}.scales": scale.t().half().contiguous()}
 
 
 def block_fp8(root: Path, intermediate: int, block: int = 128) -> Path:

@@ -235,20 +235,26 @@ def test_repair_leaves_experts_that_share_a_key_with_several_shared_experts(
 def test_moe_sites_are_judged_on_a_target_as_for_mixtral(tmp_path: Path) -> None:
     """DeepSeek's routed experts are vLLM's FusedMoEFactory layer, as Mixtral's are: 45 wide
     they are refused at tp=2 (vllm-moe-tp) and fast on TritonExperts at tp=1; the shared
-    experts and the expert count are refused as not judged, never passed. The dense first
+    experts are DeepseekV2MLP, a dense MLP (vllm-moe-shared-expert): 45 is refused at tp=2 by
+    the column-parallel TP rule, fast at tp=1; the expert count is judged as Mixtral's
+    (every expert on every rank without ep=). The dense first
     layer is not a per-layer pruned one: vLLM's DeepseekV2DecoderLayer builds it from
     intermediate_size and the MoE layers from moe_intermediate_size, so its site is judged as
     a dense model's MLP is, never refused."""
     doc = check(save(tmp_path / "m", "v2"), "--target", "vllm,tp=2", "--target", "vllm")
     for site in doc["sites"]:
         tp2, tp1 = site["targets"]
-        if site["role"] in ("expert_intermediate", "shared_expert_intermediate", "experts"):
+        if site["role"] in ("expert_intermediate", "shared_expert_intermediate"):
             assert tp2["verdict"] == "refused", site["name"]
-            assert "MoE" in tp2["why"]
         if site["role"] == "expert_intermediate":
+            assert "MoE" in tp2["why"]
             assert (tp1["verdict"], tp1["kernel"]) == ("fast", "TritonExperts (fused_moe_kernel)")
-        elif site["role"] in ("shared_expert_intermediate", "experts"):
-            assert tp1["verdict"] == "refused" and tp1["why"].startswith("not judged for MoE")
+        elif site["role"] == "shared_expert_intermediate":  # DeepseekV2MLP: a dense MLP
+            assert "not divisible by the TP size" in tp2["why"], tp2["why"]
+            assert (tp1["verdict"], tp1["kernel"]) == (
+                "fast", "dense MLP (MergedColumnParallelLinear + RowParallelLinear)")
+        elif site["role"] == "experts":
+            assert tp1["verdict"] == tp2["verdict"] == "fast", site["name"]
     dense = sites(doc, "intermediate")["model.layers.0.mlp:intermediate"]["targets"][0]
     assert dense["verdict"] != "refused", dense["why"]
     assert doc["summary"]["targets"]["vllm,tp=2"]["verdict"] == "refused"

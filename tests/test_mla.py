@@ -208,3 +208,21 @@ def test_layers_of_different_latent_ranks_do_not_load_in_vllm(tmp_path: Path) ->
     assert latent["verdict"] == "refused" and "one intermediate_size" in latent["why"]
     uniform = check(wide, "--target", "vllm", "--gpu", "h100")
     assert _verdicts(uniform, "kv_lora_rank")["verdict"] == "fast"
+
+
+def test_engines_whose_mla_backends_are_not_read_refuse_the_latent_sites(tmp_path: Path) -> None:
+    """SGLang, TensorRT-LLM and vLLM before v0.30.0 have no MLA rule in their packs: the
+    latent rank and the q/k and v head sizes are refused as not judged (a gate never passes
+    what it did not read), not passed as fast; q_lora_rank, a plain low-rank pair of
+    linears, is judged as one."""
+    doc = check(save(tmp_path / "m", TINY), "--target", "sglang", "--target", "tensorrt-llm",
+                "--target", "vllm@v0.17.0", "--target", "vllm")
+    sites = by_name(doc)
+    for dim in ("kv_lora_rank", "qk_head_dim", "v_head_dim"):
+        *unread, vllm = sites[dim]["targets"]
+        for verdict in unread:
+            assert verdict["verdict"] == "refused", (dim, verdict)
+            assert verdict["why"].startswith("not judged for MLA: "), verdict["why"]
+        assert not vllm["why"].startswith("not judged"), vllm
+    assert all(t["verdict"] == "fast" for t in sites["q_lora_rank"]["targets"])
+    assert doc["summary"]["targets"]["sglang"]["verdict"] == "refused"

@@ -17,14 +17,15 @@ from gac_check import api
 from gac_check.api.memory import from_module
 from gac_check.checkpoint.index import open_checkpoint
 from gac_check.formats import detect
-from tests import helpers
+from tests import helpers, quantized_models
 
 MIXTRAL_BLOCK = "model.layers.{}.block_sparse_moe"
 QWEN_BLOCK = "model.layers.{}.mlp"
 
 
-def _mixtral(width: int = 45, experts: int = 3) -> transformers.MixtralForCausalLM:
-    cfg = transformers.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=width,
+def _mixtral(width: int = 45, experts: int = 3,
+             hidden: int = 32) -> transformers.MixtralForCausalLM:
+    cfg = transformers.MixtralConfig(vocab_size=96, hidden_size=hidden, intermediate_size=width,
                                      num_hidden_layers=2, num_attention_heads=2,
                                      num_key_value_heads=1, num_local_experts=experts,
                                      num_experts_per_tok=2, max_position_embeddings=64)
@@ -222,29 +223,53 @@ def test_the_text_output_folds_experts_of_one_width_into_one_row(tmp_path: Path)
 # ----------------------------------------------------------------------------- targets
 
 def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
-    """Where no pack rule models the fused-MoE kernels (SGLang; vLLM with AWQ), every MoE
-    site is refused on the target, saying so, and the model's verdict is refused, never
-    fast; the expert count is refused on vLLM too (no rule read for it)."""
+    """Where no pack rule models the fused-MoE kernels (SGLang with AWQ; vLLM with FP8),
+    every MoE site is refused on the target, saying so, and the model's verdict is refused,
+    never fast; on unquantized vLLM the expert count is judged (every expert on every
+    rank)."""
     root = _saved(_mixtral(48), tmp_path / "mixtral")
-    doc = _json(root, "--target", "sglang,tp=2", "--target", "vllm,tp=2,quant=awq",
+    doc = _json(root, "--target", "sglang,tp=2,quant=awq", "--target", "vllm,tp=2,quant=fp8",
                 "--target", "vllm,tp=2")
     for site in doc["sites"]:
-        sglang, awq, vllm = site["targets"]
+        sglang, fp8, vllm = site["targets"]
         if site["role"] in ("expert_intermediate", "experts"):
-            for verdict, engine in ((sglang, "sglang"), (awq, "vllm")):
+            for verdict, engine in ((sglang, "sglang"), (fp8, "vllm")):
                 assert verdict["verdict"] == "refused"
                 assert verdict["why"].startswith(f"not judged for MoE: {engine}'s fused-MoE")
         else:
             assert sglang["verdict"] != "refused" or "MoE" not in sglang["why"]
         if site["role"] == "experts":
-            assert vllm["verdict"] == "refused" and vllm["why"].startswith("not judged for MoE")
-    for spec in ("sglang,tp=2", "vllm,tp=2,quant=awq", "vllm,tp=2"):
+            assert (vllm["verdict"], vllm["kernel"]) == (
+                "fast", "even expert map (experts / ep per rank)")
+    for spec in ("sglang,tp=2,quant=awq", "vllm,tp=2,quant=fp8"):
         assert doc["summary"]["targets"][spec]["verdict"] == "refused"
+    assert doc["summary"]["targets"]["vllm,tp=2"]["verdict"] == "fast"
     out = tmp_path / "out"
-    run = helpers.gac(root, "--gpu", "h100", "--repair", out, "--target", "sglang,tp=2")
+    run = helpers.gac(root, "--gpu", "h100", "--repair", out, "--target", "vllm,tp=2,quant=fp8")
     assert run.returncode == 2 and not out.exists(), run.stdout + run.stderr
-    assert "sglang,tp=2 would still refuse OUT" in run.stderr
+    assert "vllm,tp=2,quant=fp8 would still refuse OUT" in run.stderr
     assert "not judged for MoE" in run.stderr
+
+
+def test_sglang_runs_unquantized_experts_on_triton(tmp_path: Path) -> None:
+    """SGLang v0.5.23: FusedMoE.__init__ asserts intermediate_size % moe_tp_size == 0, so 45
+    is refused at tp=2 (fix_to 46) and loads at tp=3; UnquantizedFusedMoEMethod runs the
+    Triton fused_moe_kernel on sm80/sm90, which masks K and N: fast at any width that loads.
+    Every expert on every rank (the count is fast); v0.4.6.post5 was not read: not judged."""
+    root = _saved(_mixtral(45), tmp_path / "mixtral")
+    specs = ("sglang", "sglang,tp=2", "sglang,tp=3", "sglang@v0.4.6.post5")
+    doc = _json(root, *[a for s in specs for a in ("--target", s)])
+    width = {s: _verdict(doc, "expert_intermediate", s) for s in specs}
+    for spec in ("sglang", "sglang,tp=3"):
+        assert (width[spec]["verdict"], width[spec]["kernel"]) == (
+            "fast", "fused_moe_kernel (Triton)"), width[spec]
+        assert width[spec]["source"]["ref"] == "v0.5.23"
+    refused = width["sglang,tp=2"]
+    assert refused["verdict"] == "refused" and refused["fix_to"] == 46
+    assert "FusedMoE asserts intermediate_size % moe_tp_size == 0" in refused["why"]
+    assert refused["source"]["file"] == "python/sglang/srt/layers/moe/fused_moe_triton/layer.py"
+    assert width["sglang@v0.4.6.post5"]["why"].startswith("not judged for MoE")
+    assert _verdict(doc, "experts", "sglang,tp=2")["verdict"] == "fast"
 
 
 def test_vllm_refuses_an_expert_width_tp_does_not_divide(tmp_path: Path) -> None:
@@ -272,7 +297,9 @@ def test_vllm_runs_unquantized_experts_on_triton(tmp_path: Path, family: str) ->
     moved behind Triton), and fused_moe_kernel masks K and N, so an expert width of 45 is
     fast there at tp=1 and 3 (45 / 3 = 15 per rank), with the rule's source and its caveat
     (tuned block sizes not modelled). With no GPU, nothing read runs it: refused. Qwen2-MoE's
-    shared expert (a dense MLP in vLLM, no rule read) stays refused as not judged."""
+    shared expert is Qwen2MoeMLP, a dense MLP (vllm-moe-shared-expert): 44 is fast at tp=1 and
+    refused at tp=3 by the column-parallel TP rule; the expert count (no expert parallelism:
+    every expert on every rank) is fast."""
     make = {"mixtral": _mixtral, "qwen2_moe": _qwen2_moe}[family]
     root = _saved(make(45), tmp_path / family)
     doc = _json(root, "--target", "vllm", "--target", "vllm,tp=3")
@@ -286,8 +313,13 @@ def test_vllm_runs_unquantized_experts_on_triton(tmp_path: Path, family: str) ->
             "function": "select_unquantized_moe_backend"}
         assert any("tuned file" in u for u in verdict["uncertain"])
     for site in doc["sites"]:
-        if site["role"] in ("experts", "shared_expert_intermediate"):
-            assert site["targets"][0]["why"].startswith("not judged for MoE"), site["name"]
+        if site["role"] == "shared_expert_intermediate":  # Qwen2MoeMLP: a dense MLP of 44
+            tp1, tp3 = site["targets"]
+            assert (tp1["verdict"], tp1["kernel"]) == (
+                "fast", "dense MLP (MergedColumnParallelLinear + RowParallelLinear)"), tp1
+            assert tp3["verdict"] == "refused" and "TP size" in tp3["why"], tp3
+        if site["role"] == "experts":
+            assert site["targets"][0]["verdict"] == "fast", site["name"]
     a100 = helpers.gac(root, "--gpu", "a100", "--format", "json", "--target", "vllm")
     sites = json.loads(a100.stdout)["sites"]
     on_a100 = next(s for s in sites if s["role"] == "expert_intermediate")["targets"][0]
@@ -296,6 +328,152 @@ def test_vllm_runs_unquantized_experts_on_triton(tmp_path: Path, family: str) ->
     sites = json.loads(cpu.stdout)["sites"]
     on_cpu = next(s for s in sites if s["role"] == "expert_intermediate")["targets"][0]
     assert on_cpu["verdict"] == "refused" and "read for sm80 and sm90 only" in on_cpu["why"]
+
+
+def _verdict(doc: dict, role: str, spec: str) -> dict:
+    """The first ``role`` site's verdict on ``spec``."""
+    site = next(s for s in doc["sites"] if s["role"] == role)
+    return next(t for t in site["targets"] if t["target"] == spec)
+
+
+def test_expert_parallel_holds_whole_experts_and_divides_the_count(tmp_path: Path) -> None:
+    """vLLM v0.33.0 with --enable-expert-parallel (ep=): FusedMoEParallelConfig.make sets the
+    MoE layer's tp_size to 1, so experts 45 wide, refused at tp=2, load whole on each of the 2
+    ranks (TritonExperts); determine_expert_map spreads 4 experts evenly over 2 ranks (fast)
+    and unevenly over 3 (the first rank holds 2: a fallback, with why and the EPLB caveat)."""
+    root = _saved(_mixtral(45, experts=4), tmp_path / "mixtral")
+    doc = _json(root, "--target", "vllm,tp=2", "--target", "vllm,tp=2,ep=2",
+                "--target", "vllm,ep=3")
+    width = {spec: _verdict(doc, "expert_intermediate", spec)
+             for spec in ("vllm,tp=2", "vllm,tp=2,ep=2", "vllm,ep=3")}
+    assert width["vllm,tp=2"]["verdict"] == "refused"
+    for spec in ("vllm,tp=2,ep=2", "vllm,ep=3"):
+        assert (width[spec]["verdict"], width[spec]["kernel"]) == (
+            "fast", "TritonExperts (fused_moe_kernel)"), width[spec]
+        assert width[spec]["uses"][0]["expert_shard"] == 45
+    count = {spec: _verdict(doc, "experts", spec) for spec in width}
+    assert count["vllm,tp=2,ep=2"]["verdict"] == "fast"
+    assert count["vllm,tp=2,ep=2"]["uses"][0]["ep"] == 2
+    uneven = count["vllm,ep=3"]
+    assert (uneven["verdict"], uneven["kernel"]) == ("fallback", "expert map, uneven")
+    assert "experts % ep == 0 (experts = 4)" in uneven["why"]
+    assert "EPLB" in uneven["why"] and uneven["fix_to"] is None
+    assert uneven["source"]["function"] == "determine_expert_map"
+    resolved = doc["summary"]["targets"]["vllm,tp=2,ep=2"]
+    assert (resolved["tp"], resolved["ep"]) == (2, 2)
+
+
+@pytest.mark.parametrize(("spec", "said"), [
+    ("vllm,tp=2,ep=3", "ep=3 is not a multiple of tp=2"),
+    ("sglang,ep=2", "sglang has no expert parallelism in its rule pack"),
+    ("vllm,ep=0", "ep= must be a positive integer"),
+])
+def test_an_expert_parallel_size_no_engine_runs_is_bad_input(tmp_path: Path, spec: str,
+                                                              said: str) -> None:
+    """ep is tp x the data-parallel size in vLLM; an engine whose pack has no expert
+    parallelism takes no ep=: one line, exit 2."""
+    root = _saved(_mixtral(48), tmp_path / "mixtral")
+    run = helpers.gac(root, "--target", spec)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert said in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_a_shared_expert_no_moe_rule_judges_is_refused(tmp_path: Path) -> None:
+    """SGLang's pack judges Qwen2-MoE's shared expert nowhere (no rule says it is a dense MLP
+    there): with AWQ its dense linear rules would speak (a kernel for gate_up and down), but a
+    dense rule alone does not make an MoE site judged: refused as not judged; on vLLM the
+    shared-expert rule makes the same linears' verdict its verdict."""
+    root = _saved(_qwen2_moe(width=128, shared=128), tmp_path / "qwen")
+    doc = _json(root, "--target", "sglang,quant=awq", "--target", "vllm,quant=awq")
+    sglang = _verdict(doc, "shared_expert_intermediate", "sglang,quant=awq")
+    assert sglang["verdict"] == "refused", sglang
+    assert sglang["why"].startswith("not judged for MoE: sglang's fused-MoE"), sglang["why"]
+    vllm = _verdict(doc, "shared_expert_intermediate", "vllm,quant=awq")
+    assert (vllm["verdict"], vllm["kernel"]) == (
+        "fast", "machete+dense MLP (MergedColumnParallelLinear + RowParallelLinear)"), vllm
+
+
+#: width -> (group -> (a100 verdict, kernel)): AWQ/GPTQ MoE on vLLM v0.33.0 at tp=1
+WNA16_A100 = {
+    128: {32: ("fast", "MarlinExperts"), 64: ("fast", "MarlinExperts")},
+    96: {32: ("fallback", "MarlinExperts (tile-padded)"),
+         64: ("fallback", "TritonWNA16Experts (MoeWNA16Method)")},
+    80: {32: ("refused", None), 64: ("refused", None)},
+}
+
+
+@pytest.mark.parametrize("width", sorted(WNA16_A100))
+def test_vllm_judges_awq_and_gptq_experts_on_marlin_moe(tmp_path: Path, width: int) -> None:
+    """quant=gptq / awq MoE on vLLM v0.33.0: check_moe_marlin_supports_layer (with tile
+    padding) takes a group that divides the width per rank, and MarlinExperts (sm80) runs it,
+    fast where the width is a multiple of 64, else tile-padded (marlin_moe_padded_intermediate);
+    a straddled group goes to MoeWNA16Method (Triton), whose create_weights halves the group
+    and asserts >= 32: 80 is refused (fix_to the smallest fast width, 128)."""
+    root = _saved(_mixtral(width, experts=4, hidden=128), tmp_path / "mixtral")
+    specs = [f"vllm,quant={q},group={g}" for q in ("gptq", "awq") for g in (32, 64)]
+    run = helpers.gac(root, "--gpu", "a100", "--format", "json",
+                      *[a for s in specs for a in ("--target", s)])
+    assert run.returncode in (0, 1), run.stderr
+    doc = json.loads(run.stdout)
+    for spec in specs:
+        got = _verdict(doc, "expert_intermediate", spec)
+        want = WNA16_A100[width][int(spec.rsplit("=", 1)[1])]
+        assert (got["verdict"], got["kernel"]) == want, (spec, got)
+        if want[0] == "refused":
+            assert got["why"].startswith("AssertionError: MoeWNA16Method.create_weights")
+            assert got["fix_to"] == 128
+        if want[1] == "MarlinExperts (tile-padded)":
+            assert "it pads expert_shard 96 -> 128" in got["why"]
+
+
+def test_hopper_runs_wna16_experts_on_humming(tmp_path: Path) -> None:
+    """prioritize_humming moves Humming ahead of Marlin on sm90, in the MoE backend list too
+    (select_wna16_moe_backend): on an H100 the Marlin MoE route runs HummingExperts, fast at a
+    width per rank % 64 (128), else a fallback (32 per rank at tp=4; Humming's own limits
+    marked uncertain), and so does MoeWNA16Method where the group straddles (64 at tp=4)."""
+    root = _saved(_mixtral(128, experts=4, hidden=128), tmp_path / "mixtral")
+    specs = ("vllm,quant=gptq,group=32", "vllm,quant=gptq,group=32,tp=4",
+             "vllm,quant=gptq,group=64,tp=4")
+    doc = _json(root, *[a for s in specs for a in ("--target", s)])
+    got = [_verdict(doc, "expert_intermediate", s) for s in specs]
+    assert [(g["verdict"], g["kernel"]) for g in got] == [
+        ("fast", "HummingExperts"), ("fallback", "HummingExperts"),
+        ("fallback", "HummingExperts (MoeWNA16Method)")], got
+    assert any("Humming's own limits" in u for u in got[1]["uncertain"])
+    assert got[0]["source"]["function"].startswith("prioritize_humming")
+
+
+@pytest.mark.parametrize(("scheme", "quant", "group", "whole"), [
+    ("gptq", "gptq", 64, "TritonWNA16Experts (MoeWNA16Method)"),
+    ("ct_w4a16", "gptq", 64, "TritonWNA16Experts (MoeWNA16Method)"),
+    ("awq", "awq", 32, "MarlinExperts (tile-padded)"),
+])
+def test_a_quantized_moe_checkpoint_is_judged_with_its_own_scheme(
+        tmp_path: Path, scheme: str, quant: str, group: int, whole: str) -> None:
+    """A Mixtral quantized as GPTQModel, AutoAWQ or llm-compressor (pack-quantized W4A16)
+    write an MoE (experts and attention packed, router dense) is read at its logical widths
+    and judged as vLLM deploys it (its scheme, its group), never as unquantized nor refused
+    as unread: 96 at tp=2 leaves 48 per rank, which the group (64; AWQ, which needs whole
+    groups, 32) straddles and MoeWNA16's halved group does not divide either: refused,
+    exactly as the prediction for the unquantized model says; with ep=2 each rank holds
+    whole experts (96: Triton after a straddled Marlin route at group 64, Marlin padding its
+    tiles at 32)."""
+    src = _saved(_mixtral(96, experts=4, hidden=128), tmp_path / "src")
+    root = quantized_models.quantized_moe(tmp_path / scheme, src, scheme, group=group)
+    doc = _json(root, "--gpu", "a100", "--target", "vllm,tp=2", "--target", "vllm,tp=2,ep=2")
+    assert doc["summary"]["targets"]["vllm,tp=2"]["quant"] == quant
+    assert doc["summary"]["targets"]["vllm,tp=2"]["group"] == group
+    experts = [s for s in doc["sites"] if s["role"] == "expert_intermediate"]
+    assert len(experts) == 8 and {s["value"] for s in experts} == {96}
+    tp2 = _verdict(doc, "expert_intermediate", "vllm,tp=2")
+    assert tp2["verdict"] == "refused" and "MoeWNA16Method" in tp2["why"]
+    assert tp2["fix_to"] == 128
+    ep2 = _verdict(doc, "expert_intermediate", "vllm,tp=2,ep=2")
+    assert (ep2["verdict"], ep2["kernel"]) == ("fallback", whole)
+    spec = f"vllm,tp=2,quant={quant},group={group}"
+    predicted = _verdict(_json(src, "--gpu", "a100", "--target", spec), "expert_intermediate",
+                         spec)
+    assert (predicted["verdict"], predicted["why"]) == (tp2["verdict"], tp2["why"])
 
 
 # ----------------------------------------------------------------------------- repair

@@ -63,7 +63,27 @@ def grid(seed: int = 28) -> list[dict]:
     for _ in range(60):
         cases.append({"cap": "9.0", "kind": "vocab", "vocab": rnd.randint(1000, 200000),
                       "tp": rnd.randint(1, 8)})
-    return cases + w8a8_grid(rnd)
+    return cases + w8a8_grid(rnd) + moe_grid(rnd)
+
+
+def moe_grid(rnd: random.Random, per_cap: int = 120) -> list[dict]:
+    """Fused-MoE layers: unquantized, GPTQ and AWQ experts of a drawn width (per rank, as the
+    WNA16 grid draws it, and some that TP does not divide), expert counts 2-160, TP 1-8 with
+    and without expert parallelism (ep = tp x 1, 2 or 4), groups -1/32/64/128, hidden 4096."""
+    cases = []
+    for cap in SM:
+        for _ in range(per_cap):
+            tp = rnd.choice((1, 2, 4, 8))
+            ep = rnd.choice((1, 1, tp, 2 * tp, 4 * tp))
+            moe_tp = 1 if ep > 1 else tp
+            width = rnd.choice((8, 16, 32, 64, 128)) * rnd.randint(1, 48) * moe_tp
+            if rnd.random() < 0.15:
+                width += rnd.randint(1, 7)
+            cases.append({"cap": cap, "kind": "moe", "quant": rnd.choice(("none", "gptq", "awq")),
+                          "width": width, "tp": tp, "ep": ep, "experts": rnd.randint(2, 160),
+                          "group": rnd.choice((-1, 32, 64, 128)), "hidden": 4096,
+                          "dtype": "bfloat16"})
+    return cases
 
 
 #: the W8A8/W8A16 schemes of the oracle (tests/vllm_oracle.py SCHEMES) by the pack's name
@@ -117,6 +137,8 @@ def pack_answer(case: dict) -> dict:
         outs = judge_uses(target, site_uses(site, ModelShape(4096, case["vocab"]), target),
                           case["vocab"], sm)
         return {"refused": worst(outs) == REFUSED}
+    elif case["kind"] == "moe":
+        return moe_pack_answer(case, sm)
     elif case["kind"] == "w8a8":
         target = parse_target(f"vllm,tp={case['tp']},quant={PACK_QUANT[case['scheme']]}")
         width = case["width"]
@@ -136,7 +158,43 @@ def pack_answer(case: dict) -> dict:
     return {"refused": refused, "kernel": None if refused else kernel}
 
 
+def moe_pack_answer(case: dict, sm: int) -> dict:
+    """The pack's verdicts on the expert-width site and the expert-count site."""
+    spec = f"vllm,tp={case['tp']},ep={case['ep']}"
+    if case["quant"] != "none":
+        spec += f",quant={case['quant']},group={case['group']}"
+    target = parse_target(spec)
+    shape = ModelShape(case["hidden"], 32000, {0: LayerShape(32, 8, 128, None, moe=True)})
+    out = {}
+    for role, value in ((Role.EXPERT, case["width"]), (Role.EXPERTS, case["experts"])):
+        site = DimSite(f"experts:{role.value}", role, value, [], layer=0)
+        outs = judge_uses(target, site_uses(site, shape, target), value, sm)
+        out[role] = (worst(outs), next((o.kernel for o in outs if not o.gate and o.kernel), None))
+    verdict, kernel = out[Role.EXPERT]
+    return {"refused": verdict == REFUSED, "kernel": None if verdict == REFUSED else kernel,
+            "even": out[Role.EXPERTS][0] == "fast"}
+
+
+def moe_disagreement(case: dict, pack: dict) -> str | None:
+    """The experts class vLLM chose (Humming's indexed or grouped class is the pack's
+    HummingExperts), whether MoeWNA16Method runs it and Marlin pads its tiles, and whether the
+    expert map is even."""
+    even = len(set(case["local"])) == 1
+    if even != pack["even"]:
+        return f"expert map {case['local']}: the pack says {'even' if pack['even'] else 'uneven'}"
+    kernel = pack["kernel"] or ""
+    name = kernel.split(" (", 1)[0]
+    chosen = "HummingExperts" if case["kernel"].startswith("Humming") else case["kernel"]
+    if name != chosen or kernel.endswith("(MoeWNA16Method)") != case.get("wna16", False):
+        return f"vLLM {case['kernel']} (MoeWNA16Method: {case.get('wna16')}), pack {kernel}"
+    if name == "MarlinExperts" and kernel.endswith("(tile-padded)") != case["tile_padded"]:
+        return f"Marlin MoE tile padding: vLLM {case['tile_padded']}, pack {kernel}"
+    return None
+
+
 def disagreement(case: dict, pack: dict) -> str | None:
+    if case["kind"] == "moe" and not case["refused"] and not pack["refused"]:
+        return moe_disagreement(case, pack)
     if case["refused"] != pack["refused"]:
         return f"vLLM {'refuses' if case['refused'] else 'loads'}, the pack says {pack}"
     if case["kind"] == "vocab" or case["refused"]:
@@ -198,7 +256,8 @@ def test_the_vllm_pack_agrees_with_vllms_own_selection_code():
         if why:
             shown = {k: v for k, v in case.items() if k not in ("kernel", "refused",
                                                                "tile_padded", "padded",
-                                                               "reshaped", "gemm")}
+                                                               "reshaped", "gemm", "local",
+                                                               "wna16", "why")}
             if (case.get("scheme"), case["cap"]) not in NOT_EXPRESSED:
                 wrong.append(f"{shown}: {why}")
     assert not wrong, f"{len(wrong)} of {len(answers)} disagree:\n" + "\n".join(wrong[:60])

@@ -15,10 +15,12 @@ for the attention backend (``validate_configuration`` of each backend), the AWQ 
 ``choose_mp_linear_kernel`` with every WNA16 kernel's ``can_implement`` for GPTQ,
 ``marlin_padded_nk`` for Marlin's tile padding, ``pad_vocab_size`` for the vocabulary, and
 for FP8/INT8 the quantization method vLLM builds for a checkpoint's config, run as at load
-(:func:`scaled_mm_answers`). Prints one JSON answer per case.
+(:func:`scaled_mm_answers`), and for a mixture-of-experts layer the MoE layer vLLM builds
+(:func:`moe_answers`). Prints one JSON answer per case.
 """
 from __future__ import annotations
 
+import enum
 import importlib.abc
 import importlib.machinery
 import json
@@ -77,6 +79,14 @@ def quant_config(scheme: str) -> dict:
 COMPILED_QUERIES = {"cutlass_scaled_mm_supports_fp8": 89,
                     "cutlass_scaled_mm_supports_block_fp8": 90,
                     "cutlass_scaled_mm_supports_fp4": 100}
+
+
+#: humming-kernels 0.1.19's ``humming/config/enum.py`` ``GemmType`` (the release vLLM 0.33.0
+#: installs): HummingExperts' ``is_supported_config`` compares its ``.value`` with the gemm type
+#: vLLM prefers (``get_humming_moe_gemm_type``), so the stand-in package carries the real enum
+HUMMING_GEMM_TYPE = enum.Enum("GemmType", {"DENSE": "dense", "INDEXED": "indexed",
+                                           "GROUPED_CONTIGUOUS": "grouped_contiguous",
+                                           "GROUPED_MASKED": "grouped_masked"})
 
 
 class _Anything:
@@ -195,6 +205,8 @@ def main() -> None:
     sys.path.insert(0, src)
     sys.path.append(deps)
     sys.meta_path.insert(0, _StandIns())
+    import humming.config  # the stand-in: its GemmType is the one value vLLM compares
+    humming.config.GemmType = HUMMING_GEMM_TYPE
     for op, needs in COMPILED_QUERIES.items():  # what vllm._C registers, by capability
         setattr(torch.ops._C, op, lambda capability, needs=needs: capability >= needs)
     import vllm.platforms as platforms
@@ -263,7 +275,9 @@ def main() -> None:
         return {"padded": padded, "refused": padded % case["tp"] != 0}
 
     w8a8 = scaled_mm_answers(torch, dtypes)
-    answer = {"attention": attention, "linear": linear, "vocab": vocab, "w8a8": w8a8}
+    moe = moe_answers(torch, dtypes)
+    answer = {"attention": attention, "linear": linear, "vocab": vocab, "w8a8": w8a8,
+              "moe": moe}
     for case in json.load(sys.stdin):
         print(json.dumps({**case, **answer[case["kind"]](case)}), flush=True)
 
@@ -358,6 +372,87 @@ def scaled_mm_answers(torch, dtypes: dict):
         return {"kernel": type(kernel).__name__, "refused": False,
                 "reshaped": weight not in (logical, logical[::-1]),
                 "gemm": next((r for r in ran if "mm" in r), None)}
+
+    return answer
+
+
+def moe_answers(torch, dtypes: dict):
+    """A fused-MoE layer as vLLM builds it: ``FusedMoEParallelConfig.make`` for the TP size
+    and expert parallelism (``ep`` ranks: tp x the data-parallel size), ``determine_expert_map``
+    on every EP rank, ``FusedMoEConfig`` (whose ``__post_init__`` asserts the TP split), then
+    the layer's quantization method: ``select_unquantized_moe_backend`` unquantized, else
+    ``AutoGPTQConfig`` / ``AutoAWQConfig.get_quant_method`` for the experts (the Marlin MoE
+    route, or ``MoeWNA16Method``, whose ``create_weights`` runs for the rank's shard) and the
+    experts class its ``select_wna16_moe_backend`` chose. Stood in: the TP and DP groups (a
+    world size, rank 0) and the parallel config's three fields the MoE layer reads."""
+    import vllm.distributed.parallel_state as parallel_state
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import (
+        FusedMoEConfig,
+        FusedMoEParallelConfig,
+        RoutingMethodType,
+    )
+    from vllm.model_executor.layers.fused_moe.expert_map_manager import determine_expert_map
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import (
+        select_unquantized_moe_backend,
+    )
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig
+    from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
+    from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Method
+    from vllm.model_executor.layers.quantization.utils.marlin_utils import (
+        marlin_moe_padded_intermediate,
+    )
+
+    configs = {
+        "gptq": lambda g: AutoGPTQConfig.from_config(
+            {"quant_method": "gptq", "bits": 4, "group_size": g, "desc_act": False,
+             "sym": True}),
+        "awq": lambda g: AutoAWQConfig.from_config(
+            {"quant_method": "awq", "bits": 4, "group_size": g, "zero_point": True}),
+    }
+
+    def answer(case: dict) -> dict:
+        tp, ep, experts = case["tp"], case["ep"], case["experts"]
+        dp = ep // tp if ep > 1 else 1
+        parallel_state._TP = types.SimpleNamespace(rank_in_group=0, world_size=tp)
+        parallel_state._DP = types.SimpleNamespace(rank_in_group=0, world_size=dp)
+        parallel = types.SimpleNamespace(enable_expert_parallel=ep > 1, enable_eplb=False,
+                                         all2all_backend="allgather_reducescatter")
+        par = FusedMoEParallelConfig.make(tp, 1, dp, 1, parallel)
+        local = [determine_expert_map(par.ep_size, r, experts)[0] for r in range(par.ep_size)]
+        dtype = dtypes[case["dtype"]]
+        try:
+            with set_current_vllm_config(VllmConfig()):
+                moe = FusedMoEConfig(
+                    num_experts=experts, experts_per_token=2, hidden_dim=case["hidden"],
+                    intermediate_size=case["width"], num_local_experts=local[0],
+                    num_logical_experts=experts, activation=MoEActivation.SILU,
+                    device="cuda", routing_method=RoutingMethodType.Renormalize,
+                    moe_parallel_config=par, in_dtype=dtype)
+                shard = moe.intermediate_size_per_partition
+                if case["quant"] == "none":
+                    _, cls = select_unquantized_moe_backend(moe)
+                    return {"refused": False, "kernel": cls.__name__, "local": local,
+                            "ep_size": par.ep_size}
+                layer = RoutedExperts.__new__(RoutedExperts)
+                torch.nn.Module.__init__(layer)
+                layer.moe_config = moe
+                method = configs[case["quant"]](case["group"]).get_quant_method(
+                    layer, "model.layers.0.mlp.experts")
+                wna16 = isinstance(method, MoeWNA16Method)
+                if wna16:
+                    method.create_weights(layer, local[0], case["hidden"], shard, dtype,
+                                          weight_loader=lambda *a, **k: None)
+                kernel = method.experts_cls.__name__
+                padded = (not wna16 and "Marlin" in kernel
+                          and marlin_moe_padded_intermediate(shard, case["group"]) != shard)
+        except (AssertionError, ValueError, NotImplementedError) as e:
+            return {"refused": True, "kernel": None, "local": local, "ep_size": par.ep_size,
+                    "why": f"{type(e).__name__}: {e}"[:300]}
+        return {"refused": False, "kernel": kernel, "wna16": wna16, "tile_padded": padded,
+                "local": local, "ep_size": par.ep_size}
 
     return answer
 

@@ -23,7 +23,10 @@ OPERATORS = ("multiple_of", "max", "min", "in", "not_in", "equals")
 QUANTITIES = frozenset({
     "head_dim", "heads", "kv_heads", "heads_per_rank", "kv_heads_per_rank", "tp", "in",
     "out", "shard_in", "shard_out", "group", "vocab", "vocab_per_rank", "row",
-    "uniform_layers", "part_out", "part_shard_out", "act_fp16", "expert_width",
+    "uniform_layers", "part_out", "part_shard_out", "act_fp16",
+    # mixture of experts: one expert's width, the MoE layer's own TP size (1 under expert
+    # parallelism), the width one rank holds, the expert count and the expert-parallel size
+    "expert_width", "moe_tp", "expert_shard", "experts", "ep",
     # multi-head latent attention (gac_check/targets/mla.py)
     "mla_head_size", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
 })
@@ -162,6 +165,8 @@ class Pack:
     gguf_types: dict[str, GgufType] = field(default_factory=dict)
     ftypes: dict[str, dict] = field(default_factory=dict)
     multi_gpu: bool = True
+    #: the engine's expert parallelism is in the pack (``ep=`` in a target spec): its source
+    expert_parallel: Source | None = None
     #: GGUF extras: fallback_by_version, no_fallback, output_head, requires_imatrix, bump_70b
     gguf: dict = field(default_factory=dict)
     #: sha256 of the pack file as shipped: which rules a verdict came from (the check JSON)
@@ -278,12 +283,15 @@ def parse_pack(raw: dict, name: str = "pack") -> Pack:
         for sub in ([rule] if "source" in rule else rule.values()):
             _source(sub.get("source"), f"{name} {key}")
     quants = tuple(raw.get("quants") or ("none",))
+    ep = raw.get("expert_parallel")
+    ep_source = _source(ep.get("source"), f"{name} expert_parallel") if ep else None
     return Pack(
         engine=raw["engine"], title=raw.get("title", raw["engine"]), repo=raw.get("repo", ""),
         versions=versions, quants=quants, default_quant=raw.get("default_quant", quants[0]),
         default_group=dict(raw.get("default_group") or {}), selections=tuple(selections),
         tp=tp, aliases=tuple(raw.get("aliases") or ()), notes=tuple(raw.get("notes") or ()),
-        gguf_types=types, ftypes=ftypes, multi_gpu=bool(raw.get("multi_gpu", True)), gguf=gguf)
+        gguf_types=types, ftypes=ftypes, multi_gpu=bool(raw.get("multi_gpu", True)), gguf=gguf,
+        expert_parallel=ep_source)
 
 
 @cache

@@ -128,8 +128,9 @@ def padded_vocab(vocab: int, tp: int, multiple: int, widen_by_tp: bool = False) 
 
 
 def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
-         kv_rule: str = "replicate", vocab_pad: int = 1, vocab_pad_tp: bool = False) -> list[Use]:
-    """Every use of ``site``'s dimension at TP size ``tp``.
+         kv_rule: str = "replicate", vocab_pad: int = 1, vocab_pad_tp: bool = False,
+         ep: int = 1) -> list[Use]:
+    """Every use of ``site``'s dimension at TP size ``tp`` (and expert-parallel size ``ep``).
 
     Quantities a use leaves out (the other dimension of a GEMM) are judged at the site that
     determines them. Fused projections carry their fused per-rank width (what the kernel
@@ -146,7 +147,7 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
         if role is Role.KV_LATENT:
             own += uses(DimSite(site.name, role, site.value, site.axes), shape, tp, group)
         return own
-    if role is Role.INTERMEDIATE:
+    if role in (Role.INTERMEDIATE, Role.SHARED_EXPERT):
         def gate_up(v: int) -> dict[str, int]:
             q = {**base, "part_out": v, "out": 2 * v}
             _put(q, "part_shard_out", split(v, tp))  # one of gate, up on one rank
@@ -155,10 +156,14 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
         def down(v: int) -> dict[str, int]:
             return _put({**base, "in": v}, "shard_in", split(v, tp))
 
-        return [Use("linear", "gate_up_proj", gate_up), Use("linear", "down_proj", down),
-                Use("model", "layers", lambda v: dict(base))]
-    if role is Role.EXPERT:  # the fused-MoE layer: every expert at one width, split over TP
-        return [Use("model", "experts", lambda v: {**base, "expert_width": v})]
+        mlp = [Use("linear", "gate_up_proj", gate_up), Use("linear", "down_proj", down)]
+        if role is Role.SHARED_EXPERT:  # a dense MLP beside the experts, from its own key
+            return [*mlp, Use("model", "shared_expert", lambda v: dict(base))]
+        return [*mlp, Use("model", "layers", lambda v: dict(base))]
+    if role is Role.EXPERT:
+        return [Use("model", "experts", lambda v: expert_quantities(base, v, tp, ep))]
+    if role is Role.EXPERTS:
+        return [Use("model", "expert_count", lambda v: {**base, "experts": v, "ep": ep})]
     if role in (Role.RANK, Role.KV_LATENT):
         return [Use("linear", "lowrank_out", lambda v: {**base, "out": v, "shard_out": v}),
                 Use("linear", "lowrank_in", lambda v: {**base, "in": v, "shard_in": v})]
@@ -202,6 +207,15 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
 
         return [Use("embedding", "lm_head", vocab)]
     return []
+
+
+def expert_quantities(base: dict[str, int], width: int, tp: int, ep: int) -> dict[str, int]:
+    """One expert's width as the fused-MoE layer holds it: without expert parallelism every
+    rank holds ``width / tp`` of every expert; with it (``ep`` > 1) the MoE layer's TP size is
+    1 and each rank holds whole experts (vLLM's ``FusedMoEParallelConfig.make``)."""
+    moe_tp = 1 if ep > 1 else tp
+    q = {**base, "expert_width": width, "moe_tp": moe_tp, "ep": ep}
+    return _put(q, "expert_shard", split(width, moe_tp))
 
 
 def _put(q: dict[str, int], key: str, value: int | None) -> dict[str, int]:

@@ -1,8 +1,10 @@
-"""A deployment target: ``ENGINE[@VERSION][,tp=N][,quant=Q][,group=G][,kv=DTYPE]``.
+"""A deployment target: ``ENGINE[@VERSION][,tp=N][,ep=N][,quant=Q][,group=G][,kv=DTYPE]``.
 
 ``vllm,tp=4,quant=awq``, ``tensorrt-llm,tp=2``, ``llama.cpp,quant=Q4_K_M``, ``transformers``.
 Anything the engine's pack does not know (engine, version, quantization, option) is bad input:
-one line naming what is known.
+one line naming what is known. ``ep=N`` is expert parallelism as vLLM runs it
+(``--enable-expert-parallel``): the MoE layers' experts are divided over N ranks, the TP ranks
+times the data-parallel ones, so N is a multiple of ``tp`` (N / tp data-parallel replicas).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 from gac_check.errors import BadInput
 from gac_check.targets.packs import Pack, find_pack
 
-OPTIONS = ("tp", "quant", "group", "kv")
+OPTIONS = ("tp", "quant", "group", "kv", "ep")
 KV_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
@@ -26,6 +28,8 @@ class Target:
     quant: str = "none"
     group: int | None = None
     kv: str = "auto"
+    #: the expert-parallel size (1: none): the MoE layers' ranks, ``tp`` x data parallel
+    ep: int = 1
     #: The options the spec gave (``quant``, ``group``...), as opposed to the pack's defaults.
     given: frozenset[str] = frozenset()
 
@@ -38,7 +42,8 @@ def parse_target(spec: str) -> Target:
     """Parse a ``--target`` value; :class:`BadInput` (one line) for anything unknown."""
     text = spec.strip()
     if not text:
-        raise BadInput("--target needs ENGINE[@VERSION][,tp=N][,quant=Q][,group=G][,kv=DTYPE]")
+        raise BadInput("--target needs ENGINE[@VERSION][,tp=N][,ep=N][,quant=Q][,group=G]"
+                       "[,kv=DTYPE]")
     head, *opts = [p.strip() for p in text.split(",")]
     engine, _, version = head.partition("@")
     pack = find_pack(engine)
@@ -59,6 +64,7 @@ def parse_target(spec: str) -> Target:
     if tp > 1 and not pack.multi_gpu:
         raise BadInput(f"--target {spec}: {pack.engine} has no tensor parallelism in its rule "
                        "pack; use tp=1")
+    ep = _expert_parallel(values.get("ep", "1"), tp, pack, spec)
     quant = _quant(values.get("quant", pack.default_quant), pack, spec)
     group = values.get("group")
     group_n = None
@@ -70,7 +76,21 @@ def parse_target(spec: str) -> Target:
     if kv not in KV_DTYPES:
         raise BadInput(f"--target {spec}: unknown kv={kv} (known: {', '.join(KV_DTYPES)})")
     return Target(text, pack.engine, version or pack.default_version, tp, quant, group_n, kv,
-                  frozenset(values))
+                  ep, frozenset(values))
+
+
+def _expert_parallel(value: str, tp: int, pack: Pack, spec: str) -> int:
+    """``ep=N``: N ranks share the experts; vLLM makes them the TP x DP ranks
+    (``FusedMoEParallelConfig.make``), so N is a multiple of tp."""
+    ep = _positive(value, "ep", spec)
+    if ep > 1 and not pack.expert_parallel:
+        raise BadInput(f"--target {spec}: {pack.engine} has no expert parallelism in its rule "
+                       "pack; drop ep=")
+    if ep > 1 and ep % tp:
+        raise BadInput(f"--target {spec}: ep={ep} is not a multiple of tp={tp}: the expert-"
+                       "parallel ranks are the TP ranks times the data-parallel replicas "
+                       f"(ep = tp x dp: ep={tp}, {2 * tp}, ...)")
+    return ep
 
 
 def _positive(value: str, key: str, spec: str) -> int:

@@ -53,7 +53,7 @@ class Outcome:
 
 #: The per-use quantities the check JSON reports (what a reader needs to see the shard).
 DETAIL = ("in", "out", "shard_in", "shard_out", "head_dim", "heads_per_rank",
-          "kv_heads_per_rank", "vocab", "vocab_per_rank")
+          "kv_heads_per_rank", "vocab", "vocab_per_rank", "expert_shard", "experts", "ep")
 
 
 @dataclass
@@ -241,13 +241,17 @@ def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
     widen_here = bool(widen) and (target.pack.version_index(target.version)
                                   >= target.pack.version_index(widen["from"]))
     return uses(site, shape, target.tp, target.group, kv_rule, int(padding.get("multiple", 1)),
-                widen_here)
+                widen_here, target.ep)
 
 
 NO_RULE = "no rule of this engine's pack constrains this dimension"
-#: A mixture-of-experts layer's sites: refused, never passed, unless a pack's kernel rule
-#: judges them (vLLM v0.33.0's unquantized fused-MoE backend, for an expert's width).
+#: A mixture-of-experts layer's sites: refused, never passed, unless a pack's MoE rule judges
+#: them (vLLM v0.33.0's fused-MoE backends, SGLang v0.5.23's Triton runner, vLLM's shared
+#: expert as a dense MLP).
 MOE_ROLES = frozenset({Role.EXPERT, Role.SHARED_EXPERT, Role.EXPERTS})
+#: the uses only an MoE rule of a pack judges: an MoE site is judged where one of them speaks
+#: (a dense linear rule alone does not say the engine builds the layer that way)
+MOE_USES = frozenset({"experts", "expert_count", "shared_expert"})
 NOT_JUDGED_MOE = ("not judged for MoE: {engine}'s fused-MoE kernels and their shape rules under "
                   "tensor and expert parallelism are not in its rule pack yet, so gac-check "
                   "cannot say whether this layer loads or which kernel runs it")
@@ -255,12 +259,17 @@ NOT_JUDGED_MOE = ("not judged for MoE: {engine}'s fused-MoE kernels and their sh
 
 def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> TargetVerdict:
     """The site's verdict on ``target`` (fast, with no kernel, where no rule speaks; refused
-    for a mixture-of-experts site whose kernels the pack does not model)."""
+    for a mixture-of-experts or latent-attention site whose kernels the pack does not model)."""
     sm = SM_OF_PROFILE.get(profile)
     su = site_uses(site, shape, target)
     outcomes = judge_uses(target, su, site.value, sm)
-    if site.role in MOE_ROLES and all(o.gate for o in outcomes):
+    if site.role in MOE_ROLES and not any(o.use in MOE_USES and not o.gate for o in outcomes):
         return _moe_verdict(target, outcomes)
+    mla_uses = {u.name for u in su if u.component == "mla"}
+    if mla_uses and not any(o.use in mla_uses for o in outcomes):
+        return TargetVerdict(target, REFUSED, None, NOT_JUDGED_MLA.format(
+            engine=target.engine, version=target.version), None,
+            cannot_pad=f"no size of this latent-attention dimension is judged on {target.spec}")
     if not outcomes:
         return TargetVerdict(target, FAST, None, NO_RULE, None, fix_to=site.value)
     verdict = worst(outcomes)
@@ -283,6 +292,11 @@ def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> Tar
     else:
         tv.fix_to = fast_at
     return tv
+
+
+NOT_JUDGED_MLA = ("not judged for MLA: {engine} {version}'s multi-head latent attention backends "
+                  "(which latent ranks and head sizes they take) are not in its rule pack, so "
+                  "gac-check cannot say whether this layer loads or which backend runs it")
 
 
 def _moe_verdict(target: Target, outcomes: list[Outcome]) -> TargetVerdict:
@@ -483,7 +497,7 @@ def resolved(target: Target) -> dict:
     tp, quant, group and KV dtype, and which pack (its newest release and its sha256)."""
     pack = target.pack
     return {"engine": target.engine, "version": target.version, "tp": target.tp,
-            "quant": target.quant, "group": target.group, "kv": target.kv,
+            "ep": target.ep, "quant": target.quant, "group": target.group, "kv": target.kv,
             "pack": {"file": f"{pack.engine}.json", "newest": pack.default_version,
                      "sha256": pack.sha256}}
 
