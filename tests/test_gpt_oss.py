@@ -193,7 +193,8 @@ def test_a_model_in_memory_is_checked_as_its_saved_directory(tmp_path: Path) -> 
 def test_vllm_judges_the_bf16_expert_width_as_every_layout_s(tmp_path: Path) -> None:
     """vLLM v0.33.0 runs gpt-oss's unquantized experts (swigluoai: FlashInfer moved behind
     Triton) on TritonExperts: 45 is fast at tp=1 on sm90, refused at tp=2 by FusedMoEConfig's
-    intermediate_size % tp_size (fix 46); the expert count is not judged."""
+    intermediate_size % tp_size (fix 46); the expert count, with no expert parallelism, is
+    every expert on every rank (an even map)."""
     doc = _json(_saved(_gpt_oss(), tmp_path / "gpt-oss"), "--target", "vllm",
                 "--target", "vllm,tp=2")
     width = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
@@ -202,7 +203,8 @@ def test_vllm_judges_the_bf16_expert_width_as_every_layout_s(tmp_path: Path) -> 
     assert tp2["verdict"] == "refused" and "FusedMoEConfig asserts" in tp2["why"]
     assert tp2["fix_to"] == 46
     count = next(s for s in doc["sites"] if s["role"] == "experts")
-    assert all(t["why"].startswith("not judged for MoE") for t in count["targets"])
+    assert [(t["verdict"], t["kernel"]) for t in count["targets"]] == [
+        ("fast", "even expert map (experts / ep per rank)")] * 2
 
 
 # ----------------------------------------------------------------------------- repair
