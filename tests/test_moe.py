@@ -113,25 +113,51 @@ def test_qwen2_moe_experts_shared_expert_and_gates_are_read(tmp_path: Path) -> N
     assert "model.layers.1.mlp.shared_expert_gate.weight" in hidden["tensors"]
 
 
-def test_expert_width_pruning_gives_each_expert_its_own_site(tmp_path: Path) -> None:
-    """Experts pruned to different widths (expert 1 of layer 0 to 40, real rows and columns
-    kept): each expert's site has its own value, and config.json's one width is a note on
-    the expert it does not describe."""
-    root = _saved(_mixtral(48), tmp_path / "mixtral")
-    block = "model.layers.0.block_sparse_moe.experts.1"
+PRUNED_EXPERT = "model.layers.0.block_sparse_moe.experts.1"
+
+
+def _one_expert_pruned(root: Path) -> Path:
+    """A Mixtral whose experts are 48 wide but expert 1 of layer 0, pruned to 40 (its real
+    rows and columns kept)."""
+    root = _saved(_mixtral(48), root)
 
     def prune(state: dict) -> None:
+        b = PRUNED_EXPERT
         for w in ("w1", "w3"):
-            state[f"{block}.{w}.weight"] = state[f"{block}.{w}.weight"][:40].contiguous()
-        state[f"{block}.w2.weight"] = state[f"{block}.w2.weight"][:, :40].contiguous()
+            state[f"{b}.{w}.weight"] = state[f"{b}.{w}.weight"][:40].contiguous()
+        state[f"{b}.w2.weight"] = state[f"{b}.w2.weight"][:, :40].contiguous()
 
     _rewrite(root, prune)
-    doc = _json(root)
+    return root
+
+
+def test_expert_width_pruning_gives_each_expert_its_own_site(tmp_path: Path) -> None:
+    """Experts pruned to different widths: each expert's site has its own value, and
+    config.json's one width is a note on the expert it does not describe."""
+    block = PRUNED_EXPERT
+    doc = _json(_one_expert_pruned(tmp_path / "mixtral"))
     experts = _sites(doc, "expert_intermediate")
     assert experts[f"{block}:intermediate"] == 40
     assert sorted(experts.values()) == [40] + [48] * 5
     site = next(s for s in doc["sites"] if s["name"] == f"{block}:intermediate")
     assert "config.json says intermediate_size=48, tensors have 40" in site["notes"]
+
+
+def test_experts_of_different_widths_load_on_no_fused_moe_class(tmp_path: Path) -> None:
+    """A fused-MoE layer holds its experts as one tensor of one width (vLLM v0.33.0 and
+    SGLang v0.5.23 UnquantizedFusedMoEMethod.create_weights, transformers v5.24.0
+    MixtralExperts), so an expert pruned to its own width loads nowhere; before, each expert
+    was judged alone and vLLM said the model loads."""
+    doc = _json(_one_expert_pruned(tmp_path / "mixtral"), "--gpu", "h100",
+                "--target", "vllm", "--target", "sglang", "--target", "transformers")
+    loads = {spec: t["load"] for spec, t in doc["summary"]["targets"].items()}
+    files = {"vllm": "vllm/model_executor/layers/fused_moe/unquantized_fused_moe_method.py",
+             "sglang": "python/sglang/srt/layers/quantization/unquant.py",
+             "transformers": "src/transformers/models/mixtral/modeling_mixtral.py"}
+    for spec, load in loads.items():
+        assert not load["loads"] and load["blocker"] == "layers", (spec, load)
+        assert load["why"].startswith("the routed experts differ in width (layer 0: 48, 40; layer 1: 48)")
+        assert load["source"]["file"] == files[spec]
 
 
 def test_expert_pruning_the_same_in_every_layer_is_read_with_a_note(tmp_path: Path) -> None:

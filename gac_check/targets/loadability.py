@@ -48,6 +48,9 @@ CUSTOM, CONTAINER, ARCHITECTURE, CONFIG, LAYERS = ("custom modules", "container"
 HEAD_DIM_SOURCE = Source("vllm-project/vllm", "vllm/model_executor/models/qwen2.py",
                          "Qwen2Attention.__init__ (head_dim = hidden_size // total_num_heads)",
                          "v0.33.0")
+EXPERT_REMEDY = ("re-run the expert-width pruning with one width for every expert of every "
+                 "layer (zero padding to the widest is exact, but --repair pads each expert to "
+                 "its own aligned width, not to one)")
 UNIFORM_REMEDY = ("pad every layer to the widest (--repair OUT --uniform: exact zero padding), "
                   "or re-run the compressor with the same width in every layer")
 HEADS_REMEDY = ("re-run the compressor with the same head count in every layer (head counts "
@@ -127,8 +130,12 @@ def registry(engine: str) -> Registry | None:
     if raw is None:
         return None
     where = f"registries.json {engine}"
+    # moe_widths where the engine's fused-MoE weights were read; else its per-layer refusal
+    keys = ("unknown_weights", "pickled_model", "per_layer") + (
+        ("moe_widths",) if "moe_widths" in raw else ())
     refusals = {key: (raw[key]["message"], _source(raw[key].get("source"), f"{where} {key}"))
-                for key in ("unknown_weights", "pickled_model", "per_layer")}
+                for key in keys}
+    refusals.setdefault("moe_widths", refusals["per_layer"])
     return Registry(engine, {v: frozenset(a) for v, a in (raw.get("architectures") or {}).items()},
                     _source(raw.get("registry"), f"{where} registry"), refusals)
 
@@ -190,6 +197,11 @@ def judge_load(kind: ModelKind, shape: ModelShape, target: Target) -> Loadabilit
         return Loadability(target, False, LAYERS,
                            f"the layers have different head counts or head sizes "
                            f"({_list(widths['heads'])} heads); {message}", HEADS_REMEDY, source)
+    if len(widths["expert"]) > 1:
+        message, source = reg.refusals["moe_widths"]
+        return Loadability(target, False, LAYERS,
+                           f"the routed experts differ in width ({_expert_widths(shape)}); "
+                           f"{message}", EXPERT_REMEDY, source)
     if len(widths["intermediate"]) > 1:
         message, source = reg.refusals["per_layer"]
         return Loadability(target, False, LAYERS,
@@ -288,14 +300,25 @@ def missing_blocks(shape: ModelShape) -> list[str]:
 
 def layer_widths(shape: ModelShape) -> dict[str, list[int]]:
     """The distinct per-layer values of each width, in layer order."""
-    out: dict[str, list[int]] = {"heads": [], "head_dim": [], "intermediate": []}
+    out: dict[str, list[int]] = {"heads": [], "head_dim": [], "intermediate": [], "expert": []}
     for i in sorted(shape.layers):
         lay = shape.layers[i]
         for key, value in (("heads", (lay.heads, lay.kv_heads)), ("head_dim", lay.head_dim),
                            ("intermediate", lay.intermediate)):
             if value is not None and value != (None, None) and value not in out[key]:
                 out[key].append(value)  # type: ignore[arg-type]
+        out["expert"] += [w for w in lay.expert_widths if w not in out["expert"]]
     return out
+
+
+def _expert_widths(shape: ModelShape) -> str:
+    """Each MoE layer's expert widths (up to 4 layers), else how many widths in all."""
+    layers = [(i, shape.layers[i].expert_widths) for i in sorted(shape.layers)
+              if shape.layers[i].expert_widths]
+    if len(layers) <= 4:
+        return "; ".join(f"layer {i}: {', '.join(map(str, w))}" for i, w in layers)
+    distinct = sorted({w for _, ws in layers for w in ws})
+    return f"{len(distinct)} widths over {len(layers)} layers, {distinct[0]} to {distinct[-1]}"
 
 
 def _per_layer(shape: ModelShape) -> str:

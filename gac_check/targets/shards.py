@@ -30,6 +30,9 @@ class LayerShape:
     intermediate: int | None = None
     #: a mixture-of-experts layer: its experts, not a dense MLP (built from their own key)
     moe: bool = False
+    #: the distinct widths of its routed experts, in the order met (the fused-MoE layers
+    #: hold every expert at one width)
+    expert_widths: tuple[int, ...] = ()
     #: a latent-attention layer's sizes (kv_lora_rank, q_lora_rank, the head parts), which
     #: DeepSeek's classes build every layer from, one config value each
     mla: tuple[tuple[str, int], ...] = ()
@@ -81,6 +84,8 @@ def model_shape(sites: list[DimSite], dtype: str = "bfloat16") -> ModelShape:
                 lay.intermediate = s.value
             elif s.role is Role.EXPERTS:
                 lay.moe = True
+            elif s.role is Role.EXPERT and s.value not in lay.expert_widths:
+                lay.expert_widths += (s.value,)
             if is_mla(s):
                 mla = s.attrs["mla"]
                 lay.mla = tuple(sorted((k, v) for k, v in mla.items() if k != "dim"))  # type: ignore[union-attr]
