@@ -14,7 +14,9 @@ What the model in memory is, per case:
 
 - a transformers module (dense families, ASVD, PaLU, Torch-Pruning, MoE, MLA): the module;
 - a whole pickled model (SVD-LLM, LLM-Pruner): the module ``torch.load(...)['model']`` returns,
-  the object the compressor pickled (its own config inside, no config.json for SVD-LLM);
+  the object the compressor pickled (its own config inside, no config.json for SVD-LLM), with
+  the config.json LLM-Pruner copies beside it as ``config=``; every engine refuses the pickle
+  as a file, so the in-memory target verdicts are held to its ``save_pretrained`` copy's;
 - a compressor that holds a state dict and a config (LLM-Pruner ``--channel_wise`` through a
   ``save_pretrained``-style copy, FLAP, transformers' ``per_layer_config``, quantizers): that
   state dict with ``config=``, as ``gac_check.check(state, config=...)`` takes it;
