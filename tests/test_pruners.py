@@ -81,6 +81,7 @@ def test_torch_pruning_repair_records_head_dim_and_loads_equal(torch_pruned, tmp
 def test_flap_sites_per_layer_and_vllm_refuses(tmp_path):
     src = P.build_flap(tmp_path / "flap")
     doc = check(src, "--target", "vllm")
+    assert doc["format"] == "flap"
     by = {(s["role"], s.get("layer")): s["value"] for s in doc["sites"]}
     assert by[("heads", 0)] == 3 and by[("heads", 1)] == 2
     assert by[("intermediate", 0)] == 517 and by[("intermediate", 1)] == 600
@@ -91,6 +92,36 @@ def test_flap_sites_per_layer_and_vllm_refuses(tmp_path):
     assert (load["source"]["file"], load["source"]["function"]) == (
         "vllm/model_executor/models/llama.py", "LlamaDecoderLayer.__init__ / LlamaMLP")
     assert "config.json says num_attention_heads=4, tensors have 3" in " ".join(notes(doc))
+
+
+def _resaved(src: Path, root: Path, edit) -> Path:
+    """FLAP's directory with its state dict edited (and its config.json as it was)."""
+    root.mkdir()
+    state = torch.load(src / "pytorch_model.bin", weights_only=True)
+    torch.save(edit(state), root / "pytorch_model.bin")
+    (root / "config.json").write_text((src / "config.json").read_text())
+    return root
+
+
+def test_flap_is_told_from_llm_pruner_by_its_bias_compensation(tmp_path):
+    """o_proj and down_proj biased, q_proj and gate_proj not, in every layer: FLAP. Without
+    the compensation, or with a bias on every projection (a Llama with attention_bias), the
+    same per-layer widths are LLM-Pruner's layout."""
+    src = P.build_flap(tmp_path / "flap")
+    flap = check(src)
+    assert flap["format"] == "flap"
+    assert "--channel_wise" not in json.dumps(flap)  # FLAP never narrows the hidden size
+    unbiased = _resaved(src, tmp_path / "unbiased", lambda sd: {
+        k: v for k, v in sd.items() if not k.endswith(("o_proj.bias", "down_proj.bias"))})
+    one_layer = _resaved(src, tmp_path / "one-layer", lambda sd: {
+        k: v for k, v in sd.items() if k != "model.layers.1.mlp.down_proj.bias"})
+    all_biased = _resaved(src, tmp_path / "all-biased", lambda sd: sd | {
+        k.replace(".weight", ".bias"): torch.zeros(v.shape[0], dtype=v.dtype)
+        for k, v in sd.items() if k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))})
+    for other in (unbiased, one_layer, all_biased):
+        doc = check(other)
+        assert doc["format"] == "llm-pruner", other.name
+        assert "--channel_wise" in json.dumps(doc)
 
 
 def test_flap_repair_pads_the_mlp_exactly(tmp_path):

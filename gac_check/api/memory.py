@@ -8,9 +8,10 @@ directory finds (tests/test_api_check.py holds the two equal). A transformers mo
 class keeps weights in another layout than it saves (5.x fuses a mixture-of-experts layer's
 experts into 3-D tensors and writes them back one module per expert) is indexed under the
 saved names, converted by transformers' own ``revert_weight_conversion`` on meta tensors: no
-weight is copied. A format that keeps part of its
-description in a file beside the weights (SliceGPT's slicing config) cannot be judged from the
-module and is refused: save it first.
+weight is copied. A quantizer's state dict (packed weights, scales, a config with its
+``quantization_config``) is read by the same layout readers as its saved safetensors. A
+format that keeps part of its description in a file beside the weights (SliceGPT's slicing
+config) cannot be judged from the module and is refused: save it first.
 """
 from __future__ import annotations
 
@@ -18,13 +19,10 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from gac_check.checkpoint.index import Checkpoint
-from gac_check.checkpoint.tensorinfo import TensorInfo
+from gac_check.checkpoint.index import Checkpoint, with_quantization
+from gac_check.checkpoint.tensorinfo import IN_MEMORY, TensorInfo
 from gac_check.errors import BadInput
 from gac_check.formats.slicegpt import SliceGPT
-
-#: The container a model in memory is reported in (beside ``safetensors`` and ``torch-zip``).
-IN_MEMORY = "in-memory"
 
 
 def from_module(module, config: object = None) -> Checkpoint:
@@ -65,14 +63,32 @@ def from_state(state: Mapping, config: object, what: str = "state dict") -> Chec
     from gac_check.models.lowrank import tied_names  # imports torch, which the model has
 
     tied = tied_names(state)
-    tensors = {name: TensorInfo(name, tuple(t.shape), _dtype(t), where)
-               for name, t in state.items() if tied.get(name, name) == name}
-    ckpt = Checkpoint(where, _config_dict(config, where), tensors, IN_MEMORY)
+    tensors = {name: _info(name, t, where) for name, t in state.items()
+               if tied.get(name, name) == name}
+    ckpt = with_quantization(Checkpoint(where, _config_dict(config, where), tensors, IN_MEMORY),
+                             _bytes_of(state))
     if SliceGPT().matches(ckpt):
         raise BadInput("is a SliceGPT model, whose slicing config lives in a file beside the "
                        "weights, not in the module; save it with its slicing config "
                        "and check the directory", where)
     return ckpt
+
+
+def _info(name: str, tensor, where: Path) -> TensorInfo:
+    """Each tensor its own "file" of its bytes, so a quantized layout's reader (which reads a
+    GPTQ ``g_idx`` or a scale's bytes) asks for one tensor at a time."""
+    return TensorInfo(name, tuple(tensor.shape), _dtype(tensor), where / name, 0,
+                      tensor.numel() * tensor.element_size())
+
+
+def _bytes_of(state: Mapping):
+    """The reader of a state dict's bytes: the slice of one tensor :func:`_info` describes."""
+    import torch
+
+    def read(info: TensorInfo) -> bytes:
+        tensor = state[info.name].detach().cpu().contiguous().reshape(-1)
+        return tensor.view(torch.uint8).numpy().tobytes()[info.begin:info.end]
+    return read
 
 
 def _dtype(tensor) -> str:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the pickle, GGUF and quantized readers are imported only wh
     from gac_check.checkpoint.gguf_header import GgufHeader
     from gac_check.checkpoint.pickle_model import PickledModel
     from gac_check.checkpoint.quantization import Quantization
+    from gac_check.checkpoint.quantized_layout import ByteReader
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_JSON_BYTES", "SAFETENSORS_DTYPES", "Checkpoint",
            "inside", "link_target", "open_checkpoint", "read_json", "read_safetensors_header"]
@@ -61,7 +62,7 @@ class Checkpoint:
     path: Path
     config: dict
     tensors: dict[str, TensorInfo]
-    container: str  # "safetensors" | "torch-zip" | "gguf"
+    container: str  # "safetensors" | "torch-zip" | "gguf" | IN_MEMORY
     files: list[Path] = field(default_factory=list)
     sidecars: dict[str, dict] = field(default_factory=dict)
     pickled_model: PickledModel | None = None
@@ -171,19 +172,21 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     config = read_json(inside(root, config_path.name, config_path)) if present else {}
     sidecars = _sidecars(root)
     container, files, (tensors, model) = _index_tensors(root)
-    return _with_quantization(Checkpoint(root, config, tensors, container, files, sidecars,
+    return with_quantization(Checkpoint(root, config, tensors, container, files, sidecars,
                                          model))
 
 
-def _with_quantization(ckpt: Checkpoint) -> Checkpoint:
-    """``ckpt`` as :func:`gac_check.checkpoint.quantized.read_quantization` reads it; that
-    reader and its layouts are imported only for a model whose config says it is quantized."""
+def with_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Checkpoint:
+    """``ckpt`` as :func:`gac_check.checkpoint.quantized.read_quantization` reads it (a
+    directory's index; or a quantizer's state dict in memory, whose bytes ``read`` gives);
+    that reader and its layouts are imported only for a model whose config says it is
+    quantized."""
     if quantization_config(ckpt) is None:
         refuse_stray_packed(ckpt)
         return ckpt
     from gac_check.checkpoint.quantized import read_quantization
 
-    return read_quantization(ckpt)
+    return read_quantization(ckpt, read)
 
 
 def _lone_gguf(root: Path) -> Path | None:

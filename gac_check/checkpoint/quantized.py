@@ -75,6 +75,7 @@ from gac_check.checkpoint.quantized_marks import (
     refuse_stray_packed,
 )
 from gac_check.checkpoint.quantized_mxfp4 import read_mxfp4
+from gac_check.checkpoint.tensorinfo import IN_MEMORY
 from gac_check.errors import BadInput
 
 CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
@@ -91,7 +92,7 @@ def read_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Check
     if qc is None:
         refuse_stray_packed(ckpt)
         return ckpt
-    if ckpt.container != "safetensors":
+    if ckpt.container not in ("safetensors", IN_MEMORY):
         raise BadInput(f"config.json says it is quantized, but its weights are a "
                        f"{ckpt.container} pickle; gac-check reads quantized checkpoints from "
                        "safetensors only", ckpt.path)

@@ -21,6 +21,11 @@ DTYPE_ITEMSIZE = {
 }
 
 
+#: The container a model in memory is reported in (:mod:`gac_check.api.memory` indexes it),
+#: beside ``safetensors``, ``torch-zip`` and ``gguf``.
+IN_MEMORY = "in-memory"
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """Where a tensor lives and what shape it has; never its data.

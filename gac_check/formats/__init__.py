@@ -7,6 +7,7 @@ from gac_check.formats.asvd import ASVD
 from gac_check.formats.base import Format
 from gac_check.formats.decilm import DeciLM
 from gac_check.formats.dense import Dense
+from gac_check.formats.flap import FLAP
 from gac_check.formats.llm_pruner import LLMPruner
 from gac_check.formats.mla import MLA
 from gac_check.formats.palu import PaLU
@@ -16,7 +17,8 @@ from gac_check.formats.svdllm import SVDLLM
 
 #: Most specific first: a compressed checkpoint also looks like a (partial) dense one. Formats
 #: with their own tensor names or config keys come before those recognised by shapes alone
-#: (LLM-Pruner: a dense layout whose sizes disagree with config.json or vary across layers);
+#: (LLM-Pruner: a dense layout whose sizes disagree with config.json or vary across layers;
+#: FLAP, LLM-Pruner's layout with its bias compensation, just before it);
 #: multi-head latent attention is told by its own tensor names (kv_a_proj_with_mqa).
 #: DeciLM / Nemotron-NAS first: its block_configs decide what every layer is, so a layout
 #: another format would read (a compressor's tensors over such a model) is refused by the
@@ -26,7 +28,7 @@ from gac_check.formats.svdllm import SVDLLM
 #: A GGUF file is told by its container, before any of them (and its format, which reads
 #: llama.cpp's rule pack, is imported only then).
 FORMATS: list[Format] = [PerLayer(), DeciLM(), PaLU(), SVDLLM(), ASVD(), SliceGPT(), MLA(),
-                         LLMPruner(), Dense()]
+                         FLAP(), LLMPruner(), Dense()]
 
 
 def detect(ckpt: Checkpoint) -> Format:

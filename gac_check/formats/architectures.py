@@ -415,7 +415,7 @@ def _hidden_site(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
             lin = resolve(f"{base}.{name}")
             if lin:
                 axes.extend(lin.producer_axes(shapes))
-    for name, shape in shapes.items():
+    for name, shape in sorted(shapes.items()):  # by name: a state dict's order is no index's
         is_norm = any(f".{n}." in f".{name}" for n in fam.norms) or "norm." in name.lower()
         if is_norm and len(shape) == 1 and shape[0] == value:
             axes.append(TensorAxis(name, 0, AxisKind.NORM))

@@ -36,6 +36,8 @@ class LLMPruner(Format):
     name = "llm-pruner"
     description = ("LLM-Pruner structured pruning (per-layer heads / MLP channels removed; "
                    "config.json keeps the dense sizes)")
+    #: appended to the hidden site's refusal: how this tool leaves the hidden size aligned
+    hidden_advice = CHANNEL_WISE_ADVICE
 
     def matches(self, ckpt: Checkpoint) -> bool:
         sizes = _layer_sizes(ckpt)
@@ -69,7 +71,7 @@ class LLMPruner(Format):
                 _note_head_attributes(ckpt, site, head)
         hidden = next(s for s in sites if s.role is Role.HIDDEN)
         if hidden.inexact:
-            hidden.inexact += CHANNEL_WISE_ADVICE
+            hidden.inexact += self.hidden_advice
         if not ckpt.config:
             hidden.notes.append(NO_CONFIG)
             if not head:

@@ -16,6 +16,8 @@ from __future__ import annotations
 REPAIRABLE: dict[str, frozenset[str]] = {
     "slicegpt": frozenset({"llama", "opt", "phi", "phi3"}),
     "llm-pruner": frozenset({"llama"}),
+    # FLAP's output, rebuilt with its biases and loaded strictly in tests/test_pruners.py
+    "flap": frozenset({"llama"}),
     "svd-llm": frozenset({"llama"}),
     "asvd": frozenset({"llama", "bert"}),
     "palu": frozenset({"llama"}),
