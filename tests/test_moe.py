@@ -156,7 +156,8 @@ def test_experts_of_different_widths_load_on_no_fused_moe_class(tmp_path: Path) 
              "transformers": "src/transformers/models/mixtral/modeling_mixtral.py"}
     for spec, load in loads.items():
         assert not load["loads"] and load["blocker"] == "layers", (spec, load)
-        assert load["why"].startswith("the routed experts differ in width (layer 0: 48, 40; layer 1: 48)")
+        assert load["why"].startswith(
+            "the routed experts differ in width (layer 0: 48, 40; layer 1: 48)")
         assert load["source"]["file"] == files[spec]
 
 

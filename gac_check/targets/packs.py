@@ -28,7 +28,8 @@ QUANTITIES = frozenset({
     # parallelism), the width one rank holds, the expert count and the expert-parallel size
     "expert_width", "moe_tp", "expert_shard", "experts", "ep",
     # multi-head latent attention (gac_check/targets/mla.py)
-    "mla_head_size", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "mla_head_size", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank",
+    "qk_head_dim",
 })
 SOURCE_KEYS = ("repo", "file", "function", "ref")
 #: The shipped packs, read as files beside this module (as :mod:`gac_check.bench.published`
