@@ -390,15 +390,41 @@ def test_expert_parallel_holds_whole_experts_and_divides_the_count(tmp_path: Pat
     assert (resolved["tp"], resolved["ep"]) == (2, 2)
 
 
+def test_sglang_expert_parallel_splits_the_tp_ranks(tmp_path: Path) -> None:
+    """SGLang v0.5.23's --ep-size splits the TP ranks into ep groups (derive_parallel_widths:
+    moe_tp_size = tp / ep), unlike vLLM's: experts 45 wide load at tp=2,ep=2 and tp=4,ep=4
+    (moe_tp 1) but not at tp=4,ep=2 (moe_tp 2: FusedMoE's assertion); the expert count must
+    divide by ep (FusedMoE asserts it: refused, no uneven map as in vLLM)."""
+    specs = ("sglang,tp=2,ep=2", "sglang,tp=4,ep=4", "sglang,tp=4,ep=2")
+    doc = _json(_saved(_mixtral(45, experts=4), tmp_path / "four"),
+                *[a for s in specs for a in ("--target", s)])
+    for spec in specs[:2]:
+        width = _verdict(doc, "expert_intermediate", spec)
+        assert (width["verdict"], width["kernel"]) == ("fast", "fused_moe_kernel (Triton)"), width
+        count = _verdict(doc, "experts", spec)
+        assert (count["verdict"], count["kernel"]) == ("fast", "experts / ep per rank"), count
+    split = _verdict(doc, "expert_intermediate", "sglang,tp=4,ep=2")
+    assert split["verdict"] == "refused" and "moe_tp_size" in split["why"], split
+    assert split["fix_to"] == 46  # 46 / moe_tp 2; at moe_tp 1 (vLLM's ep) 45 would load
+    assert doc["summary"]["targets"]["sglang,tp=4,ep=2"]["ep"] == 2
+    three = _json(_saved(_mixtral(48, experts=3), tmp_path / "three"),
+                  "--target", "sglang,tp=2,ep=2")
+    count = _verdict(three, "experts", "sglang,tp=2,ep=2")
+    assert count["verdict"] == "refused" and "num_experts % ep_size" in count["why"], count
+    assert count["source"]["function"].startswith("FusedMoE.__init__")
+
+
 @pytest.mark.parametrize(("spec", "said"), [
     ("vllm,tp=2,ep=3", "ep=3 is not a multiple of tp=2"),
-    ("sglang,ep=2", "sglang has no expert parallelism in its rule pack"),
+    ("sglang,tp=4,ep=3", "ep=3 does not divide tp=4"),
+    ("sglang,ep=2", "ep=2 does not divide tp=1"),
+    ("transformers,ep=2", "transformers has no expert parallelism in its rule pack"),
     ("vllm,ep=0", "ep= must be a positive integer"),
 ])
 def test_an_expert_parallel_size_no_engine_runs_is_bad_input(tmp_path: Path, spec: str,
                                                               said: str) -> None:
-    """ep is tp x the data-parallel size in vLLM; an engine whose pack has no expert
-    parallelism takes no ep=: one line, exit 2."""
+    """ep is tp x the data-parallel size in vLLM and a divisor of tp in SGLang; an engine whose
+    pack has no expert parallelism takes no ep=: one line, exit 2."""
     root = _saved(_mixtral(48), tmp_path / "mixtral")
     run = helpers.gac(root, "--target", spec)
     assert run.returncode == 2, run.stdout + run.stderr
