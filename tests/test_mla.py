@@ -211,12 +211,12 @@ def test_layers_of_different_latent_ranks_do_not_load_in_vllm(tmp_path: Path) ->
 
 
 def test_engines_whose_mla_backends_are_not_read_refuse_the_latent_sites(tmp_path: Path) -> None:
-    """SGLang, TensorRT-LLM and vLLM before v0.30.0 have no MLA rule in their packs: the
-    latent rank and the q/k and v head sizes are refused as not judged (a gate never passes
-    what it did not read), not passed as fast; q_lora_rank, a plain low-rank pair of
+    """SGLang before v0.5.23, TensorRT-LLM and vLLM before v0.30.0 have no MLA rule in their
+    packs: the latent rank and the q/k and v head sizes are refused as not judged (a gate never
+    passes what it did not read), not passed as fast; q_lora_rank, a plain low-rank pair of
     linears, is judged as one."""
-    doc = check(save(tmp_path / "m", TINY), "--target", "sglang", "--target", "tensorrt-llm",
-                "--target", "vllm@v0.17.0", "--target", "vllm")
+    doc = check(save(tmp_path / "m", TINY), "--target", "sglang@v0.4.6.post5", "--target",
+                "tensorrt-llm", "--target", "vllm@v0.17.0", "--target", "vllm")
     sites = by_name(doc)
     for dim in ("kv_lora_rank", "qk_head_dim", "v_head_dim"):
         *unread, vllm = sites[dim]["targets"]
@@ -225,4 +225,68 @@ def test_engines_whose_mla_backends_are_not_read_refuse_the_latent_sites(tmp_pat
             assert verdict["why"].startswith("not judged for MLA: "), verdict["why"]
         assert not vllm["why"].startswith("not judged"), vllm
     assert all(t["verdict"] == "fast" for t in sites["q_lora_rank"]["targets"])
-    assert doc["summary"]["targets"]["sglang"]["verdict"] == "refused"
+    assert doc["summary"]["targets"]["sglang@v0.4.6.post5"]["verdict"] == "refused"
+
+
+def _kernels(doc: dict) -> dict[str, tuple[str, str | None]]:
+    return {dim: (_verdicts(doc, dim)["verdict"], _verdicts(doc, dim)["kernel"])
+            for dim in ("kv_lora_rank", "qk_head_dim", "v_head_dim")}
+
+
+def test_sglang_mla_backends_fa3_on_hopper_triton_below(tmp_path: Path) -> None:
+    """SGLang v0.5.23 picks fa3 for an MLA model on Hopper and triton below it
+    (get_default_attn_backend); DeepSeek-V2-Lite's sizes fill both backends' tiles."""
+    lite = save(tmp_path / "lite", LITE)
+    h100 = check(lite, "--target", "sglang", "--gpu", "h100")
+    assert _kernels(h100) == {"kv_lora_rank": ("fast", "fa3 (absorbed MLA)"),
+                              "qk_head_dim": ("fast", "fa3 (MHA prefill)"),
+                              "v_head_dim": ("fast", "fa3 (MHA prefill)")}
+    source = _verdicts(h100, "kv_lora_rank")["source"]
+    assert (source["repo"], source["ref"]) == ("sgl-project/sglang", "v0.5.23")
+    assert source["function"].startswith("FlashAttentionBackend.forward_decode")
+    a100 = check(lite, "--target", "sglang", "--gpu", "a100")
+    assert _kernels(a100) == {"kv_lora_rank": ("fast", "decode_attention (Triton)"),
+                              "qk_head_dim": ("fast", "extend_attention (Triton)"),
+                              "v_head_dim": ("fast", "extend_attention (Triton)")}
+
+
+def test_sglang_mla_a_narrower_latent_runs_in_a_padded_tile(tmp_path: Path) -> None:
+    """A latent of 448 loads on both backends but in a tile padded to 512: FA3's V tile
+    (round_up_headdimv) and the Triton decode's next_power_of_2(kv_lora_rank)."""
+    narrow = save(tmp_path / "narrow", {**LITE, "kv_lora_rank": 448})
+    h100 = _verdicts(check(narrow, "--target", "sglang", "--gpu", "h100"), "kv_lora_rank")
+    assert (h100["verdict"], h100["kernel"]) == ("fallback", "fa3 (absorbed MLA, padded tile)")
+    assert "kv_lora_rank in {256, 512}" in h100["why"]
+    a100 = _verdicts(check(narrow, "--target", "sglang", "--gpu", "a100"), "kv_lora_rank")
+    assert (a100["verdict"], a100["kernel"]) == ("fallback",
+                                                 "decode_attention (Triton, padded tile)")
+
+
+def test_sglang_mla_sizes_fa3_does_not_take_are_refused_on_hopper(tmp_path: Path) -> None:
+    """FA3's absorbed decode needs a latent of 256-512 (q_v: hdim_v >= 256) and its prefill
+    q/k heads that are multiples of 8: the toy (40, 12 + 8, 14) layer does not run on Hopper,
+    and SGLang has no other backend to fall back on; below Hopper Triton runs it, padded."""
+    tiny = save(tmp_path / "tiny", TINY)
+    h100 = check(tiny, "--target", "sglang", "--gpu", "h100")
+    latent = _verdicts(h100, "kv_lora_rank")
+    assert latent["verdict"] == "refused" and "hdim_v >= 256" in latent["why"]
+    assert latent["fix_to"] is None
+    assert _verdicts(h100, "qk_head_dim")["verdict"] == "refused"
+    assert "multiple of 8" in _verdicts(h100, "qk_head_dim")["why"]
+    a100 = check(tiny, "--target", "sglang", "--gpu", "a100")
+    assert {v for v, _ in _kernels(a100).values()} == {"fallback"}
+
+
+def test_repair_for_sglang_pads_a_pruned_v_head_to_fa3s_tile(tmp_path: Path) -> None:
+    """(128 + 64, v 120) loads on FA3 (q/k in (128, 192], V in (96, 128]) in a V tile padded to
+    128; --repair OUT --target sglang pads v to 128 exactly, and the re-check is fast."""
+    src = save(tmp_path / "m", {**LITE, "v_head_dim": 120})
+    v = _verdicts(check(src, "--target", "sglang", "--gpu", "h100"), "v_head_dim")
+    assert (v["verdict"], v["kernel"], v["fix_to"]) == (
+        "fallback", "fa3 (MHA prefill, padded tile)", 128)
+    out = tmp_path / "out"
+    run = gac(src, "--target", "sglang", "--gpu", "h100", "--repair", out)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((out / "config.json").read_text())["v_head_dim"] == 128
+    after = check(out, "--target", "sglang", "--gpu", "h100")
+    assert _kernels(after)["v_head_dim"] == ("fast", "fa3 (MHA prefill)")

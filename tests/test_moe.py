@@ -250,13 +250,13 @@ def test_the_text_output_folds_experts_of_one_width_into_one_row(tmp_path: Path)
 # ----------------------------------------------------------------------------- targets
 
 def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
-    """Where no pack rule models the fused-MoE kernels (SGLang with AWQ; vLLM with FP8),
+    """Where no pack rule models the fused-MoE kernels (SGLang v0.4.6.post5; vLLM with FP8),
     every MoE site is refused on the target, saying so, and the model's verdict is refused,
     never fast; on unquantized vLLM the expert count is judged (every expert on every
     rank)."""
     root = _saved(_mixtral(48), tmp_path / "mixtral")
-    doc = _json(root, "--target", "sglang,tp=2,quant=awq", "--target", "vllm,tp=2,quant=fp8",
-                "--target", "vllm,tp=2")
+    doc = _json(root, "--target", "sglang@v0.4.6.post5,tp=2,quant=awq", "--target",
+                "vllm,tp=2,quant=fp8", "--target", "vllm,tp=2")
     for site in doc["sites"]:
         sglang, fp8, vllm = site["targets"]
         if site["role"] in ("expert_intermediate", "experts"):
@@ -268,7 +268,7 @@ def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
         if site["role"] == "experts":
             assert (vllm["verdict"], vllm["kernel"]) == (
                 "fast", "even expert map (experts / ep per rank)")
-    for spec in ("sglang,tp=2,quant=awq", "vllm,tp=2,quant=fp8"):
+    for spec in ("sglang@v0.4.6.post5,tp=2,quant=awq", "vllm,tp=2,quant=fp8"):
         assert doc["summary"]["targets"][spec]["verdict"] == "refused"
     assert doc["summary"]["targets"]["vllm,tp=2"]["verdict"] == "fast"
     out = tmp_path / "out"
@@ -390,15 +390,82 @@ def test_expert_parallel_holds_whole_experts_and_divides_the_count(tmp_path: Pat
     assert (resolved["tp"], resolved["ep"]) == (2, 2)
 
 
+def test_sglang_awq_and_gptq_moe_kernels(tmp_path: Path) -> None:
+    """SGLang v0.5.23 quantized experts (group 128, h100): AWQ goes to the Marlin MoE kernel
+    where check_moe_marlin_supports_layer holds (width % max(64, group)), else falls back to
+    MoeWNA16Method, whose group halving asserts group >= 32 (width 48: refused); GPTQ always
+    goes to GPTQMarlinMoEMethod (no fallback), whose repack asserts the down K % 16."""
+    specs = ("sglang,quant=awq", "sglang,quant=gptq")
+    verdicts = {}
+    for width in (128, 96, 48, 40):
+        doc = _json(_saved(_mixtral(width, experts=4), tmp_path / str(width)),
+                    *[a for s in specs for a in ("--target", s)])
+        for spec in specs:
+            verdicts[width, spec] = _verdict(doc, "expert_intermediate", spec)
+            count = _verdict(doc, "experts", spec)
+            assert (count["verdict"], count["kernel"]) == ("fast", "every expert on every rank")
+    short = {k: (v["verdict"], v["kernel"], v["fix_to"]) for k, v in verdicts.items()}
+    assert short == {
+        (128, "sglang,quant=awq"): ("fast", "fused_marlin_moe (AWQ Marlin MoE)", 128),
+        (128, "sglang,quant=gptq"): ("fast", "fused_marlin_moe (GPTQ Marlin MoE)", 128),
+        (96, "sglang,quant=awq"): ("fallback", "MoeWNA16Method (Triton fused_moe_kernel, int4)",
+                                   128),
+        (96, "sglang,quant=gptq"): ("refused", None, 128),
+        (48, "sglang,quant=awq"): ("refused", None, 128),
+        (48, "sglang,quant=gptq"): ("refused", None, 128),
+        (40, "sglang,quant=awq"): ("refused", None, 128),
+        (40, "sglang,quant=gptq"): ("refused", None, 128)}
+    assert "group_size >= 32" in verdicts[48, "sglang,quant=awq"]["why"]
+    # at group 64 the Marlin MoE tile (64) is what 96 misses, not the group
+    g64 = _verdict(_json(tmp_path / "96", "--target", "sglang,quant=awq,group=64"),
+                   "expert_intermediate", "sglang,quant=awq,group=64")
+    assert (g64["verdict"], g64["fix_to"]) == ("fallback", 128)
+    assert "expert_shard % 64 == 0 (expert_shard = 96)" in g64["why"]
+    assert verdicts[96, "sglang,quant=awq"]["source"]["function"].startswith(
+        "AWQMarlinConfig.get_quant_method")
+    def rules(width: int) -> set[str]:  # the rules that refuse it: the repack gate at 40 only
+        return {u["rule"] for u in verdicts[width, "sglang,quant=gptq"]["uses"]
+                if u["verdict"] == "refused"}
+
+    assert rules(40) == {"sglang-moe-gptq-load", "sglang-moe-gptq"}
+    assert rules(48) == {"sglang-moe-gptq"}
+
+
+def test_sglang_expert_parallel_splits_the_tp_ranks(tmp_path: Path) -> None:
+    """SGLang v0.5.23's --ep-size splits the TP ranks into ep groups (derive_parallel_widths:
+    moe_tp_size = tp / ep), unlike vLLM's: experts 45 wide load at tp=2,ep=2 and tp=4,ep=4
+    (moe_tp 1) but not at tp=4,ep=2 (moe_tp 2: FusedMoE's assertion); the expert count must
+    divide by ep (FusedMoE asserts it: refused, no uneven map as in vLLM)."""
+    specs = ("sglang,tp=2,ep=2", "sglang,tp=4,ep=4", "sglang,tp=4,ep=2")
+    doc = _json(_saved(_mixtral(45, experts=4), tmp_path / "four"),
+                *[a for s in specs for a in ("--target", s)])
+    for spec in specs[:2]:
+        width = _verdict(doc, "expert_intermediate", spec)
+        assert (width["verdict"], width["kernel"]) == ("fast", "fused_moe_kernel (Triton)"), width
+        count = _verdict(doc, "experts", spec)
+        assert (count["verdict"], count["kernel"]) == ("fast", "experts / ep per rank"), count
+    split = _verdict(doc, "expert_intermediate", "sglang,tp=4,ep=2")
+    assert split["verdict"] == "refused" and "moe_tp_size" in split["why"], split
+    assert split["fix_to"] == 46  # 46 / moe_tp 2; at moe_tp 1 (vLLM's ep) 45 would load
+    assert doc["summary"]["targets"]["sglang,tp=4,ep=2"]["ep"] == 2
+    three = _json(_saved(_mixtral(48, experts=3), tmp_path / "three"),
+                  "--target", "sglang,tp=2,ep=2")
+    count = _verdict(three, "experts", "sglang,tp=2,ep=2")
+    assert count["verdict"] == "refused" and "num_experts % ep_size" in count["why"], count
+    assert count["source"]["function"].startswith("FusedMoE.__init__")
+
+
 @pytest.mark.parametrize(("spec", "said"), [
     ("vllm,tp=2,ep=3", "ep=3 is not a multiple of tp=2"),
-    ("sglang,ep=2", "sglang has no expert parallelism in its rule pack"),
+    ("sglang,tp=4,ep=3", "ep=3 does not divide tp=4"),
+    ("sglang,ep=2", "ep=2 does not divide tp=1"),
+    ("transformers,ep=2", "transformers has no expert parallelism in its rule pack"),
     ("vllm,ep=0", "ep= must be a positive integer"),
 ])
 def test_an_expert_parallel_size_no_engine_runs_is_bad_input(tmp_path: Path, spec: str,
                                                               said: str) -> None:
-    """ep is tp x the data-parallel size in vLLM; an engine whose pack has no expert
-    parallelism takes no ep=: one line, exit 2."""
+    """ep is tp x the data-parallel size in vLLM and a divisor of tp in SGLang; an engine whose
+    pack has no expert parallelism takes no ep=: one line, exit 2."""
     root = _saved(_mixtral(48), tmp_path / "mixtral")
     run = helpers.gac(root, "--target", spec)
     assert run.returncode == 2, run.stdout + run.stderr

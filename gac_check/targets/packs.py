@@ -28,7 +28,8 @@ QUANTITIES = frozenset({
     # parallelism), the width one rank holds, the expert count and the expert-parallel size
     "expert_width", "moe_tp", "expert_shard", "experts", "ep",
     # multi-head latent attention (gac_check/targets/mla.py)
-    "mla_head_size", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "mla_head_size", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank",
+    "qk_head_dim",
 })
 SOURCE_KEYS = ("repo", "file", "function", "ref")
 #: The shipped packs, read as files beside this module (as :mod:`gac_check.bench.published`
@@ -167,6 +168,9 @@ class Pack:
     multi_gpu: bool = True
     #: the engine's expert parallelism is in the pack (``ep=`` in a target spec): its source
     expert_parallel: Source | None = None
+    #: SGLang's ``--ep-size`` splits the TP ranks (the MoE layer's TP size is tp / ep); vLLM's
+    #: ``--enable-expert-parallel`` spans the TP x DP ranks (its MoE TP size is 1)
+    expert_parallel_within_tp: bool = False
     #: GGUF extras: fallback_by_version, no_fallback, output_head, requires_imatrix, bump_70b
     gguf: dict = field(default_factory=dict)
     #: sha256 of the pack file as shipped: which rules a verdict came from (the check JSON)
@@ -291,7 +295,7 @@ def parse_pack(raw: dict, name: str = "pack") -> Pack:
         default_group=dict(raw.get("default_group") or {}), selections=tuple(selections),
         tp=tp, aliases=tuple(raw.get("aliases") or ()), notes=tuple(raw.get("notes") or ()),
         gguf_types=types, ftypes=ftypes, multi_gpu=bool(raw.get("multi_gpu", True)), gguf=gguf,
-        expert_parallel=ep_source)
+        expert_parallel=ep_source, expert_parallel_within_tp=bool(ep and ep.get("within_tp")))
 
 
 @cache

@@ -134,8 +134,9 @@ def padded_vocab(vocab: int, tp: int, multiple: int, widen_by_tp: bool = False) 
 
 def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
          kv_rule: str = "replicate", vocab_pad: int = 1, vocab_pad_tp: bool = False,
-         ep: int = 1) -> list[Use]:
-    """Every use of ``site``'s dimension at TP size ``tp`` (and expert-parallel size ``ep``).
+         ep: int = 1, moe_tp: int | None = None) -> list[Use]:
+    """Every use of ``site``'s dimension at TP size ``tp`` (and expert-parallel size ``ep``;
+    ``moe_tp``: the MoE layer's own TP size where the engine says, else vLLM's rule).
 
     Quantities a use leaves out (the other dimension of a GEMM) are judged at the site that
     determines them. Fused projections carry their fused per-rank width (what the kernel
@@ -166,7 +167,8 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
             return [*mlp, Use("model", "shared_expert", lambda v: dict(base))]
         return [*mlp, Use("model", "layers", lambda v: dict(base))]
     if role is Role.EXPERT:
-        return [Use("model", "experts", lambda v: expert_quantities(base, v, tp, ep))]
+        mtp = moe_tp if moe_tp is not None else (1 if ep > 1 else tp)
+        return [Use("model", "experts", lambda v: expert_quantities(base, v, mtp, ep))]
     if role is Role.EXPERTS:
         return [Use("model", "expert_count", lambda v: {**base, "experts": v, "ep": ep})]
     if role in (Role.RANK, Role.KV_LATENT):
@@ -214,11 +216,12 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
     return []
 
 
-def expert_quantities(base: dict[str, int], width: int, tp: int, ep: int) -> dict[str, int]:
-    """One expert's width as the fused-MoE layer holds it: without expert parallelism every
-    rank holds ``width / tp`` of every expert; with it (``ep`` > 1) the MoE layer's TP size is
-    1 and each rank holds whole experts (vLLM's ``FusedMoEParallelConfig.make``)."""
-    moe_tp = 1 if ep > 1 else tp
+def expert_quantities(base: dict[str, int], width: int, moe_tp: int,
+                      ep: int) -> dict[str, int]:
+    """One expert's width as the fused-MoE layer holds it: every rank holds ``width / moe_tp``
+    of each of its experts; ``moe_tp`` is ``tp`` without expert parallelism, 1 with vLLM's
+    (``FusedMoEParallelConfig.make``: whole experts per rank), ``tp / ep`` with SGLang's
+    (``derive_parallel_widths``)."""
     q = {**base, "expert_width": width, "moe_tp": moe_tp, "ep": ep}
     return _put(q, "expert_shard", split(width, moe_tp))
 

@@ -2,9 +2,11 @@
 
 ``vllm,tp=4,quant=awq``, ``tensorrt-llm,tp=2``, ``llama.cpp,quant=Q4_K_M``, ``transformers``.
 Anything the engine's pack does not know (engine, version, quantization, option) is bad input:
-one line naming what is known. ``ep=N`` is expert parallelism as vLLM runs it
-(``--enable-expert-parallel``): the MoE layers' experts are divided over N ranks, the TP ranks
-times the data-parallel ones, so N is a multiple of ``tp`` (N / tp data-parallel replicas).
+one line naming what is known. ``ep=N`` is expert parallelism as the engine runs it: vLLM's
+``--enable-expert-parallel`` divides the MoE layers' experts over N ranks, the TP ranks times the
+data-parallel ones, so N is a multiple of ``tp`` (N / tp data-parallel replicas); SGLang's
+``--ep-size N`` splits the ``tp`` ranks into N expert groups of tp / N ranks each, so N divides
+``tp``.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ class Target:
     quant: str = "none"
     group: int | None = None
     kv: str = "auto"
-    #: the expert-parallel size (1: none): the MoE layers' ranks, ``tp`` x data parallel
+    #: the expert-parallel size (1: none): the ranks the MoE layers' experts are divided over
     ep: int = 1
     #: The options the spec gave (``quant``, ``group``...), as opposed to the pack's defaults.
     given: frozenset[str] = frozenset()
@@ -81,11 +83,19 @@ def parse_target(spec: str) -> Target:
 
 def _expert_parallel(value: str, tp: int, pack: Pack, spec: str) -> int:
     """``ep=N``: N ranks share the experts; vLLM makes them the TP x DP ranks
-    (``FusedMoEParallelConfig.make``), so N is a multiple of tp."""
+    (``FusedMoEParallelConfig.make``), so N is a multiple of tp; SGLang splits the TP ranks
+    into N groups (``derive_parallel_widths``), so N divides tp."""
     ep = _positive(value, "ep", spec)
     if ep > 1 and not pack.expert_parallel:
         raise BadInput(f"--target {spec}: {pack.engine} has no expert parallelism in its rule "
                        "pack; drop ep=")
+    if pack.expert_parallel_within_tp:
+        if tp % ep:
+            raise BadInput(f"--target {spec}: ep={ep} does not divide tp={tp}: {pack.title}'s "
+                           "expert-parallel groups split the TP ranks (moe_tp_size = tp / ep, "
+                           "derive_parallel_widths), so ep is a divisor of tp (ep=2 with tp=4: "
+                           "2 groups of 2)")
+        return ep
     if ep > 1 and ep % tp:
         raise BadInput(f"--target {spec}: ep={ep} is not a multiple of tp={tp}: the expert-"
                        "parallel ranks are the TP ranks times the data-parallel replicas "

@@ -240,8 +240,9 @@ def site_uses(site: DimSite, shape: ModelShape, target: Target) -> list[Use]:
     widen = padding.get("times_tp_when_indivisible")
     widen_here = bool(widen) and (target.pack.version_index(target.version)
                                   >= target.pack.version_index(widen["from"]))
+    moe_tp = target.tp // target.ep if target.pack.expert_parallel_within_tp else None
     return uses(site, shape, target.tp, target.group, kv_rule, int(padding.get("multiple", 1)),
-                widen_here, target.ep)
+                widen_here, target.ep, moe_tp)
 
 
 NO_RULE = "no rule of this engine's pack constrains this dimension"
