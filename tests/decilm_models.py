@@ -30,6 +30,22 @@ def ffn(ffn_mult: float) -> dict:
     return {"ffn_mult": ffn_mult, "no_op": False, "replace_with_linear": False, "sparsify": None}
 
 
+def explicit_ffn(width: int, ffn_mult: float | None = None) -> dict:
+    """A full FFN block as ModelOpt's Puzzletron writes it (FFNConfig: the width itself, its
+    other fields at their off values), with an ``ffn_mult`` beside it where given."""
+    out = {"no_op": False, "replace_with_linear": False, "sparsify": None,
+           "weights_precision": "bf16", "moe": None, "intermediate_size": width}
+    return out | ({"ffn_mult": ffn_mult} if ffn_mult is not None else {})
+
+
+def built_width(mlp: Mapping, hidden: int) -> int:
+    """The width vLLM v0.33.0's DeciLMDecoderLayer builds for a full FFN entry: ffn_mult's
+    (rounded up to 256) where the entry has one, else intermediate_size as given."""
+    if mlp.get("ffn_mult") is not None:
+        return ffn_width(mlp["ffn_mult"], hidden)
+    return mlp["intermediate_size"]
+
+
 def block(attn: Mapping, mlp: Mapping) -> dict:
     return {"attention": dict(attn), "ffn": dict(mlp)}
 
@@ -58,7 +74,7 @@ def decilm_shapes(blocks: Sequence[Mapping], *, hidden: int, heads: int, vocab: 
             out |= {f"{base}.post_attention_layernorm.weight": [hidden],
                     f"{base}.mlp.linear_mlp.weight": [hidden, hidden]}
         elif not mlp.get("no_op"):
-            inter = over.get("intermediate", ffn_width(mlp["ffn_mult"], hidden))
+            inter = over.get("intermediate", built_width(mlp, hidden))
             out |= {f"{base}.post_attention_layernorm.weight": [hidden],
                     f"{base}.mlp.gate_proj.weight": [inter, hidden],
                     f"{base}.mlp.up_proj.weight": [inter, hidden],
@@ -106,11 +122,11 @@ def decilm_model(root: Path, mlp_widths: Mapping[int, int] | None = None):
     tensor the config does not build fails the load).
 
     A full attention is ``LlamaAttention`` with num_attention_heads // n_heads_in_group KV
-    heads, a full FFN ``LlamaMLP`` of ``ffn_width(ffn_mult, hidden)``, each behind its
-    ``LlamaRMSNorm``; a no-op block has no modules and leaves the residual stream as it is; a
-    linear replacement is one bias-free hidden x hidden ``linear_attn`` / ``linear_mlp``
-    behind its norm. ``mlp_widths`` gives layers the width their tensors have where the
-    config contradicts them (the model before ``--repair``: tensors win)."""
+    heads, a full FFN ``LlamaMLP`` of ``built_width`` (ffn_mult's, else intermediate_size),
+    each behind its ``LlamaRMSNorm``; a no-op block has no modules and leaves the residual
+    stream as it is; a linear replacement is one bias-free hidden x hidden ``linear_attn`` /
+    ``linear_mlp`` behind its norm. ``mlp_widths`` gives layers the width their tensors have
+    where the config contradicts them (the model before ``--repair``: tensors win)."""
     import torch
     from safetensors.torch import load_file
     from transformers import LlamaConfig
@@ -158,7 +174,7 @@ def decilm_model(root: Path, mlp_widths: Mapping[int, int] | None = None):
                 if mlp.get("replace_with_linear"):
                     self.mlp = Replacement("linear_mlp")
                 else:
-                    width = (mlp_widths or {}).get(i) or ffn_width(mlp["ffn_mult"], hidden)
+                    width = (mlp_widths or {}).get(i) or built_width(mlp, hidden)
                     self.mlp = LlamaMLP(layer_config(intermediate_size=width))
 
         def forward(self, x, position_embeddings, mask):

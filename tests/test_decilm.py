@@ -29,6 +29,7 @@ from tests.decilm_models import (
     attention,
     block,
     decilm_model,
+    explicit_ffn,
     ffn,
     write_decilm,
 )
@@ -100,6 +101,78 @@ def test_tensors_win_and_a_contradiction_is_a_note_with_both_values(tmp_path: Pa
                            "heads, the tensors have 4"]
     load = result.contract.targets.loads["vllm"]
     assert not load.loads and "ffn_mult=2 builds an MLP of 512" in load.why
+
+
+# ModelOpt's Puzzletron writes the width itself: FFNConfig.intermediate_size
+# (modelopt/torch/puzzletron/decilm/deci_lm_hf_code/block_config.py), no ffn_mult. vLLM v0.33.0's
+# DeciLMDecoderLayer builds it as given (the else of ``hasattr(block_config.ffn, "ffn_mult")``),
+# never rounded up to 256.
+EXPLICIT = [block(attention(2), explicit_ffn(300)), block(NO_OP, explicit_ffn(512, 2.0)),
+            block(attention(4), explicit_ffn(304))]
+
+
+def test_an_explicit_intermediate_size_is_the_width_vllm_builds(tmp_path: Path) -> None:
+    root = write_decilm(tmp_path / "m", EXPLICIT)
+    result = gac_check.check(root, gpu="h100", target=["vllm"])
+    mlp = {s.layer: s for s in result.sites if s.role is Role.INTERMEDIATE}
+    assert {i: s.value for i, s in mlp.items()} == {0: 300, 1: 512, 2: 304}
+    assert not any(s.notes for s in mlp.values())
+    load = result.contract.targets.loads["vllm"]
+    assert load.loads and load.why.endswith(
+        "layer 0: attention with 2 KV heads, MLP 300 (intermediate_size); layer 1: no "
+        "attention, MLP 512 (ffn_mult 2); layer 2: attention with 1 KV head, MLP 304 "
+        "(intermediate_size)")
+
+
+def test_an_intermediate_size_the_tensors_contradict_is_a_note_with_both_values(
+        tmp_path: Path) -> None:
+    root = write_decilm(tmp_path / "m", EXPLICIT, widths={0: {"intermediate": 320},
+                                                         1: {"intermediate": 512}},
+                        config=lambda c: {**c, "block_configs": [
+                            c["block_configs"][0],
+                            block(NO_OP, explicit_ffn(512, 1.0)), c["block_configs"][2]]})
+    result = gac_check.check(root, gpu="h100", target=["vllm"])
+    mlp = {s.layer: s for s in result.sites if s.role is Role.INTERMEDIATE}
+    assert mlp[0].value == 320 and mlp[0].notes == [
+        "layer 0 ffn: block_configs' intermediate_size=300, the tensors have 320"]
+    # ffn_mult 1.0 builds 256 while its intermediate_size says 512, the tensors' width
+    assert mlp[1].notes == ["layer 1 ffn: block_configs' ffn_mult=1 builds an MLP of 256, the "
+                            "tensors have 512"]
+    load = result.contract.targets.loads["vllm"]
+    assert not load.loads and "intermediate_size=300, the tensors have 320" in load.why
+
+
+def test_repair_writes_the_padded_width_into_intermediate_size(tmp_path: Path) -> None:
+    """Layer 0's 300 (its intermediate_size says 300) is padded to the contract's width, not
+    to a multiple of 256 (vLLM builds an intermediate_size as given); layer 1's entry has both,
+    ffn_mult 1.0 building 256 under tensors of 200: padded to 256, intermediate_size 200 -> 256
+    and ffn_mult kept; the model built from OUT's block_configs alone computes the same."""
+    blocks = [block(attention(2), explicit_ffn(300)), block(NO_OP, explicit_ffn(200, 1.0)),
+              block(attention(4), explicit_ffn(256))]
+    root = write_decilm(tmp_path / "m", blocks, widths={1: {"intermediate": 200}})
+    before = tree_digest(root)
+    out = tmp_path / "out"
+    run = gac(root, "--gpu", "h100", "--repair", out, "--target", "vllm")
+    assert run.returncode == 0, run.stderr
+    assert tree_digest(root) == before
+    report = json.loads((out / "gac-repair.json").read_text())
+    padded = {r["name"]: (r["from"], r["to"]) for r in report["repaired"]}
+    to = 304  # the contract's width (--gpu h100, minimal), not rounded up to 512
+    assert padded == {"model.layers.0.mlp:intermediate": (300, to),
+                      "model.layers.1.mlp:intermediate": (200, 256)}
+    assert sorted((c["field"], c["from"], c["to"]) for c in report["config_changes"]) == [
+        (["block_configs", 0, "ffn", "intermediate_size"], 300, to),
+        (["block_configs", 1, "ffn", "intermediate_size"], 200, 256)]
+    cfg = json.loads((out / "config.json").read_text())
+    assert [b["ffn"]["intermediate_size"] for b in cfg["block_configs"]] == [to, 256, 256]
+    assert cfg["block_configs"][1]["ffn"]["ffn_mult"] == 1.0
+    ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(30))
+    with torch.no_grad():
+        want = decilm_model(root, {1: 200})(ids)
+        got = decilm_model(out)(ids)  # widths from OUT's block_configs only
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    load = _json(out, "--gpu", "h100", "--target", "vllm")["summary"]["targets"]["vllm"]["load"]
+    assert load["loads"], load
 
 
 def test_a_block_the_tensors_contradict_is_read_from_the_tensors(tmp_path: Path) -> None:
@@ -315,7 +388,8 @@ def test_an_mlp_whose_block_config_is_no_mlp_is_not_padded(tmp_path: Path) -> No
     report = json.loads((tmp_path / "out" / "gac-repair.json").read_text())
     assert not report["repaired"] and report["config_changes"] == []
     assert [r["reason"] for r in report["refused"]] == [
-        "block_configs[1].ffn is no full MLP, so no ffn_mult records this width: not padded"]
+        "block_configs[1].ffn is no full MLP, so no ffn_mult or intermediate_size records this "
+        "width: not padded"]
 
 
 def test_ffn_mult_for_builds_exactly_the_width() -> None:
@@ -361,6 +435,14 @@ REFUSED = {
     "ffn_mult missing": (dict(config=lambda c: {**c, "block_configs": [
         {**c["block_configs"][0], "ffn": {"no_op": False}}, *c["block_configs"][1:]]}),
         "block_configs[0].ffn.ffn_mult is None"),
+    "intermediate_size not a count": (dict(config=lambda c: {**c, "block_configs": [
+        {**c["block_configs"][0], "ffn": explicit_ffn("512")}, *c["block_configs"][1:]]}),
+        "block_configs[0].ffn.intermediate_size is '512': a full FFN block's width is a "
+        "positive integer"),
+    "a MoE FFN": (dict(config=lambda c: {**c, "block_configs": [
+        {**c["block_configs"][0], "ffn": {**explicit_ffn(512), "moe": {"num_local_experts": 8}}},
+        *c["block_configs"][1:]]}), "ffn.moe is {'num_local_experts': 8}: gac-check models "
+        "only moe=None"),
     "ffn_mult overflows": (dict(config=lambda c: {**c, "block_configs": [
         {**c["block_configs"][0], "ffn": ffn(1e308)}, *c["block_configs"][1:]]}),
         "ffn_mult is 1e+308: the width it builds is no finite number"),

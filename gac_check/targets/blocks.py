@@ -32,7 +32,11 @@ FFN_ROUNDING = 256
 #: rounds alike.
 FFN_MULT_DECIMALS = 6
 #: The key of a DeciLM MLP site's attrs that says where its width is recorded: {"block_config":
-#: layer, "ffn_mult": declared value, "hidden_size": the config's}.
+#: layer, "ffn_mult": declared value or None, "intermediate_size": declared value or None,
+#: "hidden_size": the config's}. ModelOpt's Puzzletron writes ``intermediate_size`` (the width
+#: itself) instead of or beside ``ffn_mult``; vLLM v0.33.0 (nemotron_nas.py,
+#: ``DeciLMDecoderLayer.__init__``) builds ffn_mult's rounded width where the block config has
+#: an ffn_mult, else ``intermediate_size`` as given, never rounded.
 FFN_MULT = "ffn_mult"
 
 
@@ -49,9 +53,11 @@ def buildable(width: int) -> int:
 
 def recordable(site: DimSite, size: int) -> int:
     """The smallest size at or above ``size`` that the site's config can record: a DeciLM
-    MLP's width (a site with FFN_MULT attrs) is built from ``ffn_mult``, so only a width some
-    ffn_mult builds loads; any other site's config records any size."""
-    return buildable(size) if FFN_MULT in site.attrs else size
+    MLP's width recorded by an ``ffn_mult`` (FFN_MULT attrs) loads only at a width some
+    ffn_mult builds; one recorded by ``intermediate_size`` alone, and any other site's, at any
+    size."""
+    rec = site.attrs.get(FFN_MULT)
+    return buildable(size) if isinstance(rec, dict) and rec.get("ffn_mult") is not None else size
 
 
 def ffn_mult_for(width: int, hidden: int, current: float | None = None) -> float | None:
@@ -87,7 +93,8 @@ class LayerBlocks:
     ffn: str
     kv_heads: int | None = None  # num_attention_heads // n_heads_in_group (full attention)
     ffn_mult: float | None = None
-    intermediate: int | None = None  # what the engines build from ffn_mult
+    width: int | None = None  # the ffn entry's intermediate_size, where it writes one
+    intermediate: int | None = None  # what the engines build: from ffn_mult, else width
     conflicts: tuple[str, ...] = ()
     #: the one of ``conflicts`` that says the MLP's width is not what ffn_mult builds (the
     #: only one ``--repair`` resolves: it pads the width and rewrites ffn_mult)
@@ -107,7 +114,9 @@ class LayerBlocks:
         attn = (f"attention with {heads}" if self.attention == FULL
                 else {NO_OP: "no attention", LINEAR: "attention replaced by a linear"}[
                     self.attention])
-        ffn = (f"MLP {self.intermediate} (ffn_mult {self.ffn_mult:g})" if self.ffn == FULL
+        said = (f"ffn_mult {self.ffn_mult:g}" if self.ffn_mult is not None
+                else "intermediate_size")
+        ffn = (f"MLP {self.intermediate} ({said})" if self.ffn == FULL
                else {NO_OP: "no MLP", LINEAR: "MLP replaced by a linear"}[self.ffn])
         return f"{attn}, {ffn}"
 
