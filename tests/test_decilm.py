@@ -122,6 +122,21 @@ def test_an_explicit_intermediate_size_is_the_width_vllm_builds(tmp_path: Path) 
         "layer 0: attention with 2 KV heads, MLP 300 (intermediate_size); layer 1: no "
         "attention, MLP 512 (ffn_mult 2); layer 2: attention with 1 KV head, MLP 304 "
         "(intermediate_size)")
+    # SGLang v0.5.23's DeciLMDecoderLayer reads block_config.ffn.ffn_mult for every full FFN;
+    # vLLM before v0.33.0 was not read for it
+    result = gac_check.check(root, gpu="h100", target=["sglang", "vllm@v0.30.0"])
+    loads = result.contract.targets.loads
+    assert not loads["sglang"].loads and loads["sglang"].why == (
+        "the FFN of layer 0, layer 2 is recorded by intermediate_size alone (ModelOpt "
+        "Puzzletron's FFNConfig), and sglang v0.5.23's DeciLMForCausalLM builds every full FFN "
+        "from its ffn_mult, never from intermediate_size: building the layer fails")
+    assert not loads["vllm@v0.30.0"].loads
+    assert "was not read to build a full FFN from intermediate_size (read at v0.33.0)" in loads[
+        "vllm@v0.30.0"].why
+    before = tree_digest(root)
+    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "out", "--target", "sglang")
+    assert run.returncode == 2 and "sglang would still refuse OUT" in run.stderr
+    assert not (tmp_path / "out").exists() and tree_digest(root) == before
 
 
 def test_an_intermediate_size_the_tensors_contradict_is_a_note_with_both_values(

@@ -149,6 +149,10 @@ class BlockClass:
     since: str  # the oldest release read to have it (an older one has no such class)
     #: what an older release has under that architecture name, where it has something
     before: Source | None = None
+    #: the release read to build a full FFN from its ``intermediate_size`` where the entry has
+    #: no ``ffn_mult`` (ModelOpt Puzzletron's entries); None: the class reads ffn_mult alone,
+    #: so such a layer fails building (no such attribute under ModelOpt's config class)
+    explicit_width: str | None = None
 
 
 _VLLM = Source("vllm-project/vllm", "vllm/model_executor/models/nemotron_nas.py",
@@ -159,10 +163,14 @@ _VLLM = Source("vllm-project/vllm", "vllm/model_executor/models/nemotron_nas.py"
 BLOCK_CLASSES: dict[str, BlockClass] = {
     # v0.6.3.post1's DeciLMForCausalLM (models/decilm.py) is DeciLM-7B's: a Llama that
     # reads num_key_value_heads_per_layer, no block_configs; nemotron_nas.py from v0.8.5
+    # v0.33.0's DeciLMDecoderLayer: ``if hasattr(block_config.ffn, "ffn_mult")`` the rounded
+    # width, else ``block_config.ffn.intermediate_size`` as given (older releases not read)
     "vllm": BlockClass("DeciLMForCausalLM", _VLLM, "v0.8.5", Source(
         "vllm-project/vllm", "vllm/model_executor/models/decilm.py",
-        "DeciLMForCausalLM.__init__ (num_key_value_heads_per_layer)", "v0.6.3.post1")),
-    # v0.4.6.post5 has no nemotron_nas.py
+        "DeciLMForCausalLM.__init__ (num_key_value_heads_per_layer)", "v0.6.3.post1"),
+        explicit_width="v0.33.0"),
+    # v0.4.6.post5 has no nemotron_nas.py; v0.5.23's DeciLMDecoderLayer reads
+    # block_config.ffn.ffn_mult for every full FFN, never intermediate_size
     "sglang": BlockClass("DeciLMForCausalLM", Source(
         "sgl-project/sglang", "python/sglang/srt/models/nemotron_nas.py",
         "DeciLMDecoderLayer.__init__ (DeciLMForCausalLM.load_weights)", "v0.5.23"), "v0.5.23"),
