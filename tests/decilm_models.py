@@ -118,8 +118,9 @@ def write_decilm(root: Path, blocks: Sequence[Mapping], *, hidden: int = 256, he
 def decilm_model(root: Path, mlp_widths: Mapping[int, int] | None = None):
     """The model a DeciLM directory describes, built per layer from its config.json alone the
     way vLLM's DeciLMDecoderLayer builds it (vllm/model_executor/models/nemotron_nas.py,
-    v0.33.0) out of transformers' own Llama modules, and its safetensors loaded strictly (a
-    tensor the config does not build fails the load).
+    v0.33.0) out of transformers' own Llama modules, and its safetensors (or its
+    ``pytorch_model.bin`` state dict) loaded strictly (a tensor the config does not build
+    fails the load).
 
     A full attention is ``LlamaAttention`` with num_attention_heads // n_heads_in_group KV
     heads, a full FFN ``LlamaMLP`` of ``built_width`` (ffn_mult's, else intermediate_size),
@@ -213,6 +214,9 @@ def decilm_model(root: Path, mlp_widths: Mapping[int, int] | None = None):
             return self.lm_head(self.model.norm(x))
 
     model = DeciLM().double()  # float64: the comparison sees padding, not summation order
-    weights = {n: t.double() for n, t in load_file(str(root / "model.safetensors")).items()}
+    pickled = root / "pytorch_model.bin"  # a state dict torch.save wrote (this test's own)
+    state = (torch.load(pickled, weights_only=True) if pickled.exists()
+             else load_file(str(root / "model.safetensors")))
+    weights = {n: t.double() for n, t in state.items()}
     model.load_state_dict(weights, strict=True)
     return model.eval()

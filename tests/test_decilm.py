@@ -529,3 +529,59 @@ def test_vllm_builds_the_width_each_written_ffn_mult_records(tmp_path: Path) -> 
     assert len(answers) == len(cases)
     wrong = [a for a in answers if a["width"] != a["want"]]
     assert not wrong, wrong[:5]
+
+
+def _pickle(root: Path) -> Path:
+    """``root``'s weights as ``save_pretrained(safe_serialization=False)`` writes them: the
+    state dict through ``torch.save``, as ``pytorch_model.bin``, and no safetensors."""
+    from safetensors.torch import load_file
+
+    st = root / "model.safetensors"
+    torch.save(load_file(str(st)), root / "pytorch_model.bin")
+    st.unlink()
+    return root
+
+
+def _no_unpickling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way to unpickle fails the test: the checkpoint is read by walking its opcodes."""
+    import pickle
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("unpickled")
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+
+
+def test_a_pickled_decilm_checks_and_repairs_like_its_safetensors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same contradicted checkpoint as a pickled state dict: the same sites, notes and
+    verdicts, and --repair writes the same widths and config changes back into a
+    pytorch_model.bin, never unpickling it; the model built from OUT's config computes the
+    same as the original."""
+    widths = {i: {"intermediate": w} for i, w in PADDED_WIDTHS.items()}
+    st = write_decilm(tmp_path / "st", PADDED, widths=widths)
+    pk = _pickle(write_decilm(tmp_path / "pk", PADDED, widths=widths))
+    ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(30))
+    with torch.no_grad():
+        want = decilm_model(st, PADDED_WIDTHS)(ids)
+    _no_unpickling(monkeypatch)
+
+    def seen(root: Path) -> tuple:
+        doc = _json(root, "--gpu", "h100", "--target", "vllm")
+        return doc["format"], doc["sites"], doc["summary"]["targets"]
+    assert seen(pk) == seen(st) and seen(pk)[0] == "decilm"
+    reports = {}
+    for name, root in (("st", st), ("pk", pk)):
+        run = gac(root, "--gpu", "h100", "--repair", tmp_path / f"{name}-out")
+        assert run.returncode == 0, run.stderr
+        report = json.loads((tmp_path / f"{name}-out" / "gac-repair.json").read_text())
+        reports[name] = (report["repaired"], report["config_changes"])
+    assert reports["pk"] == reports["st"] and reports["pk"][0]
+    out = tmp_path / "pk-out"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "gac-repair.json", "pytorch_model.bin"]
+    monkeypatch.undo()
+    with torch.no_grad():
+        got = decilm_model(out)(ids)  # OUT's pickle, loaded strictly into OUT's config
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
