@@ -377,3 +377,15 @@ def test_a_per_layer_config_in_text_config_is_refused_with_the_reason(tmp_path: 
     run = gac(root, "--gpu", "h100")
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
     assert "text_config.per_layer_config" in run.stderr and "does not read" in run.stderr
+
+
+def test_a_module_with_a_per_layer_head_dim_checks_as_its_saved_directory(
+        tmp_path: Path) -> None:
+    """In memory the layer's own head_dim is its attention module's (tensors and attributes),
+    the same as on disk."""
+    model = _assembled(HEAD_DIM)
+    assert model.model.layers[1].self_attn.head_dim == 16
+    model.save_pretrained(tmp_path / "saved")
+    on_disk = gac_check.check(tmp_path / "saved", gpu="h100", target="vllm")
+    assert _sites(on_disk)["model.layers.1.self_attn:head_dim"].value == 16
+    same_check(gac_check.check(model, gpu="h100", target="vllm"), on_disk)
