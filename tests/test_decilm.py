@@ -108,7 +108,7 @@ def test_tensors_win_and_a_contradiction_is_a_note_with_both_values(tmp_path: Pa
 # DeciLMDecoderLayer builds it as given (the else of ``hasattr(block_config.ffn, "ffn_mult")``),
 # never rounded up to 256.
 EXPLICIT = [block(attention(2), explicit_ffn(300)), block(NO_OP, explicit_ffn(512, 2.0)),
-            block(attention(4), explicit_ffn(304))]
+            {**block(attention(4), explicit_ffn(304)), "parallel_blocks": None}]
 
 
 def test_an_explicit_intermediate_size_is_the_width_vllm_builds(tmp_path: Path) -> None:
@@ -458,6 +458,10 @@ REFUSED = {
         {**c["block_configs"][0], "ffn": {**explicit_ffn(512), "moe": {"num_local_experts": 8}}},
         *c["block_configs"][1:]]}), "ffn.moe is {'num_local_experts': 8}: gac-check models "
         "only moe=None"),
+    "parallel blocks": (dict(config=lambda c: {**c, "block_configs": [
+        {**c["block_configs"][0], "parallel_blocks": [c["block_configs"][0]]},
+        *c["block_configs"][1:]]}), "block_configs[0] has 'parallel_blocks', which gac-check "
+        "does not read"),
     "ffn_mult overflows": (dict(config=lambda c: {**c, "block_configs": [
         {**c["block_configs"][0], "ffn": ffn(1e308)}, *c["block_configs"][1:]]}),
         "ffn_mult is 1e+308: the width it builds is no finite number"),

@@ -169,6 +169,13 @@ def _block_configs(ckpt: Checkpoint) -> list[tuple[Declared, Declared]]:
         raise BadInput(f"block_configs has {len(blocks)} entries, num_hidden_layers is "
                        f"{layers!r}: every engine builds one layer per entry", where)
     heads = cfg.get("num_attention_heads")
+    for i, entry in enumerate(blocks):
+        extra = sorted(k for k, v in entry.items() if k not in ("attention", "ffn")
+                       and (k, v) != ("parallel_blocks", None)) if isinstance(entry, dict) else []
+        if extra:  # ModelOpt's BlockConfig: parallel_blocks, null unless blocks run in parallel
+            raise BadInput(f"block_configs[{i}] has {', '.join(map(repr, extra))}, which "
+                           "gac-check does not read: refusing rather than guess the layer's "
+                           "blocks", where)
     return [(_declared(entry, i, "attention", heads, where),
              _declared(entry, i, "ffn", heads, where)) for i, entry in enumerate(blocks)]
 
