@@ -30,6 +30,21 @@ def ffn(ffn_mult: float) -> dict:
     return {"ffn_mult": ffn_mult, "no_op": False, "replace_with_linear": False, "sparsify": None}
 
 
+def modelopt_attention(kv_heads: int | None, no_op: bool = False) -> dict:
+    """An attention block as ModelOpt's Puzzletron writes it (AttentionConfig: the KV heads
+    themselves, no n_heads_in_group; its other fields at their off values)."""
+    return {"no_op": no_op, "replace_with_linear": False, "sparsify": None,
+            "weights_precision": "bf16", "num_key_value_heads": kv_heads, "llama4": None,
+            "mamba": None}
+
+
+def kv_heads_of(attn: Mapping, heads: int) -> int:
+    """The KV heads a full attention entry declares: heads // n_heads_in_group, else
+    num_key_value_heads (ModelOpt's)."""
+    group = attn.get("n_heads_in_group")
+    return heads // group if group else attn["num_key_value_heads"]
+
+
 def explicit_ffn(width: int, ffn_mult: float | None = None) -> dict:
     """A full FFN block as ModelOpt's Puzzletron writes it (FFNConfig: the width itself, its
     other fields at their off values), with an ``ffn_mult`` beside it where given."""
@@ -64,7 +79,7 @@ def decilm_shapes(blocks: Sequence[Mapping], *, hidden: int, heads: int, vocab: 
             out |= {f"{base}.input_layernorm.weight": [hidden],
                     f"{base}.self_attn.linear_attn.weight": [hidden, hidden]}
         elif not attn.get("no_op"):
-            kv = over.get("kv_heads", heads // attn["n_heads_in_group"])
+            kv = over.get("kv_heads", kv_heads_of(attn, heads))
             out |= {f"{base}.input_layernorm.weight": [hidden],
                     f"{base}.self_attn.q_proj.weight": [heads * hd, hidden],
                     f"{base}.self_attn.k_proj.weight": [kv * hd, hidden],
@@ -167,7 +182,7 @@ def decilm_model(root: Path, mlp_widths: Mapping[int, int] | None = None):
             attn, mlp = entry["attention"], entry["ffn"]
             if not attn.get("no_op"):
                 self.input_layernorm = LlamaRMSNorm(hidden, eps=base.rms_norm_eps)
-                kv = None if attn.get("replace_with_linear") else heads // attn["n_heads_in_group"]
+                kv = None if attn.get("replace_with_linear") else kv_heads_of(attn, heads)
                 self.self_attn = (Replacement("linear_attn") if kv is None
                                   else LlamaAttention(layer_config(num_key_value_heads=kv), i))
             if not mlp.get("no_op"):

@@ -31,6 +31,7 @@ from tests.decilm_models import (
     decilm_model,
     explicit_ffn,
     ffn,
+    modelopt_attention,
     write_decilm,
 )
 from tests.helpers import gac, tree_digest
@@ -188,6 +189,43 @@ def test_repair_writes_the_padded_width_into_intermediate_size(tmp_path: Path) -
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     load = _json(out, "--gpu", "h100", "--target", "vllm")["summary"]["targets"]["vllm"]["load"]
     assert load["loads"], load
+
+
+#: Blocks as ModelOpt's Puzzletron writes them (every dataclass field, parallel_blocks null).
+MODELOPT = [{**block(modelopt_attention(2), explicit_ffn(300)), "parallel_blocks": None},
+            {**block(modelopt_attention(None, no_op=True), explicit_ffn(256)),
+             "parallel_blocks": None}]
+
+
+def test_a_modelopt_entry_is_read_but_no_engine_builds_its_attention(tmp_path: Path) -> None:
+    """ModelOpt's AttentionConfig records num_key_value_heads, no n_heads_in_group, which is
+    what vLLM v0.33.0's and SGLang v0.5.23's DeciLMDecoderLayer divide by: both refuse; the
+    check reads the layer's KV heads, and a contradiction is a note with both values; --repair
+    pads the MLP and the model built from OUT's config computes the same."""
+    root = write_decilm(tmp_path / "m", MODELOPT)
+    result = gac_check.check(root, gpu="h100", target=["vllm", "sglang"])
+    sites = _sites(result)
+    assert sites["model.layers.0.self_attn:heads"].attrs["kv_heads"] == 2
+    assert not any(n for s in result.sites for n in s.notes)
+    for engine in ("vllm", "sglang"):
+        load = result.contract.targets.loads[engine]
+        assert not load.loads and load.why.startswith(
+            "the attention of layer 0 is recorded by num_key_value_heads alone")
+    other = write_decilm(tmp_path / "n", MODELOPT, widths={0: {"kv_heads": 4}})
+    assert _sites(gac_check.check(other, gpu="h100"))["model.layers.0.self_attn:heads"].notes == [
+        "layer 0 attention: block_configs' num_key_value_heads=2, the tensors have 4"]
+    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "vllm", "--target", "vllm")
+    assert run.returncode == 2 and "vllm would still refuse OUT" in run.stderr
+    assert not (tmp_path / "vllm").exists()
+    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "out")
+    assert run.returncode == 0, run.stderr
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["block_configs"][0]["ffn"]["intermediate_size"] == 304
+    assert cfg["block_configs"][0]["attention"] == MODELOPT[0]["attention"]
+    ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(30))
+    with torch.no_grad():
+        torch.testing.assert_close(decilm_model(tmp_path / "out")(ids), decilm_model(root)(ids),
+                                   rtol=0, atol=0)
 
 
 def test_a_block_the_tensors_contradict_is_read_from_the_tensors(tmp_path: Path) -> None:

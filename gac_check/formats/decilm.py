@@ -41,12 +41,14 @@ FULL_MODULES = {"attention": (LLAMA.q, LLAMA.k, LLAMA.v, LLAMA.o),
 #: Keys a block config may carry that set no width; accepted only at their "off" value.
 _INERT = {"sparsify": None, "window_length": None, "num_sink_tokens": None,
           "use_prefill_window_in_sink_attention": False, "unshifted_sink": False}
-#: ModelOpt Puzzletron's FFNConfig (modelopt/torch/puzzletron/decilm/deci_lm_hf_code/
-#: block_config.py) writes every field, these at their off values for a dense MLP.
-_FFN_INERT = {"moe": None, "weights_precision": "bf16"}
-_KNOWN = {"attention": {"no_op", "replace_with_linear", "n_heads_in_group", *_INERT},
+#: ModelOpt Puzzletron's AttentionConfig and FFNConfig (modelopt/torch/puzzletron/decilm/
+#: deci_lm_hf_code/block_config.py) write every field, these at their off values for a Llama
+#: attention and a dense MLP.
+_MODELOPT_INERT = {"moe": None, "llama4": None, "mamba": None, "weights_precision": "bf16"}
+_KNOWN = {"attention": {"no_op", "replace_with_linear", "n_heads_in_group",
+                        "num_key_value_heads", "weights_precision", "llama4", "mamba", *_INERT},
           "ffn": {"no_op", "replace_with_linear", "ffn_mult", "intermediate_size", "sparsify",
-                  *_FFN_INERT}}
+                  "weights_precision", "moe"}}
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ class Declared:
 
     kind: str  # FULL, NO_OP or LINEAR
     value: float | int | None  # n_heads_in_group (attention) or ffn_mult (ffn)
-    width: int | None = None  # ffn: intermediate_size, the width written out (ModelOpt)
+    #: as ModelOpt writes it: num_key_value_heads (attention) or intermediate_size (ffn)
+    width: int | None = None
 
 
 class DeciLM(Format):
@@ -123,7 +126,10 @@ def read(ckpt: Checkpoint) -> tuple[list[DimSite], tuple[LayerBlocks, ...]]:
         mult = float(ffn.value) if ffn.kind == FULL and ffn.value is not None else None
         blocks = LayerBlocks(
             i, attn.kind, ffn.kind,
-            kv_heads=heads_cfg // int(attn.value) if attn.kind == FULL and attn.value else None,
+            kv_heads=(heads_cfg // int(attn.value) if attn.kind == FULL and attn.value
+                      else attn.width),
+            n_heads_in_group=int(attn.value) if attn.kind == FULL and attn.value else None,
+            kv_declared=attn.width,
             ffn_mult=mult, width=ffn.width,
             intermediate=ffn_width(mult, hidden_cfg) if mult is not None else ffn.width)
         hidden.notes.extend(conflicts)  # a block's kind: the layer has no site of its own
@@ -142,7 +148,8 @@ def read(ckpt: Checkpoint) -> tuple[list[DimSite], tuple[LayerBlocks, ...]]:
                 site.inexact = (f"block_configs[{site.layer}].ffn is no full MLP, so no ffn_mult "
                                 "or intermediate_size records this width: not padded")
         if site.role is Role.HEADS:  # per-layer KV heads: block_configs' n_heads_in_group
-            site.notes[:] = [n for n in site.notes if "num_key_value_heads" not in n]
+            site.notes[:] = [n for n in site.notes
+                             if not n.startswith("config.json says num_key_value_heads")]
     return sites, tuple(layers)
 
 
@@ -189,7 +196,7 @@ def _declared(entry: object, i: int, block: str, heads: object, where) -> Declar
     if unknown:
         raise BadInput(f"{name} has {', '.join(map(repr, unknown))}, which gac-check does not "
                        "read: refusing rather than guess the layer's widths", where)
-    for key, off in (_INERT | _FFN_INERT).items():
+    for key, off in (_INERT | _MODELOPT_INERT).items():
         if key in raw and raw[key] != off and key in _KNOWN[block]:
             raise BadInput(f"{name}.{key} is {raw[key]!r}: gac-check models only "
                            f"{key}={off!r}", where)
@@ -200,11 +207,17 @@ def _declared(entry: object, i: int, block: str, heads: object, where) -> Declar
     if no_op or linear:
         return Declared(NO_OP if no_op else LINEAR, None)
     if block == "attention":
-        group = raw.get("n_heads_in_group")
+        group, kv = raw.get("n_heads_in_group"), raw.get("num_key_value_heads")
+        if kv is not None and not (_count(kv) and _count(heads) and heads % kv == 0):
+            raise BadInput(f"{name}.num_key_value_heads is {kv!r}: a full attention block needs "
+                           f"a positive divisor of num_attention_heads={heads!r}", where)
+        if group is None and kv is not None:
+            return Declared(FULL, None, kv)
         if not (_count(group) and _count(heads) and heads % group == 0):
             raise BadInput(f"{name}.n_heads_in_group is {group!r}: a full attention block needs "
-                           f"a positive divisor of num_attention_heads={heads!r}", where)
-        return Declared(FULL, group)
+                           f"a positive divisor of num_attention_heads={heads!r} (or a "
+                           "num_key_value_heads)", where)
+        return Declared(FULL, group, kv)
     width = raw.get("intermediate_size")
     if width is not None and not _count(width):
         raise BadInput(f"{name}.intermediate_size is {width!r}: a full FFN block's width is a "
@@ -269,9 +282,16 @@ def _width_conflicts(sites: list[DimSite], blocks: LayerBlocks
             if mlp:
                 site.notes.append(mlp)
         kv = site.attrs.get("kv_heads")
-        if site.role is Role.HEADS and blocks.kv_heads not in (None, kv):
-            heads.append(f"layer {blocks.layer} attention: block_configs' n_heads_in_group "
-                         f"gives {blocks.kv_heads} KV heads, the tensors have {kv}")
+        if site.role is not Role.HEADS:
+            continue
+        said = []
+        if blocks.n_heads_in_group is not None and blocks.kv_heads != kv:
+            said.append(f"n_heads_in_group gives {blocks.kv_heads} KV heads")
+        if blocks.kv_declared is not None and blocks.kv_declared != kv:
+            said.append(f"num_key_value_heads={blocks.kv_declared}")
+        if said:
+            heads.append(f"layer {blocks.layer} attention: block_configs' "
+                         f"{' and its '.join(said)}, the tensors have {kv}")
             site.notes.append(heads[-1])
     return mlp, heads
 

@@ -91,7 +91,11 @@ class LayerBlocks:
     layer: int
     attention: str
     ffn: str
-    kv_heads: int | None = None  # num_attention_heads // n_heads_in_group (full attention)
+    #: what a full attention declares: num_attention_heads // n_heads_in_group, else
+    #: num_key_value_heads (ModelOpt Puzzletron's AttentionConfig, which has no group)
+    kv_heads: int | None = None
+    n_heads_in_group: int | None = None
+    kv_declared: int | None = None  # num_key_value_heads as the entry writes it
     ffn_mult: float | None = None
     width: int | None = None  # the ffn entry's intermediate_size, where it writes one
     intermediate: int | None = None  # what the engines build: from ffn_mult, else width
