@@ -1,9 +1,10 @@
 """DeciLM / Nemotron-NAS checkpoints (NVIDIA Puzzle, ModelOpt Puzzletron): per-layer blocks.
 
 config.json names ``DeciLMForCausalLM`` (``model_type`` ``nemotron-nas``) and gives one
-``block_configs`` entry per layer: ``attention`` ({n_heads_in_group, no_op,
-replace_with_linear}) and ``ffn`` ({ffn_mult and / or intermediate_size, no_op,
-replace_with_linear}: ModelOpt's Puzzletron writes the width itself, ``intermediate_size``).
+``block_configs`` entry per layer: ``attention`` ({n_heads_in_group and / or
+num_key_value_heads, no_op, replace_with_linear}) and ``ffn`` ({ffn_mult and / or
+intermediate_size, no_op, replace_with_linear}: ModelOpt's Puzzletron writes the KV heads and
+the width themselves).
 The modules are Llama's where a block is full; a no-op block has no tensors (nor its norm); a
 linear replacement is one hidden x hidden ``self_attn.linear_attn`` or ``mlp.linear_mlp`` (the names
 NVIDIA NeMo Automodel's DeciLM layers give as the HF checkpoint's keys, and llama.cpp's
