@@ -30,6 +30,37 @@ def ffn(ffn_mult: float) -> dict:
     return {"ffn_mult": ffn_mult, "no_op": False, "replace_with_linear": False, "sparsify": None}
 
 
+def modelopt_attention(kv_heads: int | None, no_op: bool = False) -> dict:
+    """An attention block as ModelOpt's Puzzletron writes it (AttentionConfig: the KV heads
+    themselves, no n_heads_in_group; its other fields at their off values)."""
+    return {"no_op": no_op, "replace_with_linear": False, "sparsify": None,
+            "weights_precision": "bf16", "num_key_value_heads": kv_heads, "llama4": None,
+            "mamba": None}
+
+
+def kv_heads_of(attn: Mapping, heads: int) -> int:
+    """The KV heads a full attention entry declares: heads // n_heads_in_group, else
+    num_key_value_heads (ModelOpt's)."""
+    group = attn.get("n_heads_in_group")
+    return heads // group if group else attn["num_key_value_heads"]
+
+
+def explicit_ffn(width: int, ffn_mult: float | None = None) -> dict:
+    """A full FFN block as ModelOpt's Puzzletron writes it (FFNConfig: the width itself, its
+    other fields at their off values), with an ``ffn_mult`` beside it where given."""
+    out = {"no_op": False, "replace_with_linear": False, "sparsify": None,
+           "weights_precision": "bf16", "moe": None, "intermediate_size": width}
+    return out | ({"ffn_mult": ffn_mult} if ffn_mult is not None else {})
+
+
+def built_width(mlp: Mapping, hidden: int) -> int:
+    """The width vLLM v0.33.0's DeciLMDecoderLayer builds for a full FFN entry: ffn_mult's
+    (rounded up to 256) where the entry has one, else intermediate_size as given."""
+    if mlp.get("ffn_mult") is not None:
+        return ffn_width(mlp["ffn_mult"], hidden)
+    return mlp["intermediate_size"]
+
+
 def block(attn: Mapping, mlp: Mapping) -> dict:
     return {"attention": dict(attn), "ffn": dict(mlp)}
 
@@ -48,7 +79,7 @@ def decilm_shapes(blocks: Sequence[Mapping], *, hidden: int, heads: int, vocab: 
             out |= {f"{base}.input_layernorm.weight": [hidden],
                     f"{base}.self_attn.linear_attn.weight": [hidden, hidden]}
         elif not attn.get("no_op"):
-            kv = over.get("kv_heads", heads // attn["n_heads_in_group"])
+            kv = over.get("kv_heads", kv_heads_of(attn, heads))
             out |= {f"{base}.input_layernorm.weight": [hidden],
                     f"{base}.self_attn.q_proj.weight": [heads * hd, hidden],
                     f"{base}.self_attn.k_proj.weight": [kv * hd, hidden],
@@ -58,7 +89,7 @@ def decilm_shapes(blocks: Sequence[Mapping], *, hidden: int, heads: int, vocab: 
             out |= {f"{base}.post_attention_layernorm.weight": [hidden],
                     f"{base}.mlp.linear_mlp.weight": [hidden, hidden]}
         elif not mlp.get("no_op"):
-            inter = over.get("intermediate", ffn_width(mlp["ffn_mult"], hidden))
+            inter = over.get("intermediate", built_width(mlp, hidden))
             out |= {f"{base}.post_attention_layernorm.weight": [hidden],
                     f"{base}.mlp.gate_proj.weight": [inter, hidden],
                     f"{base}.mlp.up_proj.weight": [inter, hidden],
@@ -102,15 +133,16 @@ def write_decilm(root: Path, blocks: Sequence[Mapping], *, hidden: int = 256, he
 def decilm_model(root: Path, mlp_widths: Mapping[int, int] | None = None):
     """The model a DeciLM directory describes, built per layer from its config.json alone the
     way vLLM's DeciLMDecoderLayer builds it (vllm/model_executor/models/nemotron_nas.py,
-    v0.33.0) out of transformers' own Llama modules, and its safetensors loaded strictly (a
-    tensor the config does not build fails the load).
+    v0.33.0) out of transformers' own Llama modules, and its safetensors (or its
+    ``pytorch_model.bin`` state dict) loaded strictly (a tensor the config does not build
+    fails the load).
 
     A full attention is ``LlamaAttention`` with num_attention_heads // n_heads_in_group KV
-    heads, a full FFN ``LlamaMLP`` of ``ffn_width(ffn_mult, hidden)``, each behind its
-    ``LlamaRMSNorm``; a no-op block has no modules and leaves the residual stream as it is; a
-    linear replacement is one bias-free hidden x hidden ``linear_attn`` / ``linear_mlp``
-    behind its norm. ``mlp_widths`` gives layers the width their tensors have where the
-    config contradicts them (the model before ``--repair``: tensors win)."""
+    heads, a full FFN ``LlamaMLP`` of ``built_width`` (ffn_mult's, else intermediate_size),
+    each behind its ``LlamaRMSNorm``; a no-op block has no modules and leaves the residual
+    stream as it is; a linear replacement is one bias-free hidden x hidden ``linear_attn`` /
+    ``linear_mlp`` behind its norm. ``mlp_widths`` gives layers the width their tensors have
+    where the config contradicts them (the model before ``--repair``: tensors win)."""
     import torch
     from safetensors.torch import load_file
     from transformers import LlamaConfig
@@ -150,7 +182,7 @@ def decilm_model(root: Path, mlp_widths: Mapping[int, int] | None = None):
             attn, mlp = entry["attention"], entry["ffn"]
             if not attn.get("no_op"):
                 self.input_layernorm = LlamaRMSNorm(hidden, eps=base.rms_norm_eps)
-                kv = None if attn.get("replace_with_linear") else heads // attn["n_heads_in_group"]
+                kv = None if attn.get("replace_with_linear") else kv_heads_of(attn, heads)
                 self.self_attn = (Replacement("linear_attn") if kv is None
                                   else LlamaAttention(layer_config(num_key_value_heads=kv), i))
             if not mlp.get("no_op"):
@@ -158,7 +190,7 @@ def decilm_model(root: Path, mlp_widths: Mapping[int, int] | None = None):
                 if mlp.get("replace_with_linear"):
                     self.mlp = Replacement("linear_mlp")
                 else:
-                    width = (mlp_widths or {}).get(i) or ffn_width(mlp["ffn_mult"], hidden)
+                    width = (mlp_widths or {}).get(i) or built_width(mlp, hidden)
                     self.mlp = LlamaMLP(layer_config(intermediate_size=width))
 
         def forward(self, x, position_embeddings, mask):
@@ -197,6 +229,9 @@ def decilm_model(root: Path, mlp_widths: Mapping[int, int] | None = None):
             return self.lm_head(self.model.norm(x))
 
     model = DeciLM().double()  # float64: the comparison sees padding, not summation order
-    weights = {n: t.double() for n, t in load_file(str(root / "model.safetensors")).items()}
+    pickled = root / "pytorch_model.bin"  # a state dict torch.save wrote (this test's own)
+    state = (torch.load(pickled, weights_only=True) if pickled.exists()
+             else load_file(str(root / "model.safetensors")))
+    weights = {n: t.double() for n, t in state.items()}
     model.load_state_dict(weights, strict=True)
     return model.eval()

@@ -127,17 +127,17 @@ class Skipped(nn.Module):
 def per_layer_forward(root: Path, ids: torch.Tensor) -> torch.Tensor:
     """Logits of the checkpoint at ``root``: every layer its architecture's decoder layer
     (``LlamaDecoderLayer``, ``MistralDecoderLayer``, ``Qwen2DecoderLayer``) built from
-    transformers' own ``config.per_layer_config[i]`` and loaded strictly (only a skipped
-    block's tensors may be missing), in float64."""
+    transformers' own ``config.per_layer_config[i]`` (its rotary embedding too: a layer may
+    have its own head_dim) and loaded strictly (only a skipped block's tensors may be
+    missing), in float64."""
     cfg = AutoConfig.from_pretrained(root, attn_implementation="sdpa")
     arch = ARCHS[cfg.model_type]
     state = {k: v.double() for k, v in load_file(str(root / "model.safetensors")).items()}
     h = state["model.embed_tokens.weight"][ids]
     positions = torch.arange(ids.shape[1])[None]
-    rope = arch.rope(cfg.per_layer_config[0]).double()
-    cos_sin = rope(h, positions)
     for i in range(cfg.num_hidden_layers):
         layer_cfg = cfg.per_layer_config[i]
+        cos_sin = arch.rope(layer_cfg).double()(h, positions)  # the layer's own head_dim
         layer = arch.layer(layer_cfg, i).double()
         prefix = f"model.layers.{i}."
         own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}

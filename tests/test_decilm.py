@@ -29,7 +29,9 @@ from tests.decilm_models import (
     attention,
     block,
     decilm_model,
+    explicit_ffn,
     ffn,
+    modelopt_attention,
     write_decilm,
 )
 from tests.helpers import gac, tree_digest
@@ -100,6 +102,130 @@ def test_tensors_win_and_a_contradiction_is_a_note_with_both_values(tmp_path: Pa
                            "heads, the tensors have 4"]
     load = result.contract.targets.loads["vllm"]
     assert not load.loads and "ffn_mult=2 builds an MLP of 512" in load.why
+
+
+# ModelOpt's Puzzletron writes the width itself: FFNConfig.intermediate_size
+# (modelopt/torch/puzzletron/decilm/deci_lm_hf_code/block_config.py), no ffn_mult. vLLM v0.33.0's
+# DeciLMDecoderLayer builds it as given (the else of ``hasattr(block_config.ffn, "ffn_mult")``),
+# never rounded up to 256.
+EXPLICIT = [block(attention(2), explicit_ffn(300)), block(NO_OP, explicit_ffn(512, 2.0)),
+            {**block(attention(4), explicit_ffn(304)), "parallel_blocks": None}]
+
+
+def test_an_explicit_intermediate_size_is_the_width_vllm_builds(tmp_path: Path) -> None:
+    root = write_decilm(tmp_path / "m", EXPLICIT)
+    result = gac_check.check(root, gpu="h100", target=["vllm"])
+    mlp = {s.layer: s for s in result.sites if s.role is Role.INTERMEDIATE}
+    assert {i: s.value for i, s in mlp.items()} == {0: 300, 1: 512, 2: 304}
+    assert not any(s.notes for s in mlp.values())
+    load = result.contract.targets.loads["vllm"]
+    assert load.loads and load.why.endswith(
+        "layer 0: attention with 2 KV heads, MLP 300 (intermediate_size); layer 1: no "
+        "attention, MLP 512 (ffn_mult 2); layer 2: attention with 1 KV head, MLP 304 "
+        "(intermediate_size)")
+    # SGLang v0.5.23's DeciLMDecoderLayer reads block_config.ffn.ffn_mult for every full FFN;
+    # vLLM before v0.33.0 was not read for it
+    result = gac_check.check(root, gpu="h100", target=["sglang", "vllm@v0.30.0"])
+    loads = result.contract.targets.loads
+    assert not loads["sglang"].loads and loads["sglang"].why == (
+        "the FFN of layer 0, layer 2 is recorded by intermediate_size alone (ModelOpt "
+        "Puzzletron's FFNConfig), and sglang v0.5.23's DeciLMForCausalLM builds every full FFN "
+        "from its ffn_mult, never from intermediate_size: building the layer fails")
+    assert not loads["vllm@v0.30.0"].loads
+    assert "was not read to build a full FFN from intermediate_size (read at v0.33.0)" in loads[
+        "vllm@v0.30.0"].why
+    before = tree_digest(root)
+    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "out", "--target", "sglang")
+    assert run.returncode == 2 and "sglang would still refuse OUT" in run.stderr
+    assert not (tmp_path / "out").exists() and tree_digest(root) == before
+
+
+def test_an_intermediate_size_the_tensors_contradict_is_a_note_with_both_values(
+        tmp_path: Path) -> None:
+    root = write_decilm(tmp_path / "m", EXPLICIT, widths={0: {"intermediate": 320},
+                                                         1: {"intermediate": 512}},
+                        config=lambda c: {**c, "block_configs": [
+                            c["block_configs"][0],
+                            block(NO_OP, explicit_ffn(512, 1.0)), c["block_configs"][2]]})
+    result = gac_check.check(root, gpu="h100", target=["vllm"])
+    mlp = {s.layer: s for s in result.sites if s.role is Role.INTERMEDIATE}
+    assert mlp[0].value == 320 and mlp[0].notes == [
+        "layer 0 ffn: block_configs' intermediate_size=300, the tensors have 320"]
+    # ffn_mult 1.0 builds 256 while its intermediate_size says 512, the tensors' width
+    assert mlp[1].notes == ["layer 1 ffn: block_configs' ffn_mult=1 builds an MLP of 256, the "
+                            "tensors have 512"]
+    load = result.contract.targets.loads["vllm"]
+    assert not load.loads and "intermediate_size=300, the tensors have 320" in load.why
+
+
+def test_repair_writes_the_padded_width_into_intermediate_size(tmp_path: Path) -> None:
+    """Layer 0's 300 (its intermediate_size says 300) is padded to the contract's width, not
+    to a multiple of 256 (vLLM builds an intermediate_size as given); layer 1's entry has both,
+    ffn_mult 1.0 building 256 under tensors of 200: padded to 256, intermediate_size 200 -> 256
+    and ffn_mult kept; the model built from OUT's block_configs alone computes the same."""
+    blocks = [block(attention(2), explicit_ffn(300)), block(NO_OP, explicit_ffn(200, 1.0)),
+              block(attention(4), explicit_ffn(256))]
+    root = write_decilm(tmp_path / "m", blocks, widths={1: {"intermediate": 200}})
+    before = tree_digest(root)
+    out = tmp_path / "out"
+    run = gac(root, "--gpu", "h100", "--repair", out, "--target", "vllm")
+    assert run.returncode == 0, run.stderr
+    assert tree_digest(root) == before
+    report = json.loads((out / "gac-repair.json").read_text())
+    padded = {r["name"]: (r["from"], r["to"]) for r in report["repaired"]}
+    to = 304  # the contract's width (--gpu h100, minimal), not rounded up to 512
+    assert padded == {"model.layers.0.mlp:intermediate": (300, to),
+                      "model.layers.1.mlp:intermediate": (200, 256)}
+    assert sorted((c["field"], c["from"], c["to"]) for c in report["config_changes"]) == [
+        (["block_configs", 0, "ffn", "intermediate_size"], 300, to),
+        (["block_configs", 1, "ffn", "intermediate_size"], 200, 256)]
+    cfg = json.loads((out / "config.json").read_text())
+    assert [b["ffn"]["intermediate_size"] for b in cfg["block_configs"]] == [to, 256, 256]
+    assert cfg["block_configs"][1]["ffn"]["ffn_mult"] == 1.0
+    ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(30))
+    with torch.no_grad():
+        want = decilm_model(root, {1: 200})(ids)
+        got = decilm_model(out)(ids)  # widths from OUT's block_configs only
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    load = _json(out, "--gpu", "h100", "--target", "vllm")["summary"]["targets"]["vllm"]["load"]
+    assert load["loads"], load
+
+
+#: Blocks as ModelOpt's Puzzletron writes them (every dataclass field, parallel_blocks null).
+MODELOPT = [{**block(modelopt_attention(2), explicit_ffn(300)), "parallel_blocks": None},
+            {**block(modelopt_attention(None, no_op=True), explicit_ffn(256)),
+             "parallel_blocks": None}]
+
+
+def test_a_modelopt_entry_is_read_but_no_engine_builds_its_attention(tmp_path: Path) -> None:
+    """ModelOpt's AttentionConfig records num_key_value_heads, no n_heads_in_group, which is
+    what vLLM v0.33.0's and SGLang v0.5.23's DeciLMDecoderLayer divide by: both refuse; the
+    check reads the layer's KV heads, and a contradiction is a note with both values; --repair
+    pads the MLP and the model built from OUT's config computes the same."""
+    root = write_decilm(tmp_path / "m", MODELOPT)
+    result = gac_check.check(root, gpu="h100", target=["vllm", "sglang"])
+    sites = _sites(result)
+    assert sites["model.layers.0.self_attn:heads"].attrs["kv_heads"] == 2
+    assert not any(n for s in result.sites for n in s.notes)
+    for engine in ("vllm", "sglang"):
+        load = result.contract.targets.loads[engine]
+        assert not load.loads and load.why.startswith(
+            "the attention of layer 0 is recorded by num_key_value_heads alone")
+    other = write_decilm(tmp_path / "n", MODELOPT, widths={0: {"kv_heads": 4}})
+    assert _sites(gac_check.check(other, gpu="h100"))["model.layers.0.self_attn:heads"].notes == [
+        "layer 0 attention: block_configs' num_key_value_heads=2, the tensors have 4"]
+    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "vllm", "--target", "vllm")
+    assert run.returncode == 2 and "vllm would still refuse OUT" in run.stderr
+    assert not (tmp_path / "vllm").exists()
+    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "out")
+    assert run.returncode == 0, run.stderr
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["block_configs"][0]["ffn"]["intermediate_size"] == 304
+    assert cfg["block_configs"][0]["attention"] == MODELOPT[0]["attention"]
+    ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(30))
+    with torch.no_grad():
+        torch.testing.assert_close(decilm_model(tmp_path / "out")(ids), decilm_model(root)(ids),
+                                   rtol=0, atol=0)
 
 
 def test_a_block_the_tensors_contradict_is_read_from_the_tensors(tmp_path: Path) -> None:
@@ -315,7 +441,8 @@ def test_an_mlp_whose_block_config_is_no_mlp_is_not_padded(tmp_path: Path) -> No
     report = json.loads((tmp_path / "out" / "gac-repair.json").read_text())
     assert not report["repaired"] and report["config_changes"] == []
     assert [r["reason"] for r in report["refused"]] == [
-        "block_configs[1].ffn is no full MLP, so no ffn_mult records this width: not padded"]
+        "block_configs[1].ffn is no full MLP, so no ffn_mult or intermediate_size records this "
+        "width: not padded"]
 
 
 def test_ffn_mult_for_builds_exactly_the_width() -> None:
@@ -361,6 +488,18 @@ REFUSED = {
     "ffn_mult missing": (dict(config=lambda c: {**c, "block_configs": [
         {**c["block_configs"][0], "ffn": {"no_op": False}}, *c["block_configs"][1:]]}),
         "block_configs[0].ffn.ffn_mult is None"),
+    "intermediate_size not a count": (dict(config=lambda c: {**c, "block_configs": [
+        {**c["block_configs"][0], "ffn": explicit_ffn("512")}, *c["block_configs"][1:]]}),
+        "block_configs[0].ffn.intermediate_size is '512': a full FFN block's width is a "
+        "positive integer"),
+    "a MoE FFN": (dict(config=lambda c: {**c, "block_configs": [
+        {**c["block_configs"][0], "ffn": {**explicit_ffn(512), "moe": {"num_local_experts": 8}}},
+        *c["block_configs"][1:]]}), "ffn.moe is {'num_local_experts': 8}: gac-check models "
+        "only moe=None"),
+    "parallel blocks": (dict(config=lambda c: {**c, "block_configs": [
+        {**c["block_configs"][0], "parallel_blocks": [c["block_configs"][0]]},
+        *c["block_configs"][1:]]}), "block_configs[0] has 'parallel_blocks', which gac-check "
+        "does not read"),
     "ffn_mult overflows": (dict(config=lambda c: {**c, "block_configs": [
         {**c["block_configs"][0], "ffn": ffn(1e308)}, *c["block_configs"][1:]]}),
         "ffn_mult is 1e+308: the width it builds is no finite number"),
@@ -432,3 +571,59 @@ def test_vllm_builds_the_width_each_written_ffn_mult_records(tmp_path: Path) -> 
     assert len(answers) == len(cases)
     wrong = [a for a in answers if a["width"] != a["want"]]
     assert not wrong, wrong[:5]
+
+
+def _pickle(root: Path) -> Path:
+    """``root``'s weights as ``save_pretrained(safe_serialization=False)`` writes them: the
+    state dict through ``torch.save``, as ``pytorch_model.bin``, and no safetensors."""
+    from safetensors.torch import load_file
+
+    st = root / "model.safetensors"
+    torch.save(load_file(str(st)), root / "pytorch_model.bin")
+    st.unlink()
+    return root
+
+
+def _no_unpickling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way to unpickle fails the test: the checkpoint is read by walking its opcodes."""
+    import pickle
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("unpickled")
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+
+
+def test_a_pickled_decilm_checks_and_repairs_like_its_safetensors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same contradicted checkpoint as a pickled state dict: the same sites, notes and
+    verdicts, and --repair writes the same widths and config changes back into a
+    pytorch_model.bin, never unpickling it; the model built from OUT's config computes the
+    same as the original."""
+    widths = {i: {"intermediate": w} for i, w in PADDED_WIDTHS.items()}
+    st = write_decilm(tmp_path / "st", PADDED, widths=widths)
+    pk = _pickle(write_decilm(tmp_path / "pk", PADDED, widths=widths))
+    ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(30))
+    with torch.no_grad():
+        want = decilm_model(st, PADDED_WIDTHS)(ids)
+    _no_unpickling(monkeypatch)
+
+    def seen(root: Path) -> tuple:
+        doc = _json(root, "--gpu", "h100", "--target", "vllm")
+        return doc["format"], doc["sites"], doc["summary"]["targets"]
+    assert seen(pk) == seen(st) and seen(pk)[0] == "decilm"
+    reports = {}
+    for name, root in (("st", st), ("pk", pk)):
+        run = gac(root, "--gpu", "h100", "--repair", tmp_path / f"{name}-out")
+        assert run.returncode == 0, run.stderr
+        report = json.loads((tmp_path / f"{name}-out" / "gac-repair.json").read_text())
+        reports[name] = (report["repaired"], report["config_changes"])
+    assert reports["pk"] == reports["st"] and reports["pk"][0]
+    out = tmp_path / "pk-out"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "gac-repair.json", "pytorch_model.bin"]
+    monkeypatch.undo()
+    with torch.no_grad():
+        got = decilm_model(out)(ids)  # OUT's pickle, loaded strictly into OUT's config
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -183,8 +183,12 @@ BAD = {
     "unknown-attribute": (_plc({"1": {"sliding_window": 64}}),
                           "per_layer_config['1'] has 'sliding_window', which gac-check does "
                           "not read"),
-    "per-layer-head-dim": (_plc({"1": {"head_dim": 16}}),
-                           "per_layer_config['1'].head_dim is 16 (global"),
+    "per-layer-hidden-size": (_plc({"1": {"hidden_size": 128}}),
+                              "per_layer_config['1'].hidden_size is 128 (global 64): a "
+                              "per-layer hidden_size is no layout"),
+    "heads-split-nothing": (_plc({"1": {"head_dim": 24, "num_attention_heads": 5}}),
+                            "layer 1's q/k widths 64/32 are whole heads of neither its "
+                            "head_dim 24 nor 5 heads"),
     "skip-unknown-block": (_plc({"2": {"skip": ["attention"]}}),
                            "skip names 'attention'; a layer's blocks are 'self_attn' and 'mlp'"),
     "skip-a-string": (_plc({"2": {"skip": "mlp"}}), "skip is 'mlp', not a list of block names"),
@@ -293,3 +297,95 @@ def test_a_module_built_per_layer_checks_as_its_saved_directory(tmp_path: Path) 
         logits = model(ids).logits.double()
     torch.testing.assert_close(per_layer_forward(tmp_path / "saved", ids), logits,
                                rtol=0, atol=1e-5)
+
+
+#: Layer 1 with heads of 16 (8 of them: q 128 wide), its MLP pruned to 107: transformers
+#: v5.24.0 builds the layer from per_layer_config[1] (head_dim 16), as the per-layer forward does.
+HEAD_DIM = {"1": {"head_dim": 16, "intermediate_size": 107}}
+
+
+def test_a_per_layer_head_dim_is_read_from_the_layers_own_tensors(tmp_path: Path) -> None:
+    root = write_per_layer(tmp_path / "m", HEAD_DIM)
+    result = gac_check.check(root, gpu="h100")
+    sites = _sites(result)
+    assert sites["model.layers.1.self_attn:head_dim"].value == 16
+    assert sites["model.layers.0.self_attn:head_dim"].value == 8
+    assert sites["model.layers.1.self_attn:heads"].value == 8
+    assert not any(n for s in result.sites for n in s.notes)
+    load = _json(root, "--gpu", "h100", "--target", "vllm")["summary"]["targets"]["vllm"]["load"]
+    assert not load["loads"] and ("layer 1: MLP 107 (global intermediate_size 128), head_dim "
+                                  "16 (global head_dim 8)") in load["why"]
+    # --repair pads the MLP only (a head_dim is never padded under RoPE) and the layers
+    # built from OUT's own per_layer_config[i] compute the same
+    run = gac(root, "--gpu", "h100", "--repair", tmp_path / "out")
+    assert run.returncode == 0, run.stderr
+    entry = json.loads((tmp_path / "out" / "config.json").read_text())["per_layer_config"]["1"]
+    assert entry["head_dim"] == 16 and entry["intermediate_size"] > 107
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(per_layer_forward(tmp_path / "out", ids),
+                               per_layer_forward(root, ids), rtol=0, atol=1e-12)
+
+
+def test_transformers_cannot_build_a_llama_config_with_per_layer_head_counts() -> None:
+    """transformers v5.24.0's LlamaConfig validates hidden_size % num_attention_heads with a
+    global read (configuration_llama.py, validate_architecture), which a per-layer
+    num_attention_heads refuses: no Llama config, let alone model, has one."""
+    with pytest.raises(AmbiguousGlobalPerLayerAttributeError):
+        LlamaConfig(**base_config(), per_layer_config={"1": {"num_attention_heads": 4}})
+
+
+def _fewer_heads(q_heads: int, kv_heads: int):
+    """Layer 1's attention cut to its first ``q_heads`` query and ``kv_heads`` KV heads (of
+    8), real weights sliced: rows of q/k/v, columns of o."""
+    def edit(state: dict) -> dict:
+        base = "model.layers.1.self_attn"
+        return {**state, f"{base}.q_proj.weight": state[f"{base}.q_proj.weight"][:q_heads * 8],
+                f"{base}.k_proj.weight": state[f"{base}.k_proj.weight"][:kv_heads * 8],
+                f"{base}.v_proj.weight": state[f"{base}.v_proj.weight"][:kv_heads * 8],
+                f"{base}.o_proj.weight": state[f"{base}.o_proj.weight"][:, :q_heads * 8]
+                .contiguous()}
+    return edit
+
+
+def test_per_layer_head_counts_are_the_layers_own_and_tensors_win(tmp_path: Path) -> None:
+    heads = {"1": {"num_attention_heads": 4, "num_key_value_heads": 2}}
+    root = write_per_layer(tmp_path / "m", None, tensors=_fewer_heads(4, 2),
+                           config=lambda c: {**c, "per_layer_config": heads})
+    result = gac_check.check(root, gpu="h100", target=["vllm"])
+    layer1 = _sites(result)["model.layers.1.self_attn:heads"]
+    assert (layer1.value, layer1.attrs["kv_heads"]) == (4, 2)
+    assert _sites(result)["model.layers.1.self_attn:head_dim"].value == 8
+    assert not any(n for s in result.sites for n in s.notes)
+    load = result.contract.targets.loads["vllm"]
+    assert not load.loads and ("layer 1: 4 heads (global num_attention_heads 8), 2 KV heads "
+                               "(global num_key_value_heads 8)") in load.why
+    # the same entry over 6 query heads: the tensors win, the entry is a note with both values
+    other = write_per_layer(tmp_path / "n", None, tensors=_fewer_heads(6, 2),
+                            config=lambda c: {**c, "per_layer_config": heads})
+    layer1 = _sites(gac_check.check(other, gpu="h100"))["model.layers.1.self_attn:heads"]
+    assert layer1.value == 6 and layer1.notes == [
+        "per_layer_config['1'] says num_attention_heads=4, tensors have 6"]
+    run = gac(other, "--gpu", "h100", "--repair", tmp_path / "out", "--target", "vllm")
+    assert run.returncode == 2 and not (tmp_path / "out").exists()  # head counts: no padding
+
+
+def test_a_per_layer_config_in_text_config_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """transformers v5.24.0 reads it there (get_text_config() is the text config, with its
+    per_layer_config), but gac-check reads no nested text config's widths."""
+    nested = {"text_config": {**base_config(), "per_layer_config": PRUNED}}
+    root = write_per_layer(tmp_path / "m", None, config=lambda c: {**c, **nested})
+    run = gac(root, "--gpu", "h100")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "text_config.per_layer_config" in run.stderr and "does not read" in run.stderr
+
+
+def test_a_module_with_a_per_layer_head_dim_checks_as_its_saved_directory(
+        tmp_path: Path) -> None:
+    """In memory the layer's own head_dim is its attention module's (tensors and attributes),
+    the same as on disk."""
+    model = _assembled(HEAD_DIM)
+    assert model.model.layers[1].self_attn.head_dim == 16
+    model.save_pretrained(tmp_path / "saved")
+    on_disk = gac_check.check(tmp_path / "saved", gpu="h100", target="vllm")
+    assert _sites(on_disk)["model.layers.1.self_attn:head_dim"].value == 16
+    same_check(gac_check.check(model, gpu="h100", target="vllm"), on_disk)

@@ -87,21 +87,25 @@ def _ffn_mults_only(before: CheckResult) -> bool:
 
 def _as_repaired(before: CheckResult, repair_plan: RepairPlan) -> Contract:
     """The contract OUT will be judged by: its block_configs as the repair writes them, each
-    layer's MLP conflict gone where OUT's ffn_mult builds OUT's width."""
+    layer's MLP conflict gone where what OUT's entry declares (ffn_mult's width, its
+    intermediate_size) is OUT's width."""
     sizes = {r.site.name: r.target for r in repair_plan.repairs}
-    mults = {e.path[1]: e.new for e in repair_plan.config_edits if e.path[0] == "block_configs"}
+    written = {(e.path[1], e.path[-1]): e.new for e in repair_plan.config_edits
+               if e.path[0] == "block_configs"}
     mlp = {s.layer: s for s in before.sites if s.role is Role.INTERMEDIATE}
     kind = model_kind(before.checkpoint, before.format)
+    hidden = before.checkpoint.config["hidden_size"]
     blocks = []
     for b in kind.blocks:
         site = mlp.get(b.layer)
-        mult = mults.get(b.layer, b.ffn_mult)
+        mult = written.get((b.layer, "ffn_mult"), b.ffn_mult)
+        explicit = written.get((b.layer, "intermediate_size"), b.width)
         width = sizes.get(site.name, site.value) if site else None
-        hidden = before.checkpoint.config["hidden_size"]
-        if mult is not None and width is not None and ffn_width(mult, hidden) == width:
-            b = dataclasses.replace(b, ffn_mult=mult, intermediate=width, mlp_conflict=None,
-                                    conflicts=tuple(c for c in b.conflicts
-                                                    if c != b.mlp_conflict))
+        declared = {ffn_width(mult, hidden) if mult is not None else None, explicit} - {None}
+        if width is not None and declared == {width}:
+            b = dataclasses.replace(b, ffn_mult=mult, width=explicit, intermediate=width,
+                                    mlp_conflict=None, conflicts=tuple(
+                                        c for c in b.conflicts if c != b.mlp_conflict))
         blocks.append(b)
     return assemble(before.contract.profile, before.contract.dtype, before.targets,
                     before.sites, dataclasses.replace(kind, blocks=tuple(blocks)))

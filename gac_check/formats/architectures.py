@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -253,7 +253,8 @@ def infer_head_dim(ckpt: Checkpoint) -> tuple[int | None, str]:
 
 
 def family_sites(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
-                 resolve: Resolver, head_dim: tuple[int, str] | None = None) -> list[DimSite]:
+                 resolve: Resolver, head_dim: tuple[int, str] | None = None,
+                 layer_head_dims: Mapping[int, int] | None = None) -> list[DimSite]:
     """Per-layer intermediate/head_dim/heads sites plus the global hidden and vocab sites.
 
     head_dim is config.json's where the tensors agree (:func:`.declared.config_head_dim`: a
@@ -261,11 +262,15 @@ def family_sites(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
     :func:`infer_head_dim` finds, else
     ``head_dim`` (value, how) from a format that can infer it from shapes alone (LLM-Pruner's
     whole-head pruning). An inferred head_dim is noted on every head_dim site.
+    ``layer_head_dims`` are layers with a head_dim of their own (per_layer_config's), split
+    by it and left out of the model's.
     """
     shapes = ckpt.shapes
     cfg = ckpt.config
+    own = dict(layer_head_dims or {})
     hd, disagree = config_head_dim(ckpt, [(resolve(f"{prefix}.{i}.{fam.q}"),
-                                           resolve(f"{prefix}.{i}.{fam.k}")) for i in layers])
+                                           resolve(f"{prefix}.{i}.{fam.k}"))
+                                          for i in layers if i not in own])
     how = ""
     if hd is None:
         hd, how = infer_head_dim(ckpt)
@@ -280,8 +285,9 @@ def family_sites(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
         mlp = _intermediate_site(cfg, shapes, fam, base, i, lin)
         if mlp:
             sites.append(mlp)
-        attention = _attention_sites(cfg, shapes, fam, base, i, lin, hd) if hd else []
-        if attention and how:
+        layer_hd = own.get(i, hd)
+        attention = _attention_sites(cfg, shapes, fam, base, i, lin, layer_hd) if layer_hd else []
+        if attention and how and i not in own:
             attention[0].notes.append(f"head_dim {hd} inferred from {how}")
         sites.extend(attention)
     sites.append(_hidden_site(ckpt, fam, prefix, layers, resolve))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.formats.architectures import family_sites, find_family
+from gac_check.formats.architectures import Family, family_sites, find_family
 from gac_check.formats.gpt_oss import fused_sites
 from gac_check.formats.layout import Linear, dense_linear
 from gac_check.formats.moe import moe_sites
@@ -42,11 +42,17 @@ class Format:
         each layer's own (transformers' per_layer_config); empty otherwise."""
         return ()
 
+    def head_dims(self, ckpt: Checkpoint, fam: Family, prefix: str) -> dict[int, int]:
+        """Layers whose head_dim is their own, not the model's (transformers'
+        per_layer_config); empty where one head_dim splits every layer."""
+        return {}
+
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:
         found = find_family(ckpt, strict=False)
         shared: list[DimSite] = []
         if found:
             fam, prefix, layers = found
-            shared = family_sites(ckpt, fam, prefix, layers, lambda m: self.linear(ckpt, m))
+            shared = family_sites(ckpt, fam, prefix, layers, lambda m: self.linear(ckpt, m),
+                                  layer_head_dims=self.head_dims(ckpt, fam, prefix))
         return (self.own_sites(ckpt) + shared + moe_sites(ckpt, shared)
                 + fused_sites(ckpt, shared))

@@ -1,10 +1,12 @@
 """DeciLM / Nemotron-NAS checkpoints (NVIDIA Puzzle, ModelOpt Puzzletron): per-layer blocks.
 
 config.json names ``DeciLMForCausalLM`` (``model_type`` ``nemotron-nas``) and gives one
-``block_configs`` entry per layer: ``attention`` ({n_heads_in_group, no_op,
-replace_with_linear}) and ``ffn`` ({ffn_mult, no_op, replace_with_linear}). The modules are
-Llama's where a block is full; a no-op block has no tensors (nor its norm); a linear
-replacement is one hidden x hidden ``self_attn.linear_attn`` or ``mlp.linear_mlp`` (the names
+``block_configs`` entry per layer: ``attention`` ({n_heads_in_group and / or
+num_key_value_heads, no_op, replace_with_linear}) and ``ffn`` ({ffn_mult and / or
+intermediate_size, no_op, replace_with_linear}: ModelOpt's Puzzletron writes the KV heads and
+the width themselves).
+The modules are Llama's where a block is full; a no-op block has no tensors (nor its norm); a
+linear replacement is one hidden x hidden ``self_attn.linear_attn`` or ``mlp.linear_mlp`` (the names
 NVIDIA NeMo Automodel's DeciLM layers give as the HF checkpoint's keys, and llama.cpp's
 gguf-py tensor_mapping maps for ``deci``), behind its norm.
 
@@ -40,8 +42,14 @@ FULL_MODULES = {"attention": (LLAMA.q, LLAMA.k, LLAMA.v, LLAMA.o),
 #: Keys a block config may carry that set no width; accepted only at their "off" value.
 _INERT = {"sparsify": None, "window_length": None, "num_sink_tokens": None,
           "use_prefill_window_in_sink_attention": False, "unshifted_sink": False}
-_KNOWN = {"attention": {"no_op", "replace_with_linear", "n_heads_in_group", *_INERT},
-          "ffn": {"no_op", "replace_with_linear", "ffn_mult", "sparsify"}}
+#: ModelOpt Puzzletron's AttentionConfig and FFNConfig (modelopt/torch/puzzletron/decilm/
+#: deci_lm_hf_code/block_config.py) write every field, these at their off values for a Llama
+#: attention and a dense MLP.
+_MODELOPT_INERT = {"moe": None, "llama4": None, "mamba": None, "weights_precision": "bf16"}
+_KNOWN = {"attention": {"no_op", "replace_with_linear", "n_heads_in_group",
+                        "num_key_value_heads", "weights_precision", "llama4", "mamba", *_INERT},
+          "ffn": {"no_op", "replace_with_linear", "ffn_mult", "intermediate_size", "sparsify",
+                  "weights_precision", "moe"}}
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,8 @@ class Declared:
 
     kind: str  # FULL, NO_OP or LINEAR
     value: float | int | None  # n_heads_in_group (attention) or ffn_mult (ffn)
+    #: as ModelOpt writes it: num_key_value_heads (attention) or intermediate_size (ffn)
+    width: int | None = None
 
 
 class DeciLM(Format):
@@ -114,28 +124,33 @@ def read(ckpt: Checkpoint) -> tuple[list[DimSite], tuple[LayerBlocks, ...]]:
                 lin = resolve(f"{prefix}.{i}.{REPLACEMENT[block]}")
                 assert lin is not None
                 hidden.axes += lin.producer_axes(ckpt.shapes) + lin.consumer_axes(ckpt.shapes)
+        mult = float(ffn.value) if ffn.kind == FULL and ffn.value is not None else None
         blocks = LayerBlocks(
             i, attn.kind, ffn.kind,
-            kv_heads=heads_cfg // int(attn.value) if attn.kind == FULL and attn.value else None,
-            ffn_mult=float(ffn.value) if ffn.kind == FULL and ffn.value is not None else None,
-            intermediate=(ffn_width(float(ffn.value), hidden_cfg)
-                          if ffn.kind == FULL and ffn.value is not None else None))
+            kv_heads=(heads_cfg // int(attn.value) if attn.kind == FULL and attn.value
+                      else attn.width),
+            n_heads_in_group=int(attn.value) if attn.kind == FULL and attn.value else None,
+            kv_declared=attn.width,
+            ffn_mult=mult, width=ffn.width,
+            intermediate=ffn_width(mult, hidden_cfg) if mult is not None else ffn.width)
         hidden.notes.extend(conflicts)  # a block's kind: the layer has no site of its own
         mlp, heads = _width_conflicts(sites, blocks)
         conflicts += [*([mlp] if mlp else []), *heads]
         layers.append(replace(blocks, conflicts=tuple(conflicts), mlp_conflict=mlp))
-    mults = {b.layer: b.ffn_mult for b in layers if b.ffn_mult is not None}
+    full = {b.layer: b for b in layers if b.ffn == FULL}
     for site in sites:
         if site.role is Role.INTERMEDIATE:
-            site.config_field = None  # block_configs records ffn_mult, not the width
-            if site.layer in mults:  # what padding/plan.py rewrites to record a padded width
-                site.attrs[FFN_MULT] = {"block_config": site.layer,
-                                        "ffn_mult": mults[site.layer], "hidden_size": hidden_cfg}
+            site.config_field = None  # block_configs records it, per layer (padding/plan.py)
+            if site.layer in full:  # what padding/plan.py rewrites to record a padded width
+                b = full[site.layer]
+                site.attrs[FFN_MULT] = {"block_config": site.layer, "ffn_mult": b.ffn_mult,
+                                        "intermediate_size": b.width, "hidden_size": hidden_cfg}
             else:
                 site.inexact = (f"block_configs[{site.layer}].ffn is no full MLP, so no ffn_mult "
-                                "records this width: not padded")
+                                "or intermediate_size records this width: not padded")
         if site.role is Role.HEADS:  # per-layer KV heads: block_configs' n_heads_in_group
-            site.notes[:] = [n for n in site.notes if "num_key_value_heads" not in n]
+            site.notes[:] = [n for n in site.notes
+                             if not n.startswith("config.json says num_key_value_heads")]
     return sites, tuple(layers)
 
 
@@ -162,6 +177,13 @@ def _block_configs(ckpt: Checkpoint) -> list[tuple[Declared, Declared]]:
         raise BadInput(f"block_configs has {len(blocks)} entries, num_hidden_layers is "
                        f"{layers!r}: every engine builds one layer per entry", where)
     heads = cfg.get("num_attention_heads")
+    for i, entry in enumerate(blocks):
+        extra = sorted(k for k, v in entry.items() if k not in ("attention", "ffn")
+                       and (k, v) != ("parallel_blocks", None)) if isinstance(entry, dict) else []
+        if extra:  # ModelOpt's BlockConfig: parallel_blocks, null unless blocks run in parallel
+            raise BadInput(f"block_configs[{i}] has {', '.join(map(repr, extra))}, which "
+                           "gac-check does not read: refusing rather than guess the layer's "
+                           "blocks", where)
     return [(_declared(entry, i, "attention", heads, where),
              _declared(entry, i, "ffn", heads, where)) for i, entry in enumerate(blocks)]
 
@@ -175,7 +197,7 @@ def _declared(entry: object, i: int, block: str, heads: object, where) -> Declar
     if unknown:
         raise BadInput(f"{name} has {', '.join(map(repr, unknown))}, which gac-check does not "
                        "read: refusing rather than guess the layer's widths", where)
-    for key, off in _INERT.items():
+    for key, off in (_INERT | _MODELOPT_INERT).items():
         if key in raw and raw[key] != off and key in _KNOWN[block]:
             raise BadInput(f"{name}.{key} is {raw[key]!r}: gac-check models only "
                            f"{key}={off!r}", where)
@@ -186,16 +208,28 @@ def _declared(entry: object, i: int, block: str, heads: object, where) -> Declar
     if no_op or linear:
         return Declared(NO_OP if no_op else LINEAR, None)
     if block == "attention":
-        group = raw.get("n_heads_in_group")
+        group, kv = raw.get("n_heads_in_group"), raw.get("num_key_value_heads")
+        if kv is not None and not (_count(kv) and _count(heads) and heads % kv == 0):
+            raise BadInput(f"{name}.num_key_value_heads is {kv!r}: a full attention block needs "
+                           f"a positive divisor of num_attention_heads={heads!r}", where)
+        if group is None and kv is not None:
+            return Declared(FULL, None, kv)
         if not (_count(group) and _count(heads) and heads % group == 0):
             raise BadInput(f"{name}.n_heads_in_group is {group!r}: a full attention block needs "
-                           f"a positive divisor of num_attention_heads={heads!r}", where)
-        return Declared(FULL, group)
+                           f"a positive divisor of num_attention_heads={heads!r} (or a "
+                           "num_key_value_heads)", where)
+        return Declared(FULL, group, kv)
+    width = raw.get("intermediate_size")
+    if width is not None and not _count(width):
+        raise BadInput(f"{name}.intermediate_size is {width!r}: a full FFN block's width is a "
+                       "positive integer", where)
     mult = raw.get("ffn_mult")
+    if mult is None and width is not None:
+        return Declared(FULL, None, width)
     if isinstance(mult, bool) or not isinstance(mult, int | float) or mult <= 0:
         raise BadInput(f"{name}.ffn_mult is {mult!r}: a full FFN block needs a positive "
-                       "number", where)
-    return Declared(FULL, mult)
+                       "number (or an intermediate_size)", where)
+    return Declared(FULL, mult, width)
 
 
 def _layers(ckpt: Checkpoint, count: int) -> tuple[str, list[int]]:
@@ -236,20 +270,44 @@ def _found(ckpt: Checkpoint, prefix: str, i: int, block: str, hidden: int) -> st
 def _width_conflicts(sites: list[DimSite], blocks: LayerBlocks
                      ) -> tuple[str | None, list[str]]:
     """The layer's config widths its tensors contradict: its MLP width against what ffn_mult
-    builds (which ``--repair`` resolves: padding/plan.py), and its KV heads against
+    builds and against its intermediate_size, either one a contradiction (which ``--repair``
+    resolves: padding/plan.py), and its KV heads against
     num_attention_heads // n_heads_in_group (which it does not), each also a note on the site
     whose value the tensors give."""
     mlp, heads = None, []
     for site in sites:
         if site.layer != blocks.layer:
             continue
-        if site.role is Role.INTERMEDIATE and blocks.intermediate not in (None, site.value):
-            mlp = (f"layer {blocks.layer} ffn: block_configs' ffn_mult={blocks.ffn_mult:g} "
-                   f"builds an MLP of {blocks.intermediate}, the tensors have {site.value}")
-            site.notes.append(mlp)
+        if site.role is Role.INTERMEDIATE:
+            mlp = _mlp_conflict(blocks, site.value)
+            if mlp:
+                site.notes.append(mlp)
         kv = site.attrs.get("kv_heads")
-        if site.role is Role.HEADS and blocks.kv_heads not in (None, kv):
-            heads.append(f"layer {blocks.layer} attention: block_configs' n_heads_in_group "
-                         f"gives {blocks.kv_heads} KV heads, the tensors have {kv}")
+        if site.role is not Role.HEADS:
+            continue
+        said = []
+        if blocks.n_heads_in_group is not None and blocks.kv_heads != kv:
+            said.append(f"n_heads_in_group gives {blocks.kv_heads} KV heads")
+        if blocks.kv_declared is not None and blocks.kv_declared != kv:
+            said.append(f"num_key_value_heads={blocks.kv_declared}")
+        if said:
+            heads.append(f"layer {blocks.layer} attention: block_configs' "
+                         f"{' and its '.join(said)}, the tensors have {kv}")
             site.notes.append(heads[-1])
     return mlp, heads
+
+
+def _mlp_conflict(blocks: LayerBlocks, width: int) -> str | None:
+    """What the layer's ffn entry declares that its MLP of ``width`` contradicts, both values
+    said: an ffn_mult building another width, an intermediate_size of another width (an engine
+    builds the one its config class reads: vLLM v0.33.0's DeciLMDecoderLayer, ffn_mult where
+    the class has it, else intermediate_size as given)."""
+    said = []
+    if blocks.ffn_mult is not None and blocks.intermediate != width:  # ffn_mult's width
+        said.append(f"ffn_mult={blocks.ffn_mult:g} builds an MLP of {blocks.intermediate}")
+    if blocks.width is not None and blocks.width != width:
+        said.append(f"intermediate_size={blocks.width}")
+    if not said:
+        return None
+    return (f"layer {blocks.layer} ffn: block_configs' {' and its '.join(said)}, the tensors "
+            f"have {width}")

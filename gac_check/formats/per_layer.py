@@ -19,6 +19,7 @@ layout), and a block with no tensors that ``skip`` does not name.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,16 +27,18 @@ from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
 from gac_check.formats.architectures import Family, find_family
 from gac_check.formats.base import Format
+from gac_check.formats.layout import Linear
 from gac_check.sites import DimSite, Role
 from gac_check.targets.per_layer import LayerDiff
 
 KEY = "per_layer_config"
 #: Overrides gac-check reads whatever their value: the MLP width (the family's own key is
-#: added) and the KV-head count, both of which each layer's tensors carry.
-WIDTHS = ("num_key_value_heads",)
-#: Overrides read only at the global value (transformers then drops them): a per-layer head
-#: count or head size changes how the tensors split into heads, which is not read yet.
-GLOBAL_ONLY = ("num_attention_heads", "head_dim", "hidden_size")
+#: added), the head counts and the head size, all of which each layer's tensors carry (the
+#: entry says how the layer's q/k widths split into heads, the tensors hold it to that).
+WIDTHS = ("num_key_value_heads", "num_attention_heads", "head_dim")
+#: Overrides read only at the global value (transformers then drops them): every layer reads
+#: and writes the one residual stream.
+GLOBAL_ONLY = ("hidden_size",)
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,17 @@ class PerLayer(Format):
     description = "transformers per-layer config (per_layer_config)"
 
     def matches(self, ckpt: Checkpoint) -> bool:
-        return ckpt.config.get(KEY) not in (None, {})
+        text = ckpt.config.get("text_config")
+        return (ckpt.config.get(KEY) not in (None, {})
+                or (isinstance(text, dict) and text.get(KEY) not in (None, {})))
 
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:
         return read(ckpt, super().sites(ckpt))[0]
+
+    def head_dims(self, ckpt: Checkpoint, fam: Family, prefix: str) -> dict[int, int]:
+        overrides = parse(ckpt.config, fam, ckpt.path / "config.json")
+        return layer_head_dims(ckpt, fam, prefix, overrides,
+                               lambda m: self.linear(ckpt, m))
 
     def per_layer(self, ckpt: Checkpoint) -> tuple[LayerDiff, ...]:
         return read(ckpt, super().sites(ckpt))[1]
@@ -94,6 +104,45 @@ def read(ckpt: Checkpoint, sites: list[DimSite]) -> tuple[list[DimSite], tuple[L
     return sites, tuple(diffs)
 
 
+def layer_head_dims(ckpt: Checkpoint, fam: Family, prefix: str, overrides: dict[int, Override],
+                    resolve: Callable[[str], Linear | None]) -> dict[int, int]:
+    """Each layer whose entry sets its own head_dim or head count: the head_dim its q/k
+    widths split into. What the layer declares (its entry's value, else the global one)
+    where its q width is that many heads of that size; else the declared head_dim where the
+    tensors are whole heads of it, else the width over the declared head count (the tensors
+    win: the declared value they contradict is a note, :func:`_own_entry`); where none
+    splits them, a refusal."""
+    where = ckpt.path / "config.json"
+    out = {}
+    for i, over in sorted(overrides.items()):
+        heads, hd = over.values.get("num_attention_heads"), over.values.get("head_dim")
+        if heads is None and hd is None:
+            continue
+        if fam.qkv:
+            raise BadInput(f"{KEY}[{over.key!r}] sets a per-layer head count or head_dim in "
+                           f"a fused qkv projection ({fam.qkv}), whose split gac-check reads "
+                           "from the global head counts only", where)
+        q, k = (resolve(f"{prefix}.{i}.{m}") for m in (fam.q, fam.k))
+        if not (q and k):
+            continue  # no attention tensors: the layer has no head sites
+        width = q.out_features
+        glob_hd, glob_heads = (global_value(ckpt.config, a) for a in ("head_dim",
+                                                                      "num_attention_heads"))
+        hd = hd or (glob_hd if type(glob_hd) is int else None)
+        heads = heads or (glob_heads if type(glob_heads) is int else None)
+        by_heads = width // heads if heads and width % heads == 0 else None
+        candidates = [hd if hd and heads and hd * heads == width else None, hd, by_heads]
+        found = next((c for c in candidates
+                      if c and width % c == 0 and k.out_features % c == 0), None)
+        if found is None:
+            raise BadInput(f"{KEY}[{over.key!r}]: layer {i}'s q/k widths {width}/"
+                           f"{k.out_features} are whole heads of neither its head_dim "
+                           f"{hd} nor {heads} heads: the layer's head layout cannot be "
+                           "known", where)
+        out[i] = found
+    return out
+
+
 def blocks_of(fam: Family) -> tuple[str, str]:
     """The blocks a ``skip`` may name: the layer's attention and MLP modules."""
     return ((fam.qkv or fam.q or fam.o).split(".")[0],
@@ -103,6 +152,12 @@ def blocks_of(fam: Family) -> tuple[str, str]:
 def parse(cfg: dict, fam: Family, where: Path) -> dict[int, Override]:
     """per_layer_config, each entry read or refused (one line naming the entry and the key)."""
     raw = cfg.get(KEY)
+    if raw is None and isinstance(cfg.get("text_config"), dict):
+        raise BadInput(f"has text_config.{KEY}: transformers v5.24.0 reads it there "
+                       "(get_text_config() is the text config, with its per-layer layers), "
+                       "but gac-check does not read a nested text config's widths (hidden "
+                       "size, heads, per-layer overrides) yet: refusing rather than hold the "
+                       "layers to the wrong global values", where)
     layers = cfg.get("num_hidden_layers")
     if not isinstance(raw, dict):
         raise BadInput(f"{KEY} is {type(raw).__name__}, not an object mapping layer indices "
@@ -141,8 +196,8 @@ def _entry(cfg: dict, fam: Family, key: str, entry: object, where: Path) -> Over
             if attr in GLOBAL_ONLY:
                 raise BadInput(f"{name}.{attr} is {value} (global "
                                f"{global_value(cfg, attr)!r}): "
-                               f"gac-check does not read a per-layer {attr} yet, so the "
-                               "layer's heads cannot be known", where)
+                               f"a per-layer {attr} is no layout gac-check knows (every "
+                               "layer reads and writes the one residual stream)", where)
             values[attr] = value
         else:
             raise BadInput(f"{name} has {attr!r}, which gac-check does not read: refusing "
@@ -180,15 +235,18 @@ def _own_entry(own: list[DimSite], fam: Family, over: Override) -> None:
     entry's (a note only where the tensors contradict it), and the MLP width is recorded in
     the entry (so --repair writes a padded width there)."""
     inter = over.values.get(fam.intermediate_key)
-    kv = over.values.get("num_key_value_heads")
     for site in own:
         if site.role is Role.INTERMEDIATE and inter is not None:
             site.notes[:] = [n for n in site.notes if f"{fam.intermediate_key}=" not in n]
             site.config_field = (KEY, over.key, fam.intermediate_key)
             _contradiction(site, over, fam.intermediate_key, inter, site.value)
-        if site.role is Role.HEADS and kv is not None:
-            site.notes[:] = [n for n in site.notes if "num_key_value_heads=" not in n]
-            _contradiction(site, over, "num_key_value_heads", kv, site.attrs.get("kv_heads"))
+        found = {Role.HEADS: {"num_key_value_heads": site.attrs.get("kv_heads"),
+                              "num_attention_heads": site.value},
+                 Role.HEAD_DIM: {"head_dim": site.value}}.get(site.role, {})
+        for attr, value in found.items():
+            if attr in over.values:
+                site.notes[:] = [n for n in site.notes if f"{attr}=" not in n]
+                _contradiction(site, over, attr, over.values[attr], value)
 
 
 def _contradiction(site: DimSite, over: Override, attr: str, declared: int,
@@ -202,20 +260,23 @@ def _widths(own: list[DimSite], fam: Family, cfg: dict, over: Override | None) -
     the tensors contradict (the entry alone makes transformers' config per-layer)."""
     out = []
     declared = over.values if over else {}
-    global_kv = global_value(cfg, "num_key_value_heads")
     for site in own:
         if site.role is Role.INTERMEDIATE:
-            width, attr, of = site.value, fam.intermediate_key, cfg.get(fam.intermediate_key)
-            what = f"MLP {width}"
+            read = [(site.value, fam.intermediate_key, f"MLP {site.value}")]
         elif site.role is Role.HEADS:
-            width, attr, of = site.attrs.get("kv_heads"), "num_key_value_heads", global_kv
-            what = f"{width} KV heads"
+            kv = site.attrs.get("kv_heads")
+            read = [(site.value, "num_attention_heads", f"{site.value} heads"),
+                    (kv, "num_key_value_heads", f"{kv} KV heads")]
+        elif site.role is Role.HEAD_DIM:
+            read = [(site.value, "head_dim", f"head_dim {site.value}")]
         else:
             continue
-        if width != of:
-            out.append(f"{what} (global {attr} {of})")
-        if attr in declared and declared[attr] != width:
-            out.append(f"{KEY} sets {attr} {declared[attr]}, the tensors have {width}")
+        for width, attr, what in read:
+            of = global_value(cfg, attr)
+            if width != of:
+                out.append(f"{what} (global {attr} {of})")
+            if attr in declared and declared[attr] != width:
+                out.append(f"{KEY} sets {attr} {declared[attr]}, the tensors have {width}")
     return out
 
 

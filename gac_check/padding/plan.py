@@ -301,19 +301,25 @@ def dearer_than_dense(site: DimSite, target: int,
 
 def _ffn_mult_edits(sites: list[DimSite], repairs: list[SiteRepair]) -> list[ConfigEdit]:
     """Each DeciLM MLP's ``ffn_mult`` rewritten where it does not build the layer's width as
-    OUT holds it (padded, or as the tensors have it): the engines build each layer from it,
-    so OUT's block_configs then describes OUT's tensors. A width no ffn_mult builds (a site
-    left unpadded) keeps its value."""
+    OUT holds it (padded, or as the tensors have it), and its ``intermediate_size`` (ModelOpt
+    Puzzletron's explicit width) where it says another: the engines build each layer from
+    them, so OUT's block_configs then describes OUT's tensors. A width no ffn_mult builds (a
+    site left unpadded) keeps its ffn_mult."""
     new_of = {r.site.name: r.target for r in repairs}
     out = []
     for site in sites:
         rec = site.attrs.get(FFN_MULT)
         if not isinstance(rec, dict):
             continue
-        old, layer = rec["ffn_mult"], rec["block_config"]
-        new = ffn_mult_for(new_of.get(site.name, site.value), rec["hidden_size"], old)
+        layer, width = rec["block_config"], new_of.get(site.name, site.value)
+        old = rec["ffn_mult"]
+        new = ffn_mult_for(width, rec["hidden_size"], old) if old is not None else None
         if new is not None and new != old:
             out.append(ConfigEdit(("block_configs", layer, "ffn", "ffn_mult"), None, old, new))
+        explicit = rec.get("intermediate_size")
+        if explicit is not None and explicit != width:
+            out.append(ConfigEdit(("block_configs", layer, "ffn", "intermediate_size"), None,
+                                  explicit, width))
     return out
 
 

@@ -32,7 +32,11 @@ FFN_ROUNDING = 256
 #: rounds alike.
 FFN_MULT_DECIMALS = 6
 #: The key of a DeciLM MLP site's attrs that says where its width is recorded: {"block_config":
-#: layer, "ffn_mult": declared value, "hidden_size": the config's}.
+#: layer, "ffn_mult": declared value or None, "intermediate_size": declared value or None,
+#: "hidden_size": the config's}. ModelOpt's Puzzletron writes ``intermediate_size`` (the width
+#: itself) instead of or beside ``ffn_mult``; vLLM v0.33.0 (nemotron_nas.py,
+#: ``DeciLMDecoderLayer.__init__``) builds ffn_mult's rounded width where the block config has
+#: an ffn_mult, else ``intermediate_size`` as given, never rounded.
 FFN_MULT = "ffn_mult"
 
 
@@ -49,9 +53,11 @@ def buildable(width: int) -> int:
 
 def recordable(site: DimSite, size: int) -> int:
     """The smallest size at or above ``size`` that the site's config can record: a DeciLM
-    MLP's width (a site with FFN_MULT attrs) is built from ``ffn_mult``, so only a width some
-    ffn_mult builds loads; any other site's config records any size."""
-    return buildable(size) if FFN_MULT in site.attrs else size
+    MLP's width recorded by an ``ffn_mult`` (FFN_MULT attrs) loads only at a width some
+    ffn_mult builds; one recorded by ``intermediate_size`` alone, and any other site's, at any
+    size."""
+    rec = site.attrs.get(FFN_MULT)
+    return buildable(size) if isinstance(rec, dict) and rec.get("ffn_mult") is not None else size
 
 
 def ffn_mult_for(width: int, hidden: int, current: float | None = None) -> float | None:
@@ -85,9 +91,14 @@ class LayerBlocks:
     layer: int
     attention: str
     ffn: str
-    kv_heads: int | None = None  # num_attention_heads // n_heads_in_group (full attention)
+    #: what a full attention declares: num_attention_heads // n_heads_in_group, else
+    #: num_key_value_heads (ModelOpt Puzzletron's AttentionConfig, which has no group)
+    kv_heads: int | None = None
+    n_heads_in_group: int | None = None
+    kv_declared: int | None = None  # num_key_value_heads as the entry writes it
     ffn_mult: float | None = None
-    intermediate: int | None = None  # what the engines build from ffn_mult
+    width: int | None = None  # the ffn entry's intermediate_size, where it writes one
+    intermediate: int | None = None  # what the engines build: from ffn_mult, else width
     conflicts: tuple[str, ...] = ()
     #: the one of ``conflicts`` that says the MLP's width is not what ffn_mult builds (the
     #: only one ``--repair`` resolves: it pads the width and rewrites ffn_mult)
@@ -107,7 +118,9 @@ class LayerBlocks:
         attn = (f"attention with {heads}" if self.attention == FULL
                 else {NO_OP: "no attention", LINEAR: "attention replaced by a linear"}[
                     self.attention])
-        ffn = (f"MLP {self.intermediate} (ffn_mult {self.ffn_mult:g})" if self.ffn == FULL
+        said = (f"ffn_mult {self.ffn_mult:g}" if self.ffn_mult is not None
+                else "intermediate_size")
+        ffn = (f"MLP {self.intermediate} ({said})" if self.ffn == FULL
                else {NO_OP: "no MLP", LINEAR: "MLP replaced by a linear"}[self.ffn])
         return f"{attn}, {ffn}"
 
@@ -140,6 +153,10 @@ class BlockClass:
     since: str  # the oldest release read to have it (an older one has no such class)
     #: what an older release has under that architecture name, where it has something
     before: Source | None = None
+    #: the release read to build a full FFN from its ``intermediate_size`` where the entry has
+    #: no ``ffn_mult`` (ModelOpt Puzzletron's entries); None: the class reads ffn_mult alone,
+    #: so such a layer fails building (no such attribute under ModelOpt's config class)
+    explicit_width: str | None = None
 
 
 _VLLM = Source("vllm-project/vllm", "vllm/model_executor/models/nemotron_nas.py",
@@ -150,10 +167,14 @@ _VLLM = Source("vllm-project/vllm", "vllm/model_executor/models/nemotron_nas.py"
 BLOCK_CLASSES: dict[str, BlockClass] = {
     # v0.6.3.post1's DeciLMForCausalLM (models/decilm.py) is DeciLM-7B's: a Llama that
     # reads num_key_value_heads_per_layer, no block_configs; nemotron_nas.py from v0.8.5
+    # v0.33.0's DeciLMDecoderLayer: ``if hasattr(block_config.ffn, "ffn_mult")`` the rounded
+    # width, else ``block_config.ffn.intermediate_size`` as given (older releases not read)
     "vllm": BlockClass("DeciLMForCausalLM", _VLLM, "v0.8.5", Source(
         "vllm-project/vllm", "vllm/model_executor/models/decilm.py",
-        "DeciLMForCausalLM.__init__ (num_key_value_heads_per_layer)", "v0.6.3.post1")),
-    # v0.4.6.post5 has no nemotron_nas.py
+        "DeciLMForCausalLM.__init__ (num_key_value_heads_per_layer)", "v0.6.3.post1"),
+        explicit_width="v0.33.0"),
+    # v0.4.6.post5 has no nemotron_nas.py; v0.5.23's DeciLMDecoderLayer reads
+    # block_config.ffn.ffn_mult for every full FFN, never intermediate_size
     "sglang": BlockClass("DeciLMForCausalLM", Source(
         "sgl-project/sglang", "python/sglang/srt/models/nemotron_nas.py",
         "DeciLMDecoderLayer.__init__ (DeciLMForCausalLM.load_weights)", "v0.5.23"), "v0.5.23"),

@@ -244,6 +244,32 @@ def judge_blocks(kind: ModelKind, target: Target) -> Loadability:
                            "serve it where linear replacements are built (the checkpoint's "
                            "own modeling_decilm.py through transformers' trust_remote_code)",
                            cls.source)
+    grouped = [f"layer {b.layer}" for b in kind.blocks
+               if b.attention == FULL and b.n_heads_in_group is None]
+    if grouped:
+        return Loadability(target, False, LAYERS,
+                           f"the attention of {_some(grouped)} is recorded by "
+                           "num_key_value_heads alone (ModelOpt Puzzletron's AttentionConfig), "
+                           f"and {target.engine}'s {cls.name} builds a full attention from "
+                           "num_attention_heads // n_heads_in_group, which that entry does not "
+                           "have: building the layer fails",
+                           "write n_heads_in_group (num_attention_heads // num_key_value_heads) "
+                           "beside it", cls.source)
+    explicit = [f"layer {b.layer}" for b in kind.blocks if b.ffn == FULL and b.ffn_mult is None]
+    if explicit and (cls.explicit_width is None
+                     or versions.index(target.version) < versions.index(cls.explicit_width)):
+        why = (f"was not read to build a full FFN from intermediate_size (read at "
+               f"{cls.explicit_width}): refused rather than guessed" if cls.explicit_width
+               else "builds every full FFN from its ffn_mult, never from intermediate_size: "
+               "building the layer fails")
+        return Loadability(target, False, LAYERS,
+                           f"the FFN of {_some(explicit)} is recorded by intermediate_size "
+                           f"alone (ModelOpt Puzzletron's FFNConfig), and {target.engine} "
+                           f"{target.version}'s {cls.name} {why}",
+                           "serve it on " + ", ".join(
+                               f"{e} from {c.explicit_width}" for e, c in BLOCK_CLASSES.items()
+                               if c.explicit_width) + ", or write the ffn_mult that builds "
+                           "each width (a multiple of 256) beside it", cls.source)
     conflicts = [c for b in kind.blocks for c in b.conflicts]
     if conflicts:
         return Loadability(target, False, LAYERS,
