@@ -29,6 +29,8 @@ def render_realign(report: RealignReport) -> str:
     errors = sum(f.severity == ERROR for f in report.remaining)
     if report.kept is not None:
         lines.append(_kept_line(report.kept))
+        if report.kept.output is not None:
+            lines.append(_output_line(report.kept))
     lines += _matrix_lines(report)
     lines += [f"  note: {n}" for n in report.notes]
     lines.append(f"  re-check of {report.out.name}: {len(report.remaining)} sites still "
@@ -48,6 +50,15 @@ def _kept_line(kept: Kept) -> str:
 
     return (f"  energy kept: input {share(INPUT)}, realigned {share(REALIGNED)}; each rank "
             f"rounded down {share(DOWN)}, rounded up {share(UP)}")
+
+
+def _output_line(kept: Kept) -> str:
+    """Each choice's mean relative output error over the matrices, and on what inputs."""
+    assert kept.output is not None
+    mean = kept.output.means((INPUT, REALIGNED, DOWN, UP))
+    return (f"  output error (mean over matrices of ||X(W - W_r)||/||XW||): input "
+            f"{mean[INPUT]:.4f}, realigned {mean[REALIGNED]:.4f}; each rank rounded down "
+            f"{mean[DOWN]:.4f}, rounded up {mean[UP]:.4f}; X: {kept.output.inputs}")
 
 
 def _matrix_lines(report: RealignReport) -> list[str]:
