@@ -40,6 +40,7 @@ def bert(tmp_path_factory):
         for lin in model.encoder.modules():
             if isinstance(lin, torch.nn.Linear):
                 lin.weight.copy_(helpers.decaying(lin.weight.shape))
+                lin.bias.copy_(torch.linspace(-0.5, 0.5, lin.bias.numel()))  # a bias counts
     model.save_pretrained(root / "dense")
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
                  "special_tokens_map.json"):
@@ -189,3 +190,62 @@ def test_merge_refuses_a_broken_output_error(bert, tmp_path):
     doc.write_text(json.dumps(data))
     bad = gac("report", "merge", doc, "-o", tmp_path / "m2.html")
     assert bad.returncode == 2 and "output_error" in bad.stderr, bad.stderr
+
+
+def _hidden(model, lines: list[str], tok) -> torch.Tensor:
+    out = []
+    with torch.no_grad():
+        for line in lines:
+            h = model(**tok(line, return_tensors="pt"), output_hidden_states=True)
+            out.append(h.hidden_states[-1].reshape(-1, h.hidden_states[-1].shape[-1]).double())
+    return torch.cat(out)
+
+
+def test_whole_model_output_with_calib_against_the_models_loaded_and_rebuilt(bert, tmp_path):
+    """The input and OUT as their own loader builds them, the roundings as dense models with
+    each weight replaced by its explicit truncation: last hidden states against dense."""
+    from transformers import AutoTokenizer
+
+    run = gac(bert / "c", "--realign", tmp_path / "out", "--base", bert / "dense", "--calib",
+              bert / "calib.txt", *GPU, "--report", tmp_path / "r.html")
+    assert run.returncode == 0, run.stderr
+    quality = json.loads((tmp_path / "out" / "gac-realign.json").read_text())["quality"]
+    mo = quality["model_output"]
+    lines = CALIB.splitlines()
+    assert mo["lines"] == len(lines) and "calib.txt" in mo["inputs"]
+    tok = AutoTokenizer.from_pretrained(bert / "dense")
+    dense_model = load_model(bert / "dense")
+    dense = _hidden(dense_model, lines, tok)
+    assert mo["tokens"] == len(dense)
+    models = {"input": load_model(bert / "c"), "realigned": load_model(tmp_path / "out")}
+    modules = [k["module"] for k in quality["matrices"]]
+    xs = _inputs(bert / "dense", modules)
+    weights = load_file(bert / "dense" / "model.safetensors")
+    for how in ("round down", "round up"):
+        model = load_model(bert / "dense")
+        with torch.no_grad():
+            for k in quality["matrices"]:
+                w = weights[f"{k['module']}.weight"].double()
+                scale = xs[k["module"]].abs().mean(0).clamp_min(1e-6).sqrt()
+                model.get_submodule(k["module"]).weight.copy_(
+                    _truncated(w, scale, k["ranks"][how]).float())
+        models[how] = model
+    for choice, model in models.items():
+        hidden = _hidden(model, lines, tok)
+        relative = float(torch.linalg.norm(hidden - dense) / torch.linalg.norm(dense))
+        cosine = float(torch.nn.functional.cosine_similarity(hidden, dense, dim=-1).mean())
+        # OUT's factors are float16 as written, the rest float32: their rounding is the slack
+        assert mo["relative"][choice] == pytest.approx(relative, rel=0.02, abs=1e-3), choice
+        assert 1 - mo["cosine"][choice] == pytest.approx(1 - cosine, rel=0.05, abs=1e-7), choice
+    [line] = [ln for ln in run.stdout.splitlines() if "model output" in ln]
+    assert f"realigned {mo['cosine']['realigned']:.4f} ({mo['relative']['realigned']:.4f})" in line
+    html = (tmp_path / "r.html").read_text()
+    for choice in models:
+        assert (f'data-model-choice="{choice}"' in html
+                and f'data-cosine="{mo["cosine"][choice]:.6f}"' in html)
+    doc = tmp_path / "r.json"
+    data = json.loads(doc.read_text())
+    del data["fix"]["quality"]["model_output"]["cosine"]["round up"]
+    doc.write_text(json.dumps(data))
+    bad = gac("report", "merge", doc, "-o", tmp_path / "m.html")
+    assert bad.returncode == 2 and "model_output.cosine" in bad.stderr, bad.stderr

@@ -29,8 +29,9 @@ from gac_check.errors import BadInput
 from gac_check.progress import steps
 from gac_check.ranks.calibration import Activations, activations
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.kept import INPUT, Kept, kept
+from gac_check.ranks.kept import CHOICES, INPUT, Kept, kept
 from gac_check.ranks.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
+from gac_check.ranks.model_output import Operator, model_output
 from gac_check.ranks.output_error import (
     IDENTITY,
     Spectrum,
@@ -191,6 +192,10 @@ def realign(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                           with_base=base is not None)
     if base is not None and report.kept is not None:
         report.kept = _with_output(report.kept, srcs, acts, calib)
+        if calib is not None:
+            report.kept = dataclasses.replace(report.kept, model=model_output(
+                Path(base_dir), Path(calib), _operators(report.kept, srcs, state),
+                {s.module: s.bias for s in srcs}, progress))
     if acts is not None:
         report.notes.append(f"activation-aware objective from {calib}: errors are "
                             "activation-weighted (ASVD scaling, alpha 0.5)")
@@ -212,6 +217,28 @@ def _with_output(k: Kept, srcs: list[Source], acts: Activations | None,
     measured = output_error({s.module: s.output for s in srcs if s.output is not None},
                             {row.module: row.ranks for row in k.matrices}, inputs, rows, INPUT)
     return dataclasses.replace(k, output=measured)
+
+
+def _operators(k: Kept, srcs: list[Source], state: dict[str, torch.Tensor]
+               ) -> dict[str, dict[str, Operator]]:
+    """Per choice, what each matrix computes: the input's factors as they are, a truncation
+    of the reference SVD at the choice's rank, or (dense) the weight itself."""
+    by_module = {s.module: s for s in srcs}
+    out: dict[str, dict[str, Operator]] = {c: {} for c in CHOICES}
+    for row in k.matrices:
+        s = by_module[row.module]
+        for c in CHOICES:
+            if c == INPUT:
+                a = state[s.module + A_SUFFIX].double()
+                b = state[s.module + B_SUFFIX].double()
+                out[c][s.module] = lambda x, a=a, b=b: (x @ b.T) @ a.T
+            elif row.ranks[c] == DENSE:
+                out[c][s.module] = None
+            else:
+                r = min(int(row.ranks[c]), s.S.numel())
+                out[c][s.module] = (lambda x, u=s.U[:, :r], sv=s.S[:r], vh=s.Vh[:r]:
+                                    ((x @ vh.T) * sv) @ u.T)
+    return out
 
 
 def select_ranks(menus: list[RankMenu], spectra: list[torch.Tensor], out: Path, align: int,

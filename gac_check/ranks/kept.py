@@ -7,8 +7,8 @@ compared is the knapsack's own objective, the energy ``sum s^2`` a rank keeps of
 spectrum (the dense weights' with ``--base``, activation-scaled with ``--calib``, SVD-LLM's
 whitened values, PaLU's group values), so the figure shows what the choice was made for. With
 ``--base`` each matrix's output error under every choice is measured too
-(:mod:`gac_check.ranks.output_error`); the whole model's output needs the model run on text
-(``benchmarks/bench_realign_quality.py``).
+(:mod:`gac_check.ranks.output_error`), and with ``--calib`` the whole model's output on the
+start of the text (:mod:`gac_check.ranks.model_output`).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.knapsack import DENSE, Matrix, Rank, RankPlan
+from gac_check.ranks.model_output import ModelOutput
 from gac_check.ranks.output_error import OutputError
 
 #: The choices compared, in the order the report draws them.
@@ -67,6 +68,8 @@ class Kept:
     objective: str
     #: each matrix's relative output error per choice, where a dense reference was given
     output: OutputError | None = field(default=None)
+    #: the whole model's last hidden state per choice against dense (with --calib)
+    model: ModelOutput | None = field(default=None)
 
     def totals(self) -> dict[str, dict]:
         """Per choice: parameters, energy kept, and the whole energy (kept / energy is the
@@ -84,6 +87,8 @@ class Kept:
                              "mean": self.output.means(CHOICES)}
             for row in out["matrices"]:
                 row["output_error"] = self.output.errors[row["module"]]
+        if self.model is not None:
+            out["model_output"] = self.model.to_json()
         return out
 
 

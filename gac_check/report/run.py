@@ -201,6 +201,23 @@ def _validate_quality(q: object, path: Path) -> None:
                     _number(mat[field_], c, kind, path, f"{here}{field_}.")
     if q.get("output") is not None:
         _validate_output(q, path)
+    if q.get("model_output") is not None:
+        _validate_model_output(q, path)
+
+
+def _validate_model_output(q: dict, path: Path) -> None:
+    """``fix.quality.model_output``: the whole model's figures per choice."""
+    where = "fix.quality.model_output."
+    mo = q["model_output"]
+    if not isinstance(mo, dict):
+        raise BadInput("fix.quality.model_output is not an object", path)
+    _expect(mo, "inputs", str, path, where)
+    for key in ("lines", "tokens"):
+        _number(mo, key, int, path, where)
+    for key in ("relative", "cosine"):
+        _expect(mo, key, dict, path, where)
+        for c in q["choices"]:
+            _number(mo[key], c, float, path, f"{where}{key}.")
 
 
 def _validate_output(q: dict, path: Path) -> None:
