@@ -249,3 +249,21 @@ def test_whole_model_output_with_calib_against_the_models_loaded_and_rebuilt(ber
     doc.write_text(json.dumps(data))
     bad = gac("report", "merge", doc, "-o", tmp_path / "m.html")
     assert bad.returncode == 2 and "model_output.cosine" in bad.stderr, bad.stderr
+
+
+def test_the_calibration_sample_is_bounded_and_spread_over_every_line(bert):
+    """At most ``rows`` input rows a matrix, taken from every line (not the first line's
+    tokens only), each one a real row of that matrix's inputs."""
+    from gac_check.ranks.calibration import activations
+
+    modules = ["encoder.layer.0.attention.self.query", "encoder.layer.0.output.dense"]
+    every = _inputs(bert / "dense", modules)
+    acts = activations(bert / "dense", modules, bert / "calib.txt", rows=5)
+    assert acts.lines == 3 and acts.tokens == len(every[modules[0]])
+    first_line = len(every[modules[0]]) // 3  # the lines are of similar length
+    for m in modules:
+        sample = acts.samples[m].double()
+        assert len(sample) == 5
+        picked = [int(torch.cdist(row[None], every[m]).argmin()) for row in sample]
+        assert all(torch.cdist(row[None], every[m]).min() < 1e-4 for row in sample)
+        assert max(picked) > first_line + 5  # rows from later lines too

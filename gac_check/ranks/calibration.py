@@ -66,7 +66,7 @@ def activations(base_dir: Path, modules: list[str], text_file: Path, alpha: floa
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
     model = load_model(base_dir)
-    widths = sum(model.get_submodule(m).in_features for m in modules)
+    widths = sum(model.get_submodule(m).weight.shape[1] for m in modules)  # [out, in]
     rows = min(rows, SAMPLE_BYTES // max(4 * widths, 1))
     per_line = -(-rows // len(lines)) if rows > 0 else 0
     record = _Record(per_line)
