@@ -115,6 +115,7 @@ def test_output_error_on_calibration_activations(bert, tmp_path):
               bert / "calib.txt", *GPU, "--format", "json", "--report", tmp_path / "r.html")
     assert run.returncode == 0, run.stderr
     quality = json.loads((tmp_path / "out" / "gac-realign.json").read_text())["quality"]
+    assert json.loads(run.stdout)["quality"] == quality  # --format json carries the same
     output = quality["output"]
     assert "calib.txt" in output["inputs"] and "3 lines" in output["inputs"]
     dense = load_file(bert / "dense" / "model.safetensors")
@@ -153,6 +154,7 @@ def test_without_calib_inputs_are_named_identity_and_the_summary_says_it(bert, t
     assert run.returncode == 0, run.stderr
     quality = json.loads((tmp_path / "out" / "gac-realign.json").read_text())["quality"]
     assert "X = I" in quality["output"]["inputs"] and quality["output"]["rows"] == 0
+    assert "model_output" not in quality and "model output" not in run.stdout  # needs --calib
     [line] = [ln for ln in run.stdout.splitlines() if "output error" in ln]
     assert "X = I" in line
     mean = quality["output"]["mean"]
