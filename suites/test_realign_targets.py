@@ -121,6 +121,10 @@ def test_realign_to_targets_is_fast_everywhere_within_budget_and_no_worse_than_r
         before = check(Path(tmp) / "in", GPU, DTYPE, targets)
         menus = rank_menus(before.sites, before.checkpoint.shapes, before.contract, ALIGN, True)
         assert {m.module for m in menus} == set(ranks)
+        for m in menus:
+            aligned = range(ALIGN, (m.m * m.n - 1) // (m.m + m.n) + 1, ALIGN)
+            if len(m.candidates) - 1 < len(aligned):
+                event("a menu narrowed by the targets' kernel rules")
         rng = np.random.default_rng(seed)
         spectra = {m.module: np.sort(rng.random(min(m.m, m.n)))[::-1]
                    * np.exp(-decay * np.arange(min(m.m, m.n))) for m in menus}
