@@ -8,6 +8,7 @@ within its current one; we do that and say so.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -26,10 +27,18 @@ from gac_check.checkpoint.tensors import read_state, tensor
 from gac_check.contract.rules import ERROR, WARNING, Contract, Finding
 from gac_check.errors import BadInput
 from gac_check.progress import steps
-from gac_check.ranks.calibration import input_scales
+from gac_check.ranks.calibration import Activations, activations
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.kept import Kept, kept
+from gac_check.ranks.kept import CHOICES, INPUT, Kept, kept
 from gac_check.ranks.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
+from gac_check.ranks.model_output import Operator, model_output
+from gac_check.ranks.output_error import (
+    IDENTITY,
+    Spectrum,
+    calibration_inputs,
+    output_error,
+    spectrum,
+)
 from gac_check.sites import Role
 
 #: the provenance record written into OUT, as a repair writes gac-repair.json
@@ -52,6 +61,8 @@ class Source:
     bias: torch.Tensor | None
     current_error: float  # ||W - A B||_F^2 against the reference weight
     dtype: torch.dtype  # the factors' dtype, which the rewritten ones keep
+    #: the output energy per singular direction on the sampled inputs (with --base only)
+    output: Spectrum | None = None
 
 
 @dataclass
@@ -101,16 +112,18 @@ def rank_alignment(contract: Contract, strategy: str = "minimal") -> int:
 
 
 def sources(state: dict[str, torch.Tensor], modules: list[str], base: Checkpoint | None,
-            scales: dict[str, torch.Tensor] | None = None, progress: bool = True
-            ) -> list[Source]:
-    return [_source(state, base, module, (scales or {}).get(module))
+            acts: Activations | None = None, progress: bool = True) -> list[Source]:
+    scales = acts.scales if acts else {}
+    samples = acts.samples if acts else {}
+    return [_source(state, base, module, scales.get(module), samples.get(module))
             for module in steps(modules, "factorizing", enabled=progress)]
 
 
 def _source(state: dict[str, torch.Tensor], base: Checkpoint | None, module: str,
-            scale: torch.Tensor | None = None) -> Source:
+            scale: torch.Tensor | None = None, sample: torch.Tensor | None = None) -> Source:
     """SVD of the reference weight; with ``scale`` (activation-aware) of ``W diag(scale)``,
-    unscaled again in Vh so the factors still multiply to an approximation of W."""
+    unscaled again in Vh so the factors still multiply to an approximation of W. With a base,
+    also each singular direction's output energy on ``sample`` (None: X = I)."""
     a = state[module + A_SUFFIX].double()
     b = state[module + B_SUFFIX].double()
     bias = state.get(f"{module}.ALinear.bias")
@@ -121,11 +134,13 @@ def _source(state: dict[str, torch.Tensor], base: Checkpoint | None, module: str
         U, S, Vh = torch.linalg.svd(w * s, full_matrices=False)
         Vh = Vh / s
         err = float((((w - a @ b) * s) ** 2).sum())
+        output = spectrum(w, a, b, S, Vh, sample)
     else:
         U, S, Vh = svd_of_product(a, b)
         err = 0.0
+        output = None
     return Source(module, m, n, a.shape[1], U, S, Vh, bias, err,
-                  state[module + A_SUFFIX].dtype)
+                  state[module + A_SUFFIX].dtype, output)
 
 
 def _base_weight(base: Checkpoint, module: str, shape: tuple[int, int]) -> torch.Tensor:
@@ -167,15 +182,21 @@ def realign(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                        "compressed model in a format gac-check can rewrite)", ckpt.path)
     base = open_checkpoint(base_dir) if base_dir else None
     modules = [menu.module for menu in menus]
-    scales = None
+    acts = None
     if calib is not None:
-        scales = input_scales(Path(base_dir), modules, Path(calib))
+        acts = activations(Path(base_dir), modules, Path(calib))
     state = read_state(ckpt)
-    srcs = sources(state, modules, base, scales, progress)
+    srcs = sources(state, modules, base, acts, progress)
     report = select_ranks(menus, [src.S for src in srcs], out, align, budget,
                           old_errors={s.module: s.current_error for s in srcs} if base else None,
                           with_base=base is not None)
-    if scales is not None:
+    if base is not None and report.kept is not None:
+        report.kept = _with_output(report.kept, srcs, acts, calib)
+        if calib is not None:
+            report.kept = dataclasses.replace(report.kept, model=model_output(
+                Path(base_dir), Path(calib), _operators(report.kept, srcs, state),
+                {s.module: s.bias for s in srcs}, progress))
+    if acts is not None:
         report.notes.append(f"activation-aware objective from {calib}: errors are "
                             "activation-weighted (ASVD scaling, alpha 0.5)")
     if base is None:
@@ -184,6 +205,40 @@ def realign(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                             "the error shown is relative to the compressed model")
     _write(ckpt, state, srcs, report, force, recheck)
     return report
+
+
+def _with_output(k: Kept, srcs: list[Source], acts: Activations | None,
+                 calib: Path | None) -> Kept:
+    """``k`` with every matrix's output error under each choice, on the calibration sample
+    (or X = I without one)."""
+    rows = min((len(x) for x in acts.samples.values()), default=0) if acts else 0
+    inputs = (calibration_inputs(str(calib), rows, acts.lines, acts.tokens)
+              if acts else IDENTITY)
+    measured = output_error({s.module: s.output for s in srcs if s.output is not None},
+                            {row.module: row.ranks for row in k.matrices}, inputs, rows, INPUT)
+    return dataclasses.replace(k, output=measured)
+
+
+def _operators(k: Kept, srcs: list[Source], state: dict[str, torch.Tensor]
+               ) -> dict[str, dict[str, Operator]]:
+    """Per choice, what each matrix computes: the input's factors as they are, a truncation
+    of the reference SVD at the choice's rank, or (dense) the weight itself."""
+    by_module = {s.module: s for s in srcs}
+    out: dict[str, dict[str, Operator]] = {c: {} for c in CHOICES}
+    for row in k.matrices:
+        s = by_module[row.module]
+        for c in CHOICES:
+            if c == INPUT:
+                a = state[s.module + A_SUFFIX].double()
+                b = state[s.module + B_SUFFIX].double()
+                out[c][s.module] = lambda x, a=a, b=b: (x @ b.T) @ a.T
+            elif row.ranks[c] == DENSE:
+                out[c][s.module] = None
+            else:
+                r = min(int(row.ranks[c]), s.S.numel())
+                out[c][s.module] = (lambda x, u=s.U[:, :r], sv=s.S[:r], vh=s.Vh[:r]:
+                                    ((x @ vh.T) * sv) @ u.T)
+    return out
 
 
 def select_ranks(menus: list[RankMenu], spectra: list[torch.Tensor], out: Path, align: int,

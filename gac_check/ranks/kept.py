@@ -5,18 +5,21 @@ A reviewer of a ``--realign`` wants to know whether the re-selection was worth i
 every rank to the nearest fast one below (or above) is what anyone would do by hand. The value
 compared is the knapsack's own objective, the energy ``sum s^2`` a rank keeps of its matrix's
 spectrum (the dense weights' with ``--base``, activation-scaled with ``--calib``, SVD-LLM's
-whitened values, PaLU's group values), so the figure shows what the choice was made for, not
-a model's output quality: that needs the model run on text
-(``benchmarks/bench_realign_quality.py``).
+whitened values, PaLU's group values), so the figure shows what the choice was made for. With
+``--base`` each matrix's output error under every choice is measured too
+(:mod:`gac_check.ranks.output_error`), and with ``--calib`` the whole model's output on the
+start of the text (:mod:`gac_check.ranks.model_output`).
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.knapsack import DENSE, Matrix, Rank, RankPlan
+from gac_check.ranks.model_output import ModelOutput
+from gac_check.ranks.output_error import OutputError
 
 #: The choices compared, in the order the report draws them.
 INPUT, REALIGNED, DOWN, UP = "input", "realigned", "round down", "round up"
@@ -63,6 +66,10 @@ class Kept:
     matrices: tuple[MatrixKept, ...]
     budget: int
     objective: str
+    #: each matrix's relative output error per choice, where a dense reference was given
+    output: OutputError | None = field(default=None)
+    #: the whole model's last hidden state per choice against dense (with --calib)
+    model: ModelOutput | None = field(default=None)
 
     def totals(self) -> dict[str, dict]:
         """Per choice: parameters, energy kept, and the whole energy (kept / energy is the
@@ -73,8 +80,16 @@ class Kept:
                 for c in CHOICES}
 
     def to_json(self) -> dict:
-        return {"objective": self.objective, "budget": self.budget, "choices": list(CHOICES),
-                "totals": self.totals(), "matrices": [k.to_json() for k in self.matrices]}
+        out = {"objective": self.objective, "budget": self.budget, "choices": list(CHOICES),
+               "totals": self.totals(), "matrices": [k.to_json() for k in self.matrices]}
+        if self.output is not None:
+            out["output"] = {"inputs": self.output.inputs, "rows": self.output.rows,
+                             "mean": self.output.means(CHOICES)}
+            for row in out["matrices"]:
+                row["output_error"] = self.output.errors[row["module"]]
+        if self.model is not None:
+            out["model_output"] = self.model.to_json()
+        return out
 
 
 def kept(menus: Sequence[RankMenu], matrices: Sequence[Matrix], plan: RankPlan,

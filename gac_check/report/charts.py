@@ -437,6 +437,39 @@ def kept_totals(quality: dict) -> list[dict]:
     return out
 
 
+def output_chart(quality: dict) -> KeptChart:
+    """The realign's output-error panel from ``fix.quality``: per matrix, each choice's
+    relative output error ``||X(W - W_r)||/||XW||`` (0 at the left: smaller is better)."""
+    choices = sorted((c for c in quality["choices"] if c in KEPT_STYLE),
+                     key=lambda c: c != "realigned")
+    mats = quality["matrices"]
+    hi = max((k["output_error"][c] for k in mats for c in choices), default=0.0)
+    ticks = nice_ticks(0.0, hi * 1.05 if hi > 0 else 1.0, 5)
+    x_hi = max(ticks[-1], hi) or 1.0
+    left, right = KEPT_LABEL, KEPT_LABEL + KEPT_PLOT
+    height = KEPT_TOP + KEPT_ROW * len(mats) + KEPT_BOTTOM
+
+    def sx(e: float) -> float:
+        return left + e / x_hi * KEPT_PLOT
+
+    rows = []
+    for i, k in enumerate(mats):
+        ranks = k["ranks"]
+        row = KeptRow(KEPT_TOP + KEPT_ROW * (i + 0.5), _short(k["module"], 46), k["module"],
+                      f"{ranks['input']} → {ranks['realigned']}")
+        for c in choices:
+            e = k["output_error"][c]
+            row.marks.append(KeptMark(sx(e), row.y + KEPT_DY[c], KEPT_STYLE[c][0], c, e,
+                                      f"{k['module']}: {c}: rank {ranks[c]}, relative output "
+                                      f"error {e:.4g}"))
+        rows.append(row)
+    return KeptChart(right + KEPT_GAP + KEPT_RANKS, height,
+                     (left, KEPT_TOP, right, height - KEPT_BOTTOM),
+                     [(sx(t), f"{t:g}") for t in ticks if t <= x_hi], rows,
+                     [KEPT_STYLE[c] for c in sorted(choices, key=CHOICE_ORDER.index)],
+                     right + KEPT_GAP)
+
+
 def _percent(t: float, ticks: list[float]) -> str:
     """A tick as a percentage with as many decimals as the ticks' step needs to tell them
     apart (a chart of fractions between 99.9% and 100% is common without --base)."""

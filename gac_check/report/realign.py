@@ -29,6 +29,10 @@ def render_realign(report: RealignReport) -> str:
     errors = sum(f.severity == ERROR for f in report.remaining)
     if report.kept is not None:
         lines.append(_kept_line(report.kept))
+        if report.kept.output is not None:
+            lines.append(_output_line(report.kept))
+        if report.kept.model is not None:
+            lines.append(_model_line(report.kept))
     lines += _matrix_lines(report)
     lines += [f"  note: {n}" for n in report.notes]
     lines.append(f"  re-check of {report.out.name}: {len(report.remaining)} sites still "
@@ -48,6 +52,28 @@ def _kept_line(kept: Kept) -> str:
 
     return (f"  energy kept: input {share(INPUT)}, realigned {share(REALIGNED)}; each rank "
             f"rounded down {share(DOWN)}, rounded up {share(UP)}")
+
+
+def _output_line(kept: Kept) -> str:
+    """Each choice's mean relative output error over the matrices, and on what inputs."""
+    assert kept.output is not None
+    mean = kept.output.means((INPUT, REALIGNED, DOWN, UP))
+    return (f"  output error (mean over matrices of ||X(W - W_r)||/||XW||): input "
+            f"{mean[INPUT]:.4f}, realigned {mean[REALIGNED]:.4f}; each rank rounded down "
+            f"{mean[DOWN]:.4f}, rounded up {mean[UP]:.4f}; X: {kept.output.inputs}")
+
+
+def _model_line(kept: Kept) -> str:
+    """The whole model's last hidden state per choice against dense, on one line."""
+    mo = kept.model
+    assert mo is not None
+
+    def fig(c: str) -> str:
+        return f"{mo.cosine[c]:.4f} ({mo.relative[c]:.4f})"
+
+    return (f"  model output (last hidden state against dense on {mo.lines} calibration lines, "
+            f"{mo.tokens} tokens; mean cosine (relative error)): input {fig(INPUT)}, realigned "
+            f"{fig(REALIGNED)}; each rank rounded down {fig(DOWN)}, rounded up {fig(UP)}")
 
 
 def _matrix_lines(report: RealignReport) -> list[str]:

@@ -199,6 +199,44 @@ def _validate_quality(q: object, path: Path) -> None:
                         raise BadInput(f"{here}ranks.{c} is missing or not a rank", path)
                 else:
                     _number(mat[field_], c, kind, path, f"{here}{field_}.")
+    if q.get("output") is not None:
+        _validate_output(q, path)
+    if q.get("model_output") is not None:
+        _validate_model_output(q, path)
+
+
+def _validate_model_output(q: dict, path: Path) -> None:
+    """``fix.quality.model_output``: the whole model's figures per choice."""
+    where = "fix.quality.model_output."
+    mo = q["model_output"]
+    if not isinstance(mo, dict):
+        raise BadInput("fix.quality.model_output is not an object", path)
+    _expect(mo, "inputs", str, path, where)
+    for key in ("lines", "tokens"):
+        _number(mo, key, int, path, where)
+    for key in ("relative", "cosine"):
+        _expect(mo, key, dict, path, where)
+        for c in q["choices"]:
+            _number(mo[key], c, float, path, f"{where}{key}.")
+
+
+def _validate_output(q: dict, path: Path) -> None:
+    """``fix.quality.output`` and each matrix's ``output_error``: what the output-error panel
+    draws, a number per choice."""
+    where = "fix.quality.output."
+    out = q["output"]
+    if not isinstance(out, dict):
+        raise BadInput("fix.quality.output is not an object", path)
+    _expect(out, "inputs", str, path, where)
+    _number(out, "rows", int, path, where)
+    _expect(out, "mean", dict, path, where)
+    for c in q["choices"]:
+        _number(out["mean"], c, float, path, f"{where}mean.")
+    for i, mat in enumerate(q["matrices"]):
+        here = f"fix.quality.matrices[{i}]."
+        _expect(mat, "output_error", dict, path, here)
+        for c in q["choices"]:
+            _number(mat["output_error"], c, float, path, f"{here}output_error.")
 
 
 def _number(obj: dict, key: str, kind: type, path: Path, where: str) -> None:
