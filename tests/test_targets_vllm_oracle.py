@@ -12,7 +12,10 @@ saying so. FP8 and INT8 go through vLLM's own quantization methods for a checkpo
 ``quantization_config`` (compressed-tensors FP8 W8A8/W8A16/block and INT8 W8A8, vLLM's
 ``fp8`` per tensor and 128x128 blocks): ``create_weights`` and ``process_weights_after_loading``
 for a drawn MLP's gate_up_proj and down_proj shard (docs/targets.md, "FP8 and INT8 in the
-oracle"); schemes the pack's ``quant=`` cannot name are listed in NOT_EXPRESSED.
+oracle"); schemes the pack's ``quant=`` cannot name are listed in NOT_EXPRESSED. Fused-MoE
+layers go through vLLM's own MoE layer construction: unquantized, AWQ/GPTQ, FP8 (per tensor,
+per channel and 128x128 blocks, at sm80, sm89 and sm90) and gpt-oss's MXFP4 (the backend and
+the widths vLLM pads itself); what ``quant=`` cannot tell apart there is ``moe_not_expressed``.
 """
 from __future__ import annotations
 
@@ -66,7 +69,7 @@ def grid(seed: int = 28) -> list[dict]:
         cases.append({"cap": "9.0", "kind": "vocab", "vocab": rnd.randint(1000, 200000),
                       "tp": rnd.randint(1, 8)})
     return cases + w8a8_grid(rnd) + moe_grid(rnd) + moe_grid(
-        random.Random(seed + 1), 60, FP8_MOE, FP8_MOE_CAPS)
+        random.Random(seed + 1), 60, FP8_MOE, FP8_MOE_CAPS) + mxfp4_grid(random.Random(seed + 2))
 
 
 def moe_grid(rnd: random.Random, per_cap: int = 120, quants: tuple[str, ...] = ("none", "gptq",
@@ -97,6 +100,24 @@ def moe_grid(rnd: random.Random, per_cap: int = 120, quants: tuple[str, ...] = (
 #: blocks), on sm80 (Marlin), sm89 (Triton: FP8 compute) and sm90
 FP8_MOE = ("ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block", "fp8", "fp8_block")
 FP8_MOE_CAPS = ("8.0", "8.9", "9.0")
+
+
+def mxfp4_grid(rnd: random.Random, per_cap: int = 40) -> list[dict]:
+    """gpt-oss's MXFP4 experts: widths in whole 32-value blocks (the format's), some that TP
+    does not divide, hidden 2880 (gpt-oss's), 2816 or 4096, TP 1-8 with and without expert
+    parallelism. Under expert parallelism only widths the ep ranks divide are drawn:
+    gpt-oss's ``MLPBlock.__init__`` asserts ``intermediate_size % world_size``, a model
+    class the oracle does not build (the pack's ``vllm-moe-mxfp4-load`` is read, not run)."""
+    cases = []
+    for cap in FP8_MOE_CAPS:
+        for _ in range(per_cap):
+            tp = rnd.choice((1, 2, 4, 8))
+            ep = rnd.choice((1, 1, tp, 2 * tp))
+            width = 32 * rnd.randint(1, 96) * (ep if ep > 1 else 1)
+            cases.append({"cap": cap, "kind": "moe", "quant": "mxfp4", "width": width,
+                          "tp": tp, "ep": ep, "experts": rnd.randint(2, 128), "group": 32,
+                          "hidden": rnd.choice((2880, 2816, 4096)), "dtype": "bfloat16"})
+    return cases
 
 
 #: the W8A8/W8A16 schemes of the oracle (tests/vllm_oracle.py SCHEMES) by the pack's name
@@ -174,7 +195,9 @@ def pack_answer(case: dict) -> dict:
 def moe_pack_answer(case: dict, sm: int) -> dict:
     """The pack's verdicts on the expert-width site and the expert-count site."""
     spec = f"vllm,tp={case['tp']},ep={case['ep']}"
-    if case["quant"] in PACK_QUANT:
+    if case["quant"] == "mxfp4":
+        spec += ",quant=mxfp4"
+    elif case["quant"] in PACK_QUANT:
         spec += f",quant={PACK_QUANT[case['quant']]}"
     elif case["quant"] != "none":
         spec += f",quant={case['quant']},group={case['group']}"
@@ -198,12 +221,26 @@ def moe_disagreement(case: dict, pack: dict) -> str | None:
     if even != pack["even"]:
         return f"expert map {case['local']}: the pack says {'even' if pack['even'] else 'uneven'}"
     kernel = pack["kernel"] or ""
+    if case["quant"] == "mxfp4":
+        return mxfp4_disagreement(case, kernel)
     name = kernel.split(" (", 1)[0]
     chosen = "HummingExperts" if case["kernel"].startswith("Humming") else case["kernel"]
     if name != chosen or kernel.endswith("(MoeWNA16Method)") != case.get("wna16", False):
         return f"vLLM {case['kernel']} (MoeWNA16Method: {case.get('wna16')}), pack {kernel}"
     if name == "MarlinExperts" and kernel.endswith("tile-padded)") != case["tile_padded"]:
         return f"Marlin MoE tile padding: vLLM {case['tile_padded']}, pack {kernel}"
+    return None
+
+
+def mxfp4_disagreement(case: dict, kernel: str) -> str | None:
+    """The MXFP4 backend vLLM took (the OAI Triton classes are the pack's one Triton kernel)
+    and whether its ``maybe_roundup_sizes`` zero-padded the width per rank."""
+    family = "OAI Triton" if case["kernel"].startswith("OAITriton") else case["kernel"]
+    moe_tp = 1 if case["ep"] > 1 else case["tp"]
+    padded = case["padded_shard"] != case["width"] // moe_tp
+    if not kernel.startswith(family) or kernel.endswith("padded by vLLM)") != padded:
+        return (f"vLLM {case['kernel']} ({case['backend']}, width per rank "
+                f"{case['width'] // moe_tp} -> {case['padded_shard']}), pack {kernel}")
     return None
 
 
@@ -289,7 +326,9 @@ def test_the_vllm_pack_agrees_with_vllms_own_selection_code():
             shown = {k: v for k, v in case.items() if k not in ("kernel", "refused",
                                                                "tile_padded", "padded",
                                                                "reshaped", "gemm", "local",
-                                                               "wna16", "why")}
+                                                               "wna16", "why", "backend",
+                                                               "padded_shard",
+                                                               "padded_hidden")}
             if ((case.get("scheme"), case["cap"]) not in NOT_EXPRESSED
                     and not moe_not_expressed(case, pack)):
                 wrong.append(f"{shown}: {why}")

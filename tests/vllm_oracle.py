@@ -389,7 +389,7 @@ def moe_answers(torch, dtypes: dict):
     ``create_weights`` (``validate_fp8_block_shape_moe``). Stood in: the TP and DP groups (a
     world size, rank 0) and the parallel config's three fields the MoE layer reads."""
     import vllm.distributed.parallel_state as parallel_state
-    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.config import VllmConfig, get_current_vllm_config, set_current_vllm_config
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.config import (
         FusedMoEConfig,
@@ -408,6 +408,7 @@ def moe_answers(torch, dtypes: dict):
     )
     from vllm.model_executor.layers.quantization.fp8 import Fp8Config
     from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Method
+    from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4Config
     from vllm.model_executor.layers.quantization.utils.marlin_utils import (
         marlin_moe_padded_intermediate,
     )
@@ -428,6 +429,20 @@ def moe_answers(torch, dtypes: dict):
             return Fp8Config.from_config(config)
         return CompressedTensorsConfig.from_config(config)
 
+    def mxfp4(moe, par, local: list[int], dtype, hidden: int) -> dict:
+        """gpt-oss's MXFP4 experts: the backend ``select_mxfp4_moe_backend`` takes and the
+        widths ``maybe_roundup_sizes`` gives the layer (vLLM's own zero padding)."""
+        # the server's model config stood in by what the selection reads of it: no
+        # user override of the MoE activation (--quantization-config)
+        get_current_vllm_config().model_config = types.SimpleNamespace(
+            quantization_config=None)
+        method = GptOssMxfp4Config()._make_moe_method(moe)
+        padded_hidden, padded = method.maybe_roundup_sizes(
+            hidden, moe.intermediate_size_per_partition, dtype, par)
+        return {"refused": False, "kernel": method.experts_cls.__name__,
+                "backend": method.mxfp4_backend.name, "padded_shard": padded,
+                "padded_hidden": padded_hidden, "local": local, "ep_size": par.ep_size}
+
     def answer(case: dict) -> dict:
         tp, ep, experts = case["tp"], case["ep"], case["experts"]
         dp = ep // tp if ep > 1 else 1
@@ -443,10 +458,14 @@ def moe_answers(torch, dtypes: dict):
                 moe = FusedMoEConfig(
                     num_experts=experts, experts_per_token=2, hidden_dim=case["hidden"],
                     intermediate_size=case["width"], num_local_experts=local[0],
-                    num_logical_experts=experts, activation=MoEActivation.SILU,
+                    num_logical_experts=experts,
+                    activation=MoEActivation.SWIGLUOAI if case["quant"] == "mxfp4"
+                    else MoEActivation.SILU, has_bias=case["quant"] == "mxfp4",
                     device="cuda", routing_method=RoutingMethodType.Renormalize,
                     moe_parallel_config=par, in_dtype=dtype)
                 shard = moe.intermediate_size_per_partition
+                if case["quant"] == "mxfp4":
+                    return mxfp4(moe, par, local, dtype, case["hidden"])
                 if case["quant"] == "none":
                     _, cls = select_unquantized_moe_backend(moe)
                     return {"refused": False, "kernel": cls.__name__, "local": local,
