@@ -155,6 +155,11 @@ MOE_SCHEMES = {
     "awq": (lambda name, w, g: _awq_linear(name, w, g), lambda g: awq_config(g)),
     "ct_w4a16": (lambda name, w, g: _ct_w4a16_linear(name, w, g),
                  lambda g: ct_config("pack-quantized", {**W4A16, "group_size": g})),
+    # llm-compressor's FP8_DYNAMIC and DeepSeek-style 128x128 block FP8 (the group unused)
+    "ct_fp8": (lambda name, w, g: _per_channel_8bit_linear(name, w, "float"),
+               lambda g: per_channel_8bit_config("float")),
+    "fp8_block": (lambda name, w, g: _block_fp8_linear(name, w, 128),
+                  lambda g: block_fp8_config(128)),
 }
 
 
@@ -175,7 +180,7 @@ def quantized_moe(root: Path, saved: Path, scheme: str, group: int = 128) -> Pat
             tensors[name] = w.half() if w.is_floating_point() else w
     cfg = json.loads((saved / "config.json").read_text())
     cfg["quantization_config"] = {**config(group), "ignore": ["lm_head", "re:.*gate$"]} \
-        if scheme == "ct_w4a16" else config(group)
+        if scheme.startswith("ct_") else config(group)
     return _write(root, tensors, cfg)
 
 
@@ -207,13 +212,20 @@ def block_fp8(root: Path, intermediate: int, block: int = 128) -> Path:
     m = model(intermediate)
     tensors = _dense_rest(m, linears(m))
     for name, w in linears(m).items():
-        out, width = w.shape
-        tensors[f"{name}.weight"] = w.float().clamp(-448, 448).to(torch.float8_e4m3fn)
-        tensors[f"{name}.weight_scale_inv"] = torch.ones(math.ceil(out / block),
-                                                         math.ceil(width / block))
-    cfg = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-           "weight_block_size": [block, block]}
-    return _write(root, tensors, _config(m, cfg))
+        tensors.update(_block_fp8_linear(name, w, block))
+    return _write(root, tensors, _config(m, block_fp8_config(block)))
+
+
+def _block_fp8_linear(name: str, w: torch.Tensor, block: int) -> dict[str, torch.Tensor]:
+    out, width = w.shape
+    return {f"{name}.weight": w.float().clamp(-448, 448).to(torch.float8_e4m3fn),
+            f"{name}.weight_scale_inv": torch.ones(math.ceil(out / block),
+                                                   math.ceil(width / block))}
+
+
+def block_fp8_config(block: int = 128) -> dict:
+    return {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+            "weight_block_size": [block, block]}
 
 
 # --- bitsandbytes ---------------------------------------------------------------------------
@@ -285,18 +297,25 @@ def compressed_tensors_w8a8(root: Path, intermediate: int) -> Path:
 def _per_channel_8bit(root: Path, intermediate: int, kind: str) -> Path:
     """compressed-tensors' 8-bit weights with one scale per output channel and dynamic
     per-token activations: ``kind`` "float" (float8_e4m3fn) or "int" (int8, rounded)."""
-    top, dtype = (448.0, torch.float8_e4m3fn) if kind == "float" else (127.0, torch.int8)
     m = model(intermediate)
     tensors = _dense_rest(m, linears(m))
     for name, w in linears(m).items():
-        scale = w.float().abs().amax(dim=1, keepdim=True) / top
-        q = w.float() / scale
-        tensors[f"{name}.weight"] = (q if kind == "float" else q.round()).to(dtype)
-        tensors[f"{name}.weight_scale"] = scale.half()
+        tensors.update(_per_channel_8bit_linear(name, w, kind))
+    return _write(root, tensors, _config(m, per_channel_8bit_config(kind)))
+
+
+def _per_channel_8bit_linear(name: str, w: torch.Tensor, kind: str) -> dict[str, torch.Tensor]:
+    top, dtype = (448.0, torch.float8_e4m3fn) if kind == "float" else (127.0, torch.int8)
+    scale = w.float().abs().amax(dim=1, keepdim=True) / top
+    q = w.float() / scale
+    return {f"{name}.weight": (q if kind == "float" else q.round()).to(dtype),
+            f"{name}.weight_scale": scale.half()}
+
+
+def per_channel_8bit_config(kind: str) -> dict:
     scheme = {"num_bits": 8, "type": kind, "symmetric": True}
-    cfg = ct_config(f"{kind}-quantized", {**scheme, "strategy": "channel"},
-                    {**scheme, "strategy": "token", "dynamic": True})
-    return _write(root, tensors, _config(m, cfg))
+    return ct_config(f"{kind}-quantized", {**scheme, "strategy": "channel"},
+                     {**scheme, "strategy": "token", "dynamic": True})
 
 
 def compressed_tensors_w4a16_channel(root: Path, intermediate: int) -> Path:

@@ -303,10 +303,24 @@ def test_mxfp4_experts_are_read_at_the_shapes_transformers_loads(tmp_path: Path)
     assert doc["quantization"]["method"] == "mxfp4"
 
 
-def test_mxfp4_is_refused_by_repair_and_not_judged_by_vllm(tmp_path: Path) -> None:
-    """--repair does not rewrite packed FP4 blocks (exit 2, nothing written); --target vllm
-    is refused as not judged, with what vLLM's MXFP4 MoE method does to the widths and
-    where that was read."""
+#: the MXFP4 experts (96 wide) on vLLM v0.33.0, per GPU: the backend vLLM's own selection
+#: takes (tests/test_targets_vllm_oracle.py's MXFP4 grid) and the width it pads each rank's
+#: share to itself, so every width loads and a padded one is a fallback fixed at the next
+#: width vLLM would not pad; gpt-oss's MLPBlock refuses a width the ep ranks do not divide
+MXFP4_VLLM = {
+    "h100": {"vllm": ("fallback", "OAI Triton MXFP4 experts (triton_kernels, padded by vLLM)",
+                      128),
+             "vllm,tp=3": ("fallback",
+                           "OAI Triton MXFP4 experts (triton_kernels, padded by vLLM)", 192),
+             "vllm,ep=5": ("refused", None, 320)},
+    "a100": {"vllm": ("fallback", "MarlinExperts (MXFP4, padded by vLLM)", 128),
+             "vllm,tp=3": ("fallback", "MarlinExperts (MXFP4, padded by vLLM)", 384),
+             "vllm,ep=5": ("refused", None, 640)},
+}
+
+
+def test_mxfp4_is_refused_by_repair(tmp_path: Path) -> None:
+    """--repair does not rewrite packed FP4 blocks (exit 2, nothing written)."""
     bf16 = _saved(_gpt_oss(96, hidden=64), tmp_path / "bf16")
     root = _mxfp4(bf16, tmp_path / "mxfp4")
     out = tmp_path / "out"
@@ -314,11 +328,34 @@ def test_mxfp4_is_refused_by_repair_and_not_judged_by_vllm(tmp_path: Path) -> No
     assert run.returncode == 2 and not out.exists(), run.stdout + run.stderr
     assert "mxfp4" in run.stderr and "does not rewrite packed weights" in run.stderr
     assert "quantization_config=Mxfp4Config()" in run.stderr
-    run = helpers.gac(root, "--gpu", "h100", "--target", "vllm")
+
+
+@pytest.mark.parametrize("gpu", sorted(MXFP4_VLLM))
+def test_vllm_judges_mxfp4_experts_as_its_backend_pads_them(tmp_path: Path, gpu: str) -> None:
+    """--target vllm judges an MXFP4 checkpoint as quant=mxfp4 (vllm-moe-mxfp4): the OAI
+    Triton backend on an H100 pads each rank's width to 64, Marlin on an A100 to 128, so 96
+    loads as a fallback (vLLM computes the zero padding on every step); with ep=5 gpt-oss's
+    MLPBlock asserts intermediate_size % world_size. SGLang's pack has no MXFP4: refused as
+    not judged, naming the engine."""
+    bf16 = _saved(_gpt_oss(96, hidden=64), tmp_path / "bf16")
+    root = _mxfp4(bf16, tmp_path / "mxfp4")
+    specs = MXFP4_VLLM[gpu]
+    doc = _json(root, "--gpu", gpu, *[a for s in specs for a in ("--target", s)])
+    assert doc["summary"]["targets"]["vllm"]["quant"] == "mxfp4"
+    site = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
+    got = {t["target"]: t for t in site["targets"]}
+    for spec, (verdict, kernel, fix_to) in specs.items():
+        assert (got[spec]["verdict"], got[spec]["kernel"], got[spec]["fix_to"]) == (
+            verdict, kernel, fix_to), (spec, got[spec])
+        if verdict == "refused":
+            assert got[spec]["why"].startswith("AssertionError: gpt-oss's MLPBlock")
+            assert got[spec]["source"]["file"] == "vllm/model_executor/models/gpt_oss.py"
+        else:
+            assert got[spec]["source"]["function"].startswith(
+                "mxfp4_round_up_hidden_size_and_intermediate_size")
+    run = helpers.gac(root, "--gpu", gpu, "--target", "sglang")
     assert run.returncode == 2, run.stdout + run.stderr
-    assert "which no rule pack models: not judged" in run.stderr
-    assert "vLLM v0.33.0" in run.stderr
-    assert "mxfp4_round_up_hidden_size_and_intermediate_size" in run.stderr
+    assert "which the sglang rule pack does not model: not judged" in run.stderr
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -250,13 +250,13 @@ def test_the_text_output_folds_experts_of_one_width_into_one_row(tmp_path: Path)
 # ----------------------------------------------------------------------------- targets
 
 def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
-    """Where no pack rule models the fused-MoE kernels (SGLang v0.4.6.post5; vLLM with FP8),
+    """Where no pack rule models the fused-MoE kernels (SGLang v0.4.6.post5; vLLM with INT8),
     every MoE site is refused on the target, saying so, and the model's verdict is refused,
     never fast; on unquantized vLLM the expert count is judged (every expert on every
     rank)."""
     root = _saved(_mixtral(48), tmp_path / "mixtral")
     doc = _json(root, "--target", "sglang@v0.4.6.post5,tp=2,quant=awq", "--target",
-                "vllm,tp=2,quant=fp8", "--target", "vllm,tp=2")
+                "vllm,tp=2,quant=int8", "--target", "vllm,tp=2")
     for site in doc["sites"]:
         sglang, fp8, vllm = site["targets"]
         if site["role"] in ("expert_intermediate", "experts"):
@@ -268,13 +268,13 @@ def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
         if site["role"] == "experts":
             assert (vllm["verdict"], vllm["kernel"]) == (
                 "fast", "even expert map (experts / ep per rank)")
-    for spec in ("sglang@v0.4.6.post5,tp=2,quant=awq", "vllm,tp=2,quant=fp8"):
+    for spec in ("sglang@v0.4.6.post5,tp=2,quant=awq", "vllm,tp=2,quant=int8"):
         assert doc["summary"]["targets"][spec]["verdict"] == "refused"
     assert doc["summary"]["targets"]["vllm,tp=2"]["verdict"] == "fast"
     out = tmp_path / "out"
-    run = helpers.gac(root, "--gpu", "h100", "--repair", out, "--target", "vllm,tp=2,quant=fp8")
+    run = helpers.gac(root, "--gpu", "h100", "--repair", out, "--target", "vllm,tp=2,quant=int8")
     assert run.returncode == 2 and not out.exists(), run.stdout + run.stderr
-    assert "vllm,tp=2,quant=fp8 would still refuse OUT" in run.stderr
+    assert "vllm,tp=2,quant=int8 would still refuse OUT" in run.stderr
     assert "not judged for MoE" in run.stderr
 
 
@@ -568,6 +568,57 @@ def test_a_quantized_moe_checkpoint_is_judged_with_its_own_scheme(
     predicted = _verdict(_json(src, "--gpu", "a100", "--target", spec), "expert_intermediate",
                          spec)
     assert (predicted["verdict"], predicted["why"]) == (tp2["verdict"], tp2["why"])
+
+
+#: an FP8 Mixtral (experts 128 wide) on vLLM v0.33.0, per GPU and target, as
+#: tests/test_targets_vllm_oracle.py's FP8 MoE grid found vLLM's own code choosing:
+#: per-tensor/channel FP8 runs weight-only on MarlinExperts below sm89 (tile-padding a width
+#: per rank that 64 does not divide) and on TritonExperts on sm90; 128x128 block FP8 loads
+#: only whole blocks per rank (validate_fp8_block_shape_moe) and, under expert parallelism on
+#: sm90, runs FlashInfer CUTLASS
+FP8_MOE = {
+    "ct_fp8": {
+        "a100": {"vllm": ("fast", "MarlinExperts (FP8 weight-only)"),
+                 "vllm,tp=4": ("fallback", "MarlinExperts (FP8 weight-only, tile-padded)"),
+                 "vllm,tp=2,ep=2": ("fast", "MarlinExperts (FP8 weight-only)")},
+        "h100": {"vllm": ("fast", "TritonExperts (fused_moe_kernel)"),
+                 "vllm,tp=4": ("fast", "TritonExperts (fused_moe_kernel)"),
+                 "vllm,tp=2,ep=2": ("fast", "TritonExperts (fused_moe_kernel)")}},
+    "fp8_block": {
+        "a100": {"vllm": ("fast", "MarlinExperts (FP8 weight-only)"),
+                 "vllm,tp=4": ("refused", None),
+                 "vllm,tp=2,ep=2": ("fast", "MarlinExperts (FP8 weight-only)")},
+        "h100": {"vllm": ("fast", "TritonExperts (fused_moe_kernel)"),
+                 "vllm,tp=4": ("refused", None),
+                 "vllm,tp=2,ep=2": ("fast", "FlashInferExperts (FlashInfer CUTLASS)")}},
+}
+
+
+@pytest.mark.parametrize(("scheme", "quant"), [("ct_fp8", "fp8"), ("fp8_block", "fp8_block")])
+@pytest.mark.parametrize("gpu", ["a100", "h100"])
+def test_an_fp8_moe_checkpoint_is_judged_with_its_own_scheme(
+        tmp_path: Path, scheme: str, quant: str, gpu: str) -> None:
+    """A Mixtral quantized as llm-compressor's FP8_DYNAMIC (float8 experts, a scale per
+    channel) or as DeepSeek's 128x128 block FP8 writes it is judged as vLLM deploys that
+    scheme, never refused as not judged: its kernel per GPU, and for block FP8 the refusal of
+    a width per rank (32 at tp=4) that holds no whole 128 block, fixed at 512."""
+    src = _saved(_mixtral(128, experts=4, hidden=128), tmp_path / "src")
+    root = quantized_models.quantized_moe(tmp_path / scheme, src, scheme)
+    specs = FP8_MOE[scheme][gpu]
+    doc = _json(root, "--gpu", gpu, *[a for s in specs for a in ("--target", s)])
+    assert doc["summary"]["targets"]["vllm"]["quant"] == quant
+    for spec, want in specs.items():
+        got = _verdict(doc, "expert_intermediate", spec)
+        assert (got["verdict"], got["kernel"]) == want, (spec, got)
+        assert not got["why"].startswith("not judged"), got
+        if want[0] == "refused":
+            assert got["why"].startswith("ValueError: The output_size of gate's and up's")
+            assert got["fix_to"] == 512
+        if want[0] == "fallback":
+            assert "it pads expert_shard 32 -> 64" in got["why"], got["why"]
+        count = _verdict(doc, "experts", spec)
+        assert (count["verdict"], count["kernel"]) == ("fast", "even expert map (experts / "
+                                                       "ep per rank)"), count
 
 
 # ----------------------------------------------------------------------------- repair

@@ -12,7 +12,10 @@ saying so. FP8 and INT8 go through vLLM's own quantization methods for a checkpo
 ``quantization_config`` (compressed-tensors FP8 W8A8/W8A16/block and INT8 W8A8, vLLM's
 ``fp8`` per tensor and 128x128 blocks): ``create_weights`` and ``process_weights_after_loading``
 for a drawn MLP's gate_up_proj and down_proj shard (docs/targets.md, "FP8 and INT8 in the
-oracle"); schemes the pack's ``quant=`` cannot name are listed in NOT_EXPRESSED.
+oracle"); schemes the pack's ``quant=`` cannot name are listed in NOT_EXPRESSED. Fused-MoE
+layers go through vLLM's own MoE layer construction: unquantized, AWQ/GPTQ, FP8 (per tensor,
+per channel and 128x128 blocks, at sm80, sm89 and sm90) and gpt-oss's MXFP4 (the backend and
+the widths vLLM pads itself); what ``quant=`` cannot tell apart there is ``moe_not_expressed``.
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "vllm-oracle"
 RUNNER = Path(__file__).with_name("vllm_oracle.py")
 SM = {"8.0": 80, "9.0": 90}
+#: the capabilities the FP8 MoE grid runs at besides (sm89: FP8 compute, no Hopper moves)
+SM_ALL = {**SM, "8.9": 89}
 #: the pack's kernel names as vLLM's classes (and whether Marlin pads its tiles)
 VLLM_NAME = {"machete": "MacheteLinearKernel", "marlin": "MarlinLinearKernel",
              "awq_marlin": "MarlinLinearKernel", "exllama": "ExllamaLinearKernel",
@@ -63,15 +68,19 @@ def grid(seed: int = 28) -> list[dict]:
     for _ in range(60):
         cases.append({"cap": "9.0", "kind": "vocab", "vocab": rnd.randint(1000, 200000),
                       "tp": rnd.randint(1, 8)})
-    return cases + w8a8_grid(rnd) + moe_grid(rnd)
+    return cases + w8a8_grid(rnd) + moe_grid(rnd) + moe_grid(
+        random.Random(seed + 1), 60, FP8_MOE, FP8_MOE_CAPS) + mxfp4_grid(random.Random(seed + 2))
 
 
-def moe_grid(rnd: random.Random, per_cap: int = 120) -> list[dict]:
-    """Fused-MoE layers: unquantized, GPTQ and AWQ experts of a drawn width (per rank, as the
-    WNA16 grid draws it, and some that TP does not divide), expert counts 2-160, TP 1-8 with
-    and without expert parallelism (ep = tp x 1, 2 or 4), groups -1/32/64/128, hidden 4096."""
+def moe_grid(rnd: random.Random, per_cap: int = 120, quants: tuple[str, ...] = ("none", "gptq",
+                                                                                 "awq"),
+             caps: tuple[str, ...] = tuple(SM)) -> list[dict]:
+    """Fused-MoE layers: unquantized, GPTQ and AWQ experts (or ``quants``) of a drawn width
+    (per rank, as the WNA16 grid draws it, and some that TP does not divide), expert counts
+    2-160, TP 1-8 with and without expert parallelism (ep = tp x 1, 2 or 4), groups
+    -1/32/64/128, hidden 4096."""
     cases = []
-    for cap in SM:
+    for cap in caps:
         for _ in range(per_cap):
             tp = rnd.choice((1, 2, 4, 8))
             ep = rnd.choice((1, 1, tp, 2 * tp, 4 * tp))
@@ -79,10 +88,35 @@ def moe_grid(rnd: random.Random, per_cap: int = 120) -> list[dict]:
             width = rnd.choice((8, 16, 32, 64, 128)) * rnd.randint(1, 48) * moe_tp
             if rnd.random() < 0.15:
                 width += rnd.randint(1, 7)
-            cases.append({"cap": cap, "kind": "moe", "quant": rnd.choice(("none", "gptq", "awq")),
+            cases.append({"cap": cap, "kind": "moe", "quant": rnd.choice(quants),
                           "width": width, "tp": tp, "ep": ep, "experts": rnd.randint(2, 160),
                           "group": rnd.choice((-1, 32, 64, 128)), "hidden": 4096,
                           "dtype": "bfloat16"})
+    return cases
+
+
+#: the FP8 MoE grid's schemes (the W8A8 grid's FP8 schemes that have an MoE method:
+#: compressed-tensors FP8 dynamic, static and block, vLLM's own fp8 per tensor and in 128x128
+#: blocks), on sm80 (Marlin), sm89 (Triton: FP8 compute) and sm90
+FP8_MOE = ("ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block", "fp8", "fp8_block")
+FP8_MOE_CAPS = ("8.0", "8.9", "9.0")
+
+
+def mxfp4_grid(rnd: random.Random, per_cap: int = 40) -> list[dict]:
+    """gpt-oss's MXFP4 experts: widths in whole 32-value blocks (the format's), some that TP
+    does not divide, hidden 2880 (gpt-oss's), 2816 or 4096, TP 1-8 with and without expert
+    parallelism. Under expert parallelism only widths the ep ranks divide are drawn:
+    gpt-oss's ``MLPBlock.__init__`` asserts ``intermediate_size % world_size``, a model
+    class the oracle does not build (the pack's ``vllm-moe-mxfp4-load`` is read, not run)."""
+    cases = []
+    for cap in FP8_MOE_CAPS:
+        for _ in range(per_cap):
+            tp = rnd.choice((1, 2, 4, 8))
+            ep = rnd.choice((1, 1, tp, 2 * tp))
+            width = 32 * rnd.randint(1, 96) * (ep if ep > 1 else 1)
+            cases.append({"cap": cap, "kind": "moe", "quant": "mxfp4", "width": width,
+                          "tp": tp, "ep": ep, "experts": rnd.randint(2, 128), "group": 32,
+                          "hidden": rnd.choice((2880, 2816, 4096)), "dtype": "bfloat16"})
     return cases
 
 
@@ -112,7 +146,7 @@ def w8a8_grid(rnd: random.Random, per_cap: int = 90) -> list[dict]:
 
 def vllm_answers(cases: list[dict]) -> list[dict]:
     out = []
-    for cap in SM:
+    for cap in SM_ALL:
         mine = [c for c in cases if c["cap"] == cap]
         proc = subprocess.run([sys.executable, str(RUNNER), str(CACHE / "src"),
                                str(CACHE / "deps"), cap], input=json.dumps(mine),
@@ -124,7 +158,7 @@ def vllm_answers(cases: list[dict]) -> list[dict]:
 
 
 def pack_answer(case: dict) -> dict:
-    sm = SM[case["cap"]]
+    sm = SM_ALL[case["cap"]]
     if case["kind"] == "attention":
         target = parse_target("vllm")
         shape = ModelShape(4096, 32000, {0: LayerShape(32, 8, case["head_dim"], 14336)})
@@ -161,7 +195,11 @@ def pack_answer(case: dict) -> dict:
 def moe_pack_answer(case: dict, sm: int) -> dict:
     """The pack's verdicts on the expert-width site and the expert-count site."""
     spec = f"vllm,tp={case['tp']},ep={case['ep']}"
-    if case["quant"] != "none":
+    if case["quant"] == "mxfp4":
+        spec += ",quant=mxfp4"
+    elif case["quant"] in PACK_QUANT:
+        spec += f",quant={PACK_QUANT[case['quant']]}"
+    elif case["quant"] != "none":
         spec += f",quant={case['quant']},group={case['group']}"
     target = parse_target(spec)
     shape = ModelShape(case["hidden"], 32000, {0: LayerShape(32, 8, 128, None, moe=True)})
@@ -183,12 +221,26 @@ def moe_disagreement(case: dict, pack: dict) -> str | None:
     if even != pack["even"]:
         return f"expert map {case['local']}: the pack says {'even' if pack['even'] else 'uneven'}"
     kernel = pack["kernel"] or ""
+    if case["quant"] == "mxfp4":
+        return mxfp4_disagreement(case, kernel)
     name = kernel.split(" (", 1)[0]
     chosen = "HummingExperts" if case["kernel"].startswith("Humming") else case["kernel"]
     if name != chosen or kernel.endswith("(MoeWNA16Method)") != case.get("wna16", False):
         return f"vLLM {case['kernel']} (MoeWNA16Method: {case.get('wna16')}), pack {kernel}"
-    if name == "MarlinExperts" and kernel.endswith("(tile-padded)") != case["tile_padded"]:
+    if name == "MarlinExperts" and kernel.endswith("tile-padded)") != case["tile_padded"]:
         return f"Marlin MoE tile padding: vLLM {case['tile_padded']}, pack {kernel}"
+    return None
+
+
+def mxfp4_disagreement(case: dict, kernel: str) -> str | None:
+    """The MXFP4 backend vLLM took (the OAI Triton classes are the pack's one Triton kernel)
+    and whether its ``maybe_roundup_sizes`` zero-padded the width per rank."""
+    family = "OAI Triton" if case["kernel"].startswith("OAITriton") else case["kernel"]
+    moe_tp = 1 if case["ep"] > 1 else case["tp"]
+    padded = case["padded_shard"] != case["width"] // moe_tp
+    if not kernel.startswith(family) or kernel.endswith("padded by vLLM)") != padded:
+        return (f"vLLM {case['kernel']} ({case['backend']}, width per rank "
+                f"{case['width'] // moe_tp} -> {case['padded_shard']}), pack {kernel}")
     return None
 
 
@@ -241,6 +293,22 @@ def w8a8_disagreement(case: dict, kernel: str) -> str | None:
 NOT_EXPRESSED = {("ct_fp8_w8a16", "9.0"), ("ct_int8_asym", "8.0"), ("ct_int8_asym", "9.0")}
 
 
+def moe_not_expressed(case: dict, pack: dict) -> bool:
+    """What the pack's ``fp8`` and ``fp8_block`` cannot tell apart: a compressed-tensors FP8
+    checkpoint with static per-tensor activation scales runs on FlashInferExperts on sm90
+    (the dynamic ones, and vLLM's own fp8, on TritonExperts: the pack's); vLLM's own block
+    fp8 refines its scales where 128 does not divide the width per rank but 32 does
+    (``refine_fp8_moe_block_shape``) and loads on TritonExperts from sm89, where
+    compressed-tensors' block FP8 is refused (the pack's, the stricter)."""
+    if case["kind"] != "moe":
+        return False
+    if case["quant"] == "ct_fp8_static" and case["cap"] == "9.0":
+        return case["kernel"] == "FlashInferExperts" and pack["kernel"].startswith("Triton")
+    moe_tp = 1 if case["ep"] > 1 else case["tp"]
+    return (case["quant"] == "fp8_block" and not case["refused"] and pack["refused"]
+            and case["kernel"] == "TritonExperts" and case["width"] // moe_tp % 128 != 0)
+
+
 def test_the_vllm_pack_agrees_with_vllms_own_selection_code():
     if not (CACHE / "src" / "vllm").is_dir() or not (CACHE / "deps").is_dir():
         message = "vLLM's wheel is not cached: run `make vllm-oracle` (CI does)"
@@ -252,12 +320,16 @@ def test_the_vllm_pack_agrees_with_vllms_own_selection_code():
     answers = vllm_answers(cases)
     wrong = []
     for case in answers:
-        why = disagreement(case, pack_answer(case))
+        pack = pack_answer(case)
+        why = disagreement(case, pack)
         if why:
             shown = {k: v for k, v in case.items() if k not in ("kernel", "refused",
                                                                "tile_padded", "padded",
                                                                "reshaped", "gemm", "local",
-                                                               "wna16", "why")}
-            if (case.get("scheme"), case["cap"]) not in NOT_EXPRESSED:
+                                                               "wna16", "why", "backend",
+                                                               "padded_shard",
+                                                               "padded_hidden")}
+            if ((case.get("scheme"), case["cap"]) not in NOT_EXPRESSED
+                    and not moe_not_expressed(case, pack)):
                 wrong.append(f"{shown}: {why}")
     assert not wrong, f"{len(wrong)} of {len(answers)} disagree:\n" + "\n".join(wrong[:60])

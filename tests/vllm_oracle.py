@@ -383,10 +383,13 @@ def moe_answers(torch, dtypes: dict):
     the layer's quantization method: ``select_unquantized_moe_backend`` unquantized, else
     ``AutoGPTQConfig`` / ``AutoAWQConfig.get_quant_method`` for the experts (the Marlin MoE
     route, or ``MoeWNA16Method``, whose ``create_weights`` runs for the rank's shard) and the
-    experts class its ``select_wna16_moe_backend`` chose. Stood in: the TP and DP groups (a
+    experts class its ``select_wna16_moe_backend`` chose; for FP8, ``Fp8Config`` or
+    ``CompressedTensorsConfig.get_quant_method`` (``Fp8MoEMethod``, or compressed-tensors'
+    W8A8 FP8 MoE method: ``select_fp8_moe_backend``, the block shape's refinement) and its
+    ``create_weights`` (``validate_fp8_block_shape_moe``). Stood in: the TP and DP groups (a
     world size, rank 0) and the parallel config's three fields the MoE layer reads."""
     import vllm.distributed.parallel_state as parallel_state
-    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.config import VllmConfig, get_current_vllm_config, set_current_vllm_config
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.config import (
         FusedMoEConfig,
@@ -400,7 +403,12 @@ def moe_answers(torch, dtypes: dict):
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig
     from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsConfig,
+    )
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
     from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Method
+    from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4Config
     from vllm.model_executor.layers.quantization.utils.marlin_utils import (
         marlin_moe_padded_intermediate,
     )
@@ -412,6 +420,28 @@ def moe_answers(torch, dtypes: dict):
         "awq": lambda g: AutoAWQConfig.from_config(
             {"quant_method": "awq", "bits": 4, "group_size": g, "zero_point": True}),
     }
+    configs.update({scheme: lambda g, scheme=scheme: fp8_config(scheme)
+                    for scheme in SCHEMES if "fp8" in scheme and scheme != "ct_fp8_w8a16"})
+
+    def fp8_config(scheme: str):
+        config = quant_config(scheme)
+        if config["quant_method"] == "fp8":
+            return Fp8Config.from_config(config)
+        return CompressedTensorsConfig.from_config(config)
+
+    def mxfp4(moe, par, local: list[int], dtype, hidden: int) -> dict:
+        """gpt-oss's MXFP4 experts: the backend ``select_mxfp4_moe_backend`` takes and the
+        widths ``maybe_roundup_sizes`` gives the layer (vLLM's own zero padding)."""
+        # the server's model config stood in by what the selection reads of it: no
+        # user override of the MoE activation (--quantization-config)
+        get_current_vllm_config().model_config = types.SimpleNamespace(
+            quantization_config=None)
+        method = GptOssMxfp4Config()._make_moe_method(moe)
+        padded_hidden, padded = method.maybe_roundup_sizes(
+            hidden, moe.intermediate_size_per_partition, dtype, par)
+        return {"refused": False, "kernel": method.experts_cls.__name__,
+                "backend": method.mxfp4_backend.name, "padded_shard": padded,
+                "padded_hidden": padded_hidden, "local": local, "ep_size": par.ep_size}
 
     def answer(case: dict) -> dict:
         tp, ep, experts = case["tp"], case["ep"], case["experts"]
@@ -428,10 +458,14 @@ def moe_answers(torch, dtypes: dict):
                 moe = FusedMoEConfig(
                     num_experts=experts, experts_per_token=2, hidden_dim=case["hidden"],
                     intermediate_size=case["width"], num_local_experts=local[0],
-                    num_logical_experts=experts, activation=MoEActivation.SILU,
+                    num_logical_experts=experts,
+                    activation=MoEActivation.SWIGLUOAI if case["quant"] == "mxfp4"
+                    else MoEActivation.SILU, has_bias=case["quant"] == "mxfp4",
                     device="cuda", routing_method=RoutingMethodType.Renormalize,
                     moe_parallel_config=par, in_dtype=dtype)
                 shard = moe.intermediate_size_per_partition
+                if case["quant"] == "mxfp4":
+                    return mxfp4(moe, par, local, dtype, case["hidden"])
                 if case["quant"] == "none":
                     _, cls = select_unquantized_moe_backend(moe)
                     return {"refused": False, "kernel": cls.__name__, "local": local,
@@ -439,15 +473,20 @@ def moe_answers(torch, dtypes: dict):
                 layer = RoutedExperts.__new__(RoutedExperts)
                 torch.nn.Module.__init__(layer)
                 layer.moe_config = moe
+                layer.ckpt_gate_proj_name, layer.ckpt_up_proj_name = "gate_proj", "up_proj"
+                layer.ckpt_down_proj_name = "down_proj"
                 method = configs[case["quant"]](case["group"]).get_quant_method(
                     layer, "model.layers.0.mlp.experts")
                 wna16 = isinstance(method, MoeWNA16Method)
-                if wna16:
+                if wna16 or "fp8" in case["quant"]:
                     method.create_weights(layer, local[0], case["hidden"], shard, dtype,
                                           weight_loader=lambda *a, **k: None)
                 kernel = method.experts_cls.__name__
+                group = case["group"]
+                if "fp8" in case["quant"]:  # Marlin's FP8 group: the block's K, else none
+                    group = (getattr(method, "weight_block_size", None) or [-1, -1])[1]
                 padded = (not wna16 and "Marlin" in kernel
-                          and marlin_moe_padded_intermediate(shard, case["group"]) != shard)
+                          and marlin_moe_padded_intermediate(shard, group) != shard)
         except (AssertionError, ValueError, NotImplementedError) as e:
             return {"refused": True, "kernel": None, "local": local, "ep_size": par.ep_size,
                     "why": f"{type(e).__name__}: {e}"[:300]}

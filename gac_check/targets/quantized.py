@@ -14,7 +14,8 @@ their kernel with ``choose_mp_linear_kernel`` (vllm-project/vllm,
 ``vllm/model_executor/layers/quantization/kernels/mixed_precision/__init__.py``), so a
 ``pack-quantized`` checkpoint is judged by the pack's ``gptq`` rules; AWQ by ``awq``; FP8
 (compressed-tensors ``float-quantized``) by ``fp8``, block FP8 by ``fp8_block`` where the
-pack has it (vLLM), else ``fp8``; INT8 W8A8 by ``int8``.
+pack has it (vLLM), else ``fp8``; INT8 W8A8 by ``int8``; MXFP4 (gpt-oss's experts) by
+``mxfp4`` where the pack has it (vLLM).
 llama.cpp converts and re-quantizes whatever it is given, so its targets keep their own
 ``quant`` (a GGUF type).
 """
@@ -28,22 +29,15 @@ from gac_check.targets.spec import Target
 
 #: Engines that re-quantize on conversion: the checkpoint's scheme does not reach them.
 REQUANTIZING = ("llama.cpp",)
-#: Why no target judges an MXFP4 checkpoint (gpt-oss's experts) yet. Read in vLLM v0.33.0
-#: (vllm-project/vllm, vllm/model_executor/layers/fused_moe/oracle/mxfp4.py,
-#: mxfp4_round_up_hidden_size_and_intermediate_size, called by
-#: GptOssMxfp4MoEMethod.maybe_roundup_sizes in quantization/mxfp4.py): the engine zero-pads
-#: each rank's expert width itself, to a multiple of 128 (Marlin, FlashInfer TRT-LLM and
-#: CUTLASS, CUTLASS, DeepGEMM; hidden to 256 or 128), 64 (Triton, the rest on CUDA), 128 or
-#: 256 (ROCm) or 32 (CPU), by the backend select_mxfp4_moe_backend takes first in
-#: _get_priority_backends_for_gpt_oss's order that supports the GPU and the installed
-#: kernels; models/gpt_oss.py shards the experts over TP in whole 32-value blocks.
+#: Why a target whose pack has no ``mxfp4`` (every engine but vLLM) does not judge an MXFP4
+#: checkpoint (gpt-oss's experts). vLLM's pack judges it (vllm-moe-mxfp4: the engine zero-pads
+#: each rank's expert width itself, vllm-project/vllm v0.33.0,
+#: vllm/model_executor/layers/fused_moe/oracle/mxfp4.py,
+#: mxfp4_round_up_hidden_size_and_intermediate_size); the others were not read for it.
 MXFP4_NOT_JUDGED = (
-    "the checkpoint is MXFP4 (gpt-oss's experts), which no rule pack models: not judged. "
-    "vLLM v0.33.0 pads each rank's expert width to a multiple of 32, 64, 128 or 256 (and the "
-    "hidden size to 128 or 256) itself, as the MXFP4 MoE backend it picks from the GPU and "
-    "the installed kernels requires (vllm/model_executor/layers/fused_moe/oracle/mxfp4.py, "
-    "mxfp4_round_up_hidden_size_and_intermediate_size; select_mxfp4_moe_backend); check "
-    "without --target for the GPU contract's findings"
+    "the checkpoint is MXFP4 (gpt-oss's experts), which the {engine} rule pack does not model: "
+    "not judged (--target vllm judges it: vLLM v0.33.0 pads each rank's expert width to its "
+    "MXFP4 backend's multiple itself); check without --target for the GPU contract's findings"
 )
 
 
@@ -72,7 +66,8 @@ def for_checkpoint(target: Target, q: Quantization | None) -> Target:
     names = pack_names(q)
     quant = next((n for n in names if n in target.pack.quants), None)
     if quant is None and q.method == "mxfp4":
-        raise BadInput(f"--target {target.spec}: {MXFP4_NOT_JUDGED}")
+        raise BadInput(f"--target {target.spec}: "
+                       + MXFP4_NOT_JUDGED.format(engine=target.engine))
     if quant is None:
         raise BadInput(f"--target {target.spec}: the checkpoint is {q.method} {q.scheme}, which "
                        f"the {target.engine} rule pack does not model (it knows quant="
