@@ -665,3 +665,94 @@ def test_repair_pads_expert_widths_exactly(tmp_path: Path, family: str) -> None:
     recheck = api.check(out, "h100")
     assert {s.value for s in recheck.sites if s.role.value == "expert_intermediate"} == {48}
     assert detect(open_checkpoint(out)).name == "dense"
+
+
+#: (layer, expert, width kept) per family: experts of one layer, and layers, at different widths
+UNEVEN = ((0, 1, 40), (1, 2, 37))
+
+
+def _unevenly_pruned(family: str, root: Path) -> tuple[torch.nn.Module, Path]:
+    """A model (experts 45 wide) whose UNEVEN experts are pruned to their own widths, saved
+    with their kept rows and columns only, and the reference it is measured against: the
+    same model in memory with the pruned rows of gate/up and columns of down set to zero,
+    which computes what the pruned checkpoint does (a dropped unit's act(0) · 0 = 0 added
+    nothing) and which transformers' own fused class runs (eager: 45 is no grouped-GEMM
+    width)."""
+    model = {"mixtral": _mixtral, "qwen2_moe": _qwen2_moe}[family]()
+    block = MIXTRAL_BLOCK if family == "mixtral" else QWEN_BLOCK
+    gate, up, down = ("w1", "w3", "w2") if family == "mixtral" else (
+        "gate_proj", "up_proj", "down_proj")
+    _saved(model, root)
+    reference = type(model).from_pretrained(root, experts_implementation="eager").eval()
+    state = reference.state_dict()  # fused in memory: mlp.experts.gate_up_proj [E, 2I, H]
+    with torch.no_grad():
+        for layer, expert, kept in UNEVEN:
+            experts = f"{QWEN_BLOCK.format(layer)}.experts"
+            gate_up, down_proj = state[f"{experts}.gate_up_proj"], state[f"{experts}.down_proj"]
+            width = down_proj.shape[-1]
+            gate_up[expert, kept:width] = 0
+            gate_up[expert, width + kept:] = 0
+            down_proj[expert, :, kept:] = 0
+
+    def prune(saved: dict) -> None:
+        for layer, expert, kept in UNEVEN:
+            name = f"{block.format(layer)}.experts.{expert}"
+            for w in (gate, up):
+                saved[f"{name}.{w}.weight"] = saved[f"{name}.{w}.weight"][:kept].contiguous()
+            saved[f"{name}.{down}.weight"] = saved[f"{name}.{down}.weight"][:, :kept].contiguous()
+
+    _rewrite(root, prune)
+    return reference, root
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_uniform_pads_experts_of_different_widths_to_one(tmp_path: Path, family: str) -> None:
+    """Experts pruned to 40 and 37 beside experts of 45 load on no fused-MoE class; CLI
+    --repair --uniform --target vllm pads every routed expert of every layer to 48 (the
+    widest, aligned) with zero gate/up rows and down columns, leaves the router the same
+    bytes and records 48 in config.json's expert width, so transformers' own class loads OUT
+    from_pretrained with logits and router logits equal to the pruned model's."""
+    reference, src = _unevenly_pruned(family, tmp_path / "src")
+    out = tmp_path / "out"
+    run = helpers.gac(src, "--gpu", "h100", "--target", "vllm", "--repair", out, "--uniform")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "every routed expert padded to 48" in run.stdout
+    cls = type(reference)
+    with pytest.raises(RuntimeError, match="automatic conversion of the weights"):
+        cls.from_pretrained(src)  # one tensor per layer cannot stack experts of three widths
+    after = cls.from_pretrained(out).eval()
+    key = "intermediate_size" if family == "mixtral" else "moe_intermediate_size"
+    assert getattr(after.config, key) == 48
+    old, new = load_file(src / "model.safetensors"), load_file(out / "model.safetensors")
+    block = MIXTRAL_BLOCK if family == "mixtral" else QWEN_BLOCK
+    gate, down = ("w1", "w2") if family == "mixtral" else ("gate_proj", "down_proj")
+    for layer, expert, kept in UNEVEN:
+        name = f"{block.format(layer)}.experts.{expert}"
+        assert new[f"{name}.{gate}.weight"].shape[0] == 48
+        assert torch.equal(new[f"{name}.{gate}.weight"][:kept], old[f"{name}.{gate}.weight"])
+        assert new[f"{name}.{gate}.weight"][kept:].abs().sum() == 0
+        assert new[f"{name}.{down}.weight"][:, kept:].abs().sum() == 0
+        router = f"{block.format(layer)}.gate.weight"
+        assert torch.equal(new[router], old[router])
+    ids = torch.randint(0, 96, (3, 16), generator=torch.Generator().manual_seed(1))
+    (ref, ref_route), (got, got_route) = _logits(reference, ids), _logits(after, ids)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    for r, g in zip(ref_route, got_route, strict=True):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)
+    doc = _json(out, "--target", "vllm")
+    assert doc["summary"]["targets"]["vllm"]["load"]["loads"]
+    assert set(_sites(doc, "expert_intermediate").values()) == {48}
+
+
+def test_repair_for_a_fused_moe_target_offers_uniform_with_its_cost(tmp_path: Path) -> None:
+    """Without --uniform, --repair --target vllm of experts at different widths is refused
+    before anything is written, pointing at --uniform and what it adds: every expert of both
+    layers to 48 (4 experts from 45, one from 40, one from 37; 3 · 32 parameters a unit)."""
+    _, src = _unevenly_pruned("mixtral", tmp_path / "src")
+    out = tmp_path / "out"
+    run = helpers.gac(src, "--gpu", "h100", "--target", "vllm", "--repair", out)
+    assert run.returncode == 2, run.stdout + run.stderr
+    added = (4 * 3 + 8 + 11) * 3 * 32
+    assert f"add --uniform to pad every routed expert of every layer to the widest (to 48: " \
+           f"+{added:,} parameters" in run.stderr, run.stderr
+    assert not out.exists()

@@ -91,9 +91,10 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     existing ``out`` unless ``force``. With ``target``, each site is padded to the smallest
     size that is also fast on every target, where zero padding is exact, and a repair that a
     target would still refuse is refused before anything is written; ``uniform`` pads every
-    layer's MLP to the widest, so a target that reads one width loads OUT.
+    layer's MLP, and every routed expert of every layer, to the widest, so a target that
+    reads one width (a fused-MoE layer: one for all its experts) loads OUT.
     """
-    from gac_check.api.repair_targets import plan_for_targets
+    from gac_check.api.repair_targets import plan_for_targets, uniform_note
     from gac_check.padding.support import gguf_instead, unsupported
     from gac_check.padding.write import apply
 
@@ -115,8 +116,7 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     choice = before.dtype_choice
     notes = [choice.note] if choice and choice.note else []
     if targeted.widths:
-        notes.append(f"--uniform: every layer's MLP padded to {max(targeted.widths.values())}, "
-                     "so an engine that builds every layer from one width loads OUT")
+        notes.append(uniform_note(before, targeted.widths))
     recheck = Recheck(gpu, before)
     report = apply(targeted.plan, ckpt, out, force=force, recheck=recheck,
                    extra_notes=notes, show_progress=progress)

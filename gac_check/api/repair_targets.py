@@ -4,9 +4,10 @@ A repair is worth writing only if the targets it was asked for will serve OUT. S
 byte is written, the plan is judged as OUT would be: a target whose engine does not build
 the model (a compressor's custom modules, a pickled whole model, an unknown architecture) or
 that would still refuse a padded site refuses the repair, saying why. Layers of different MLP
-widths are the one load blocker padding can remove: ``--uniform`` pads every layer to the
-widest (exact zero padding, then to what every target runs fast), and without it the refusal
-offers it with its cost.
+widths, and routed experts of different widths (a fused-MoE layer holds its experts in one
+tensor of one width), are the one load blocker padding can remove: ``--uniform`` pads every
+layer's MLP, and every routed expert of every layer, to the widest (exact zero padding, then
+to what every target runs fast), and without it the refusal offers it with its cost.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from gac_check.targets.shards import model_shape
 @dataclass
 class TargetedPlan:
     """The repair plan, and the contract OUT will be judged by (the uniform one with
-    ``--uniform``: every layer at one width)."""
+    ``--uniform``: every layer's MLP at one width, every routed expert at one width)."""
 
     plan: RepairPlan
     contract: Contract
@@ -38,7 +39,7 @@ class TargetedPlan:
 def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> TargetedPlan:
     """The plan ``--repair`` carries out; :class:`BadInput` (nothing written) where a target
     would still refuse OUT, with what would help. ``uniform`` pads every layer's MLP to one
-    width (with or without targets)."""
+    width and every routed expert to one (with or without targets)."""
     ckpt = before.checkpoint
     ffn_mults = _ffn_mults_only(before)
     blocked = refuse_unloadable(
@@ -49,17 +50,21 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
     recorded = [v for v in blocked if v.blocker == CONFIG]  # the plan records head_dim
     blocked = [v for v in blocked if v.blocker != CONFIG]
     if blocked and not uniform and not ffn_mults:
+        experts = len(layer_widths(model_shape(before.sites))["expert"]) > 1
+        what = ("the expert-width pruning with one width for every expert of every layer, or "
+                "add --uniform to pad every routed expert of every layer" if experts else
+                "the compressor with the same width in every layer, or add --uniform to pad "
+                "every layer")
         raise BadInput(f"--repair: {', '.join(v.target.spec for v in blocked)} would still "
-                       f"refuse OUT: {blocked[0].why}; re-run the compressor with the same "
-                       "width in every layer, or add --uniform to pad every layer to the "
-                       f"widest ({_uniform_cost(before, strategy)}; exact zero padding). "
+                       f"refuse OUT: {blocked[0].why}; re-run {what} to the widest "
+                       f"({_uniform_cost(before, strategy)}; exact zero padding). "
                        "Nothing was written", ckpt.path)
     widths: dict[str, int] = {}
     contract = before.contract
     if recorded:
         contract = assemble(contract.profile, contract.dtype, before.targets, before.sites,
                             model_kind(ckpt, before.format))
-    if uniform and len(layer_widths(model_shape(before.sites))["intermediate"]) > 1:
+    if uniform and _uneven(before):
         widths, contract = _uniform(before, strategy)
     repair_plan = plan(before.sites, contract, strategy, shapes=ckpt.shapes,
                        config=ckpt.config, widths=widths)
@@ -117,18 +122,35 @@ def _mlp_only(before: CheckResult) -> bool:
     return len(widths["heads"]) <= 1 and len(widths["head_dim"]) <= 1
 
 
+#: The widths a class builds from one config value, each padded to its own one width: a
+#: dense layer's MLP, and the routed experts (another key: Mixtral's intermediate_size,
+#: Qwen2-MoE's and DeepSeek's moe_intermediate_size, gpt-oss's one fused width per layer).
+UNIFORM_ROLES = (Role.INTERMEDIATE, Role.EXPERT)
+
+
+def _uneven(before: CheckResult) -> bool:
+    """Whether the layers' MLPs, or the routed experts, are of more than one width."""
+    widths = layer_widths(model_shape(before.sites))
+    return len(widths["intermediate"]) > 1 or len(widths["expert"]) > 1
+
+
 def _uniform(before: CheckResult, strategy: str) -> tuple[dict[str, int], Contract]:
-    """Every layer's MLP width: the widest, then the smallest size at or above it that the
-    contract and every target take, judged on the model as it will be (one width)."""
-    mlp = [s for s in before.sites if s.role is Role.INTERMEDIATE]
-    widest = max(s.value for s in mlp)
-    sites = [dataclasses.replace(s, value=widest) if s.role is Role.INTERMEDIATE else s
+    """Each uneven role's width (every layer's MLP, every routed expert): the widest, then
+    the smallest size at or above it that the contract and every target take, judged on the
+    model as it will be (one width per role). A role already of one width is left to the
+    contract, as without ``--uniform``."""
+    uneven = [role for role in UNIFORM_ROLES
+              if len({s.value for s in before.sites if s.role is role}) > 1]
+    widest = {role: max(s.value for s in before.sites if s.role is role) for role in uneven}
+    sites = [dataclasses.replace(s, value=widest[s.role]) if s.role in widest else s
              for s in before.sites]
     contract = assemble(before.contract.profile, before.contract.dtype, before.targets, sites,
                         model_kind(before.checkpoint, before.format))
-    to = max(contract.target(s, STRATEGIES[strategy]) for s in sites
-             if s.role is Role.INTERMEDIATE)
-    return {s.name: to for s in mlp}, contract
+    widths: dict[str, int] = {}
+    for role in uneven:
+        to = max(contract.target(s, STRATEGIES[strategy]) for s in sites if s.role is role)
+        widths.update({s.name: to for s in before.sites if s.role is role})
+    return widths, contract
 
 
 def _uniform_cost(before: CheckResult, strategy: str) -> str:
@@ -137,6 +159,16 @@ def _uniform_cost(before: CheckResult, strategy: str) -> str:
     sites = {s.name: s for s in before.sites}
     added = sum((to - sites[n].value) * sites[n].params_per_unit(dict(ckpt.shapes))
                 for n, to in widths.items())
-    to = next(iter(widths.values()))
+    to = " and ".join(map(str, sorted(set(widths.values()))))
     share = added / ckpt.params if ckpt.params else 0.0
     return f"to {to}: +{added:,} parameters, {share:.2%}"
+
+
+def uniform_note(before: CheckResult, widths: dict[str, int]) -> str:
+    """What ``--uniform`` padded to, per role, for the repair's notes."""
+    roles = {s.name: s.role for s in before.sites}
+    said = {Role.INTERMEDIATE: "every layer's MLP", Role.EXPERT: "every routed expert"}
+    parts = [f"{said[role]} padded to {to}" for role in UNIFORM_ROLES
+             for to in sorted({w for n, w in widths.items() if roles[n] is role})]
+    return ("--uniform: " + ", ".join(parts) + ", so an engine that builds every layer (and "
+            "every fused-MoE layer's experts) from one width loads OUT")

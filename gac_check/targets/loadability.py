@@ -48,9 +48,10 @@ CUSTOM, CONTAINER, ARCHITECTURE, CONFIG, LAYERS = ("custom modules", "container"
 HEAD_DIM_SOURCE = Source("vllm-project/vllm", "vllm/model_executor/models/qwen2.py",
                          "Qwen2Attention.__init__ (head_dim = hidden_size // total_num_heads)",
                          "v0.33.0")
-EXPERT_REMEDY = ("re-run the expert-width pruning with one width for every expert of every "
-                 "layer (zero padding to the widest is exact, but --repair pads each expert to "
-                 "its own aligned width, not to one)")
+EXPERT_REMEDY = ("pad every routed expert of every layer to the widest (--repair OUT "
+                 "--uniform: exact zero padding; config.json then records the one width), "
+                 "or re-run the expert-width pruning with one width for every expert of "
+                 "every layer")
 UNIFORM_REMEDY = ("pad every layer to the widest (--repair OUT --uniform: exact zero padding), "
                   "or re-run the compressor with the same width in every layer")
 HEADS_REMEDY = ("re-run the compressor with the same head count in every layer (head counts "
