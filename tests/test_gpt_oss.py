@@ -382,3 +382,41 @@ def test_a_misshapen_mxfp4_layout_is_refused(tmp_path: Path, damage: str, messag
     run = helpers.gac(root, "--gpu", "h100")
     assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
     assert message in run.stderr, run.stderr
+
+
+def test_uniform_pads_layers_of_different_expert_widths_to_one(tmp_path: Path) -> None:
+    """gpt-oss's fused experts hold one width per layer, but layers can differ: layer 0 cut
+    from 45 to 40 units loads on no class (GptOssForCausalLM builds every layer from one
+    intermediate_size). CLI --repair --uniform --target vllm pads both layers to 48 (zero
+    gate/up column pairs, biases and down rows; the router the same bytes) and
+    transformers' class loads OUT with logits and router logits equal to the reference: the
+    original in memory with layer 0's cut units zeroed, which computes what the cut
+    checkpoint does (a unit whose down row is zero adds nothing)."""
+    src = _saved(_gpt_oss(), tmp_path / "src")
+    reference = transformers.GptOssForCausalLM.from_pretrained(
+        src, experts_implementation="eager").eval()
+    experts = reference.model.layers[0].mlp.experts
+    with torch.no_grad():
+        experts.gate_up_proj[..., 80:] = 0
+        experts.gate_up_proj_bias[:, 80:] = 0
+        experts.down_proj[:, 40:] = 0
+    _rewrite(src, lambda s: _prune_width(s, 0, 40))
+    out = tmp_path / "out"
+    run = helpers.gac(src, "--gpu", "h100", "--target", "vllm", "--repair", out, "--uniform")
+    assert run.returncode == 0, run.stdout + run.stderr
+    after = transformers.GptOssForCausalLM.from_pretrained(out).eval()
+    assert after.config.intermediate_size == 48
+    old, new = load_file(src / "model.safetensors"), load_file(out / "model.safetensors")
+    block = f"{BLOCK.format(0)}"
+    assert torch.equal(new[f"{block}.router.weight"], old[f"{block}.router.weight"])
+    assert new[f"{block}.experts.gate_up_proj"].shape[-1] == 96
+    assert new[f"{block}.experts.gate_up_proj"][..., 80:].abs().sum() == 0
+    assert new[f"{block}.experts.down_proj"][:, 40:].abs().sum() == 0
+    ids = torch.randint(0, 96, (3, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = reference(ids, output_router_logits=True)
+        got = after(ids, output_router_logits=True)
+    torch.testing.assert_close(got.logits, ref.logits, rtol=1e-5,
+                               atol=1e-5 * ref.logits.abs().max().item())
+    for r, g in zip(ref.router_logits, got.router_logits, strict=True):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)

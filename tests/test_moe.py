@@ -159,6 +159,8 @@ def test_experts_of_different_widths_load_on_no_fused_moe_class(tmp_path: Path) 
         assert load["why"].startswith(
             "the routed experts differ in width (layer 0: 48, 40; layer 1: 48)")
         assert load["source"]["file"] == files[spec]
+        assert load["remedy"].startswith("pad every routed expert of every layer to the widest "
+                                         "(--repair OUT --uniform"), load["remedy"]
 
 
 def test_expert_pruning_the_same_in_every_layer_is_read_with_a_note(tmp_path: Path) -> None:
