@@ -258,3 +258,24 @@ def test_moe_sites_are_judged_on_a_target_as_for_mixtral(tmp_path: Path) -> None
     dense = sites(doc, "intermediate")["model.layers.0.mlp:intermediate"]["targets"][0]
     assert dense["verdict"] != "refused", dense["why"]
     assert doc["summary"]["targets"]["vllm,tp=2"]["verdict"] == "refused"
+
+
+def test_uniform_refuses_experts_that_share_a_key_with_several_shared_experts(
+        tmp_path: Path) -> None:
+    """With n_shared_experts 3 no expert width is padded exactly (the one key builds the
+    shared MLP too), so experts of different widths cannot be made one: --uniform refuses
+    before writing rather than write experts still at two widths."""
+    src = save(tmp_path / "src", "v2", n_shared_experts=3)
+    path = src / "model.safetensors"
+    state = load_file(path)
+    expert = "model.layers.1.mlp.experts.1"
+    for w in ("gate_proj", "up_proj"):
+        state[f"{expert}.{w}.weight"] = state[f"{expert}.{w}.weight"][:40].contiguous()
+    state[f"{expert}.down_proj.weight"] = state[f"{expert}.down_proj.weight"][:, :40].contiguous()
+    save_file(state, path, metadata={"format": "pt"})
+    out = tmp_path / "out"
+    run = gac(src, "--gpu", "h100", "--repair", out, "--uniform")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--uniform: model.layers.1.mlp.experts.0:intermediate cannot be padded exactly " \
+           "(DeepSeek builds its shared experts" in run.stderr, run.stderr
+    assert not out.exists()

@@ -141,6 +141,11 @@ def _uniform(before: CheckResult, strategy: str) -> tuple[dict[str, int], Contra
     contract, as without ``--uniform``."""
     uneven = [role for role in UNIFORM_ROLES
               if len({s.value for s in before.sites if s.role is role}) > 1]
+    stuck = next((s for s in before.sites if s.role in uneven and s.inexact), None)
+    if stuck is not None:  # padded, the others would still not share its width
+        raise BadInput(f"--uniform: {stuck.name} cannot be padded exactly ({stuck.inexact}), "
+                       "so its layers' widths cannot be made one; re-run the pruning with "
+                       "one width. Nothing was written", before.checkpoint.path)
     widest = {role: max(s.value for s in before.sites if s.role is role) for role in uneven}
     sites = [dataclasses.replace(s, value=widest[s.role]) if s.role in widest else s
              for s in before.sites]
