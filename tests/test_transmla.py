@@ -56,7 +56,7 @@ def test_transmla_conversion_is_read_as_mla(tmp_path, run):
     sites = {s["name"]: s for s in doc["sites"]}
     for layer in range(cfg["num_hidden_layers"]):
         module = f"model.layers.{layer}.self_attn"
-        assert sites[f"{module}:kv_lora_rank"]["value"] == cfg["kv_lora_rank"] == 100
+        assert sites[f"{module}:kv_lora_rank"]["value"] == cfg["kv_lora_rank"]
         assert not sites[f"{module}:kv_lora_rank"]["aligned"]
         assert sites[f"{module}:v_head_dim"]["value"] == cfg["v_head_dim"]
         assert sites[f"{module}:qk_head_dim"]["value"] == (cfg["qk_nope_head_dim"]
@@ -67,3 +67,46 @@ def test_transmla_conversion_is_read_as_mla(tmp_path, run):
             q_rank is None and cfg["q_lora_rank"] is None)
     # the tensors agree with every size config.json declares: no contradiction noted
     assert not [n for s in doc["sites"] for n in s.get("notes", []) if "config.json" in n]
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_the_latent_refusal_names_the_norm_the_conversion_has(tmp_path, run):
+    """Without --use-qkv-norm TransMLA writes no kv_a_layernorm: the refusal says so rather
+    than blaming a norm the checkpoint does not have."""
+    normed = RECORDING["runs"][run]["config"]["qk_latent_layernorm"]
+    site = {s["name"]: s for s in check(build(tmp_path / "m", run))["sites"]}[
+        "model.layers.0.self_attn:kv_lora_rank"]
+    assert site["exact_repair"] is False
+    assert ("would undo that only with eps 0" in site["refusal"]) is normed
+    assert ("has no kv_a_layernorm" in site["refusal"]) is not normed
+
+
+def test_repair_pads_v_head_dim_to_what_transmla_modeling_reads(tmp_path):
+    """v_head_dim 44 -> 48: kv_b_proj's per-head v rows and o_proj's input grow, config.json's
+    v_head_dim follows (TransMLA's mla.py sizes both from it) and its modeling files travel
+    with the repair. That its modeling code then gives equal logits was seen once outside
+    this suite (the recording's repair_check: it is TransMLA's code, not importable here)."""
+    run = RECORDING["repair_check"]["run"]
+    src = build(tmp_path / "m", run)
+    for name in RECORDING["runs"][run]["files"]:
+        if name.endswith(".py"):  # stand-ins named as TransMLA's modeling files, not its code
+            (src / name).write_text(f"# {name}\n")
+    out = tmp_path / "out"
+    run_ = helpers.gac(src, "--gpu", "h100", "--dtype", "float16", "--repair", out)
+    assert run_.returncode in (0, 1), run_.stderr
+    cfg = json.loads((out / "config.json").read_text())
+    before = RECORDING["runs"][run]["config"]
+    assert cfg["v_head_dim"] == 48
+    assert {k: cfg[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "kv_lora_rank")} == {
+        k: before[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "kv_lora_rank")}
+    heads = before["num_attention_heads"]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        kv_b = f.get_tensor("model.layers.0.self_attn.kv_b_proj.weight")
+        o = f.get_tensor("model.layers.0.self_attn.o_proj.weight")
+    nope = before["qk_nope_head_dim"]
+    assert kv_b.shape[0] == heads * (nope + 48) and o.shape[1] == heads * 48
+    per_head = kv_b.view(heads, nope + 48, -1)
+    assert torch.count_nonzero(per_head[:, nope + 44:]) == 0
+    assert torch.count_nonzero(o.view(o.shape[0], heads, 48)[..., 44:]) == 0
+    assert {p.name for p in out.glob("*.py")} == {
+        n for n in RECORDING["runs"][run]["files"] if n.endswith(".py")}
