@@ -110,3 +110,34 @@ def test_repair_pads_v_head_dim_to_what_transmla_modeling_reads(tmp_path):
     assert torch.count_nonzero(o.view(o.shape[0], heads, 48)[..., 44:]) == 0
     assert {p.name for p in out.glob("*.py")} == {
         n for n in RECORDING["runs"][run]["files"] if n.endswith(".py")}
+
+
+MHA2MLA = json.loads((Path(__file__).parent / "data" / "mha2mla_llama.json").read_text())
+
+
+def build_mha2mla(root: Path) -> Path:
+    """A checkpoint of MHA2MLA's recorded tensor names and shapes and its config.json."""
+    root.mkdir(parents=True)
+    gen = torch.Generator().manual_seed(0)
+    save_file({n: torch.randn(s, generator=gen) for n, s in MHA2MLA["tensors"].items()},
+              str(root / "model.safetensors"))
+    (root / "config.json").write_text(json.dumps(MHA2MLA["config"]))
+    return root
+
+
+def test_mha2mla_builder_writes_what_mha2mla_wrote(tmp_path):
+    model = build_mha2mla(tmp_path / "m")
+    with safe_open(str(model / "model.safetensors"), "pt") as f:
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+    assert shapes == MHA2MLA["tensors"]
+    assert json.loads((model / "config.json").read_text()) == MHA2MLA["config"]
+
+
+def test_mha2mla_conversion_is_refused_not_read_as_llama(tmp_path):
+    """MHA2MLA keeps model_type llama and saves no modeling code: its k_r_proj and
+    kv_proj.{down_kv,up_k,up_v} are no layout gac-check reads, so the check is a one-line
+    refusal, never a Llama verdict on the tensors it happened to understand."""
+    run = helpers.gac(build_mha2mla(tmp_path / "m"), "--gpu", "h100", "--dtype", "float16")
+    assert run.returncode == 2, run.stdout
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "did not read" in lines[0] and "self_attn.k_r_proj" in lines[0]
