@@ -42,6 +42,16 @@ LATENT_NORM_INEXACT = (
     "and a fixed 1e-6 in transformers), and the scaled weight rounds in a 16-bit dtype: the "
     "logits would be close, not equal"
 )
+#: A latent with no norm (TransMLA's conversions without --use-qkv-norm write none and set
+#: ``qk_latent_layernorm: false`` for their own modeling code, transmla/transformers/mla.py at
+#: fxmeng/TransMLA 9c0d254): zeros would pass through kv_b_proj's zero columns there, but the
+#: engines' DeepSeek classes normalise every latent, and gac-check proves no repair through
+#: modeling code a checkpoint ships.
+LATENT_UNNORMED = (
+    "this MLA latent has no kv_a_layernorm (TransMLA's qk_latent_layernorm: false): padding it "
+    "is exact only in the conversion's own modeling code, which gac-check does not run; "
+    "transformers' and vLLM's DeepSeek classes normalise every latent"
+)
 QK_INEXACT = (
     "the MLA q/k head size is qk_nope_head_dim + qk_rope_head_dim: its rope part cannot grow "
     "(transformers derives the rotary frequencies from qk_rope_head_dim) and growing the nope "
@@ -160,11 +170,13 @@ def layer_sites(ckpt: Checkpoint, module: str, layer: int) -> list[DimSite]:
     kv_axes = ([TensorAxis(t, a, AxisKind.PRODUCER) for t, a in lin.kv_a.rows]
                + [TensorAxis(b, 0, AxisKind.BIAS) for b in lin.kv_a.biases]
                + lin.kv_b.consumer_axes(shapes))
-    if shapes.get(norm) == (d.kv_lora_rank,):
+    normed = shapes.get(norm) == (d.kv_lora_rank,)
+    if normed:
         kv_axes.append(TensorAxis(norm, 0, AxisKind.NORM))
     kv = DimSite(f"{module}:kv_lora_rank", Role.KV_LATENT, d.kv_lora_rank, kv_axes,
                  layer=layer, module=module, config_field=("kv_lora_rank",),
-                 inexact=LATENT_NORM_INEXACT.format(norm="kv_a_layernorm"),
+                 inexact=(LATENT_NORM_INEXACT.format(norm="kv_a_layernorm") if normed
+                          else LATENT_UNNORMED),
                  attrs={"mla": {**mla, "dim": "kv_lora_rank"}})
     _note(kv, cfg, "kv_lora_rank", d.kv_lora_rank)
     sites.append(kv)
