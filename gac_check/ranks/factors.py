@@ -34,6 +34,7 @@ from gac_check.ranks.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, 
 from gac_check.ranks.model_output import Operator, model_output
 from gac_check.ranks.output_error import (
     IDENTITY,
+    OutputError,
     Spectrum,
     calibration_inputs,
     output_error,
@@ -129,7 +130,7 @@ def _source(state: dict[str, torch.Tensor], base: Checkpoint | None, module: str
     bias = state.get(f"{module}.ALinear.bias")
     m, n = a.shape[0], b.shape[1]
     if base is not None:
-        w = _base_weight(base, module, (m, n)).double()
+        w = base_weight(base, module, (m, n)).double()
         s = torch.ones(n, dtype=torch.float64) if scale is None else scale
         U, S, Vh = torch.linalg.svd(w * s, full_matrices=False)
         Vh = Vh / s
@@ -143,7 +144,9 @@ def _source(state: dict[str, torch.Tensor], base: Checkpoint | None, module: str
                   state[module + A_SUFFIX].dtype, output)
 
 
-def _base_weight(base: Checkpoint, module: str, shape: tuple[int, int]) -> torch.Tensor:
+def base_weight(base: Checkpoint, module: str, shape: tuple[int, int]) -> torch.Tensor:
+    """``module``'s dense weight in ``base``, by the module's own name, refused (one line)
+    where it is missing or its shape is not what the compressed factors make."""
     name = f"{module}.weight"
     if name not in base.tensors:
         raise BadInput(f"has no {name!r}: it is not the dense original of the compressed "
@@ -217,6 +220,12 @@ def _with_output(k: Kept, srcs: list[Source], acts: Activations | None,
     measured = output_error({s.module: s.output for s in srcs if s.output is not None},
                             {row.module: row.ranks for row in k.matrices}, inputs, rows, INPUT)
     return dataclasses.replace(k, output=measured)
+
+
+def measured_by_base(k: Kept, errors: dict[str, dict[str, float]]) -> Kept:
+    """``k`` with each matrix's output error against the dense ``--base`` (X = I), for the
+    layouts whose ranks are chosen from their own factors and only measured by the base."""
+    return dataclasses.replace(k, output=OutputError(IDENTITY, 0, errors))
 
 
 def _operators(k: Kept, srcs: list[Source], state: dict[str, torch.Tensor]

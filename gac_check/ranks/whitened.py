@@ -9,8 +9,10 @@ and ``sigma_i = ||svd_u[:, i]||^2`` is each component's whitened singular value:
 alone say what every lower rank costs on the calibration data (``sum`` of the discarded
 ``sigma_i^2``, SVD-LLM's truncation loss), without ``S`` or the dense weights. A rank can go
 down exactly, or up to the alignment by zero padding; never dense (the pickled module stays
-SVD-LLM's u/v pair). The pickle is rewritten in place, never unpickled
-(:mod:`gac_check.checkpoint.torchzip_write`), as ``--repair`` does.
+SVD-LLM's u/v pair). A dense ``--base`` only measures each choice (its output error per pair,
+:func:`gac_check.ranks.output_error.truncation_errors`): it never chooses. The pickle is
+rewritten in place, never unpickled (:mod:`gac_check.checkpoint.torchzip_write`), as
+``--repair`` does.
 
 Factors updated after truncation (SVDLLM.py's ``whitening_then_update``/``update_only``) are
 no longer orthogonal, so their column norms are not singular values: refused.
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from gac_check.checkpoint.index import Checkpoint
+from gac_check.checkpoint.index import Checkpoint, open_checkpoint
 from gac_check.checkpoint.outdir import atomic_output_dir, copy_side_files, weight_file_names
 from gac_check.checkpoint.tensors import tensor
 from gac_check.checkpoint.torchzip_write import IntEdit, plan_rewrite, write_archive
@@ -33,8 +35,15 @@ from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
 from gac_check.formats.svdllm import U_SUFFIX, V_SUFFIX
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.factors import PROVENANCE, RealignReport, select_ranks
+from gac_check.ranks.factors import (
+    PROVENANCE,
+    RealignReport,
+    base_weight,
+    measured_by_base,
+    select_ranks,
+)
 from gac_check.ranks.knapsack import DENSE
+from gac_check.ranks.output_error import truncation_errors
 
 #: The families whose realigned SVD-LLM output tests load with SVD-LLM's own call.
 FAMILIES = frozenset({"llama"})
@@ -87,7 +96,8 @@ def factor_menus(menus: list[RankMenu]) -> list[RankMenu]:
 def require_rewritable(ckpt: Checkpoint, family: str | None, base: Path | None,
                        calib: Path | None) -> None:
     """Refuse, from the headers, what this rewrite cannot honour: a family no test loads with
-    SVD-LLM's code, and a dense ``--base`` (its SVD is not the whitened one SVD-LLM chose by)."""
+    SVD-LLM's code, and ``--calib`` (SVD-LLM's calibration is already in its factors; a
+    ``--base`` is taken, to measure the choices only)."""
     if family not in FAMILIES:
         raise BadInput(f"is an svd-llm checkpoint of the {family or 'unknown'} family; "
                        "--realign writes svd-llm checkpoints only of families whose output is "
@@ -98,11 +108,10 @@ def require_rewritable(ckpt: Checkpoint, family: str | None, base: Path | None,
                        "(torch.save({'model', 'tokenizer'})); this svd-llm checkpoint is "
                        f"{len(ckpt.files)} {ckpt.container} file(s): run --repair OUT instead",
                        ckpt.path)
-    if base is not None or calib is not None:
-        raise BadInput("--base/--calib: an svd-llm model is re-selected from its own whitened "
-                       "factors (SVD-LLM's calibration is already in them); the dense weights' "
-                       "SVD would rank components by another objective. Run without them",
-                       ckpt.path)
+    if calib is not None:
+        raise BadInput("--calib: an svd-llm model is re-selected from its own whitened "
+                       "factors (SVD-LLM's calibration is already in them); run without it "
+                       "(--base only measures each choice's output error)", ckpt.path)
 
 
 def read_factors(ckpt: Checkpoint, menu: RankMenu) -> Factors:
@@ -141,9 +150,12 @@ def stored_components(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | fl
 
 def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                    budget: str = "same", force: bool = False,
-                   recheck: Callable[[Path], list[Finding]] | None = None) -> RealignReport:
+                   recheck: Callable[[Path], list[Finding]] | None = None,
+                   base_dir: Path | None = None) -> RealignReport:
     """Maximise the whitened energy kept (minimise SVD-LLM's own truncation loss) under the
-    budget, over aligned ranks within each pair's factors, and write OUT in SVD-LLM's layout."""
+    budget, over aligned ranks within each pair's factors, and write OUT in SVD-LLM's layout;
+    with ``base_dir`` (the dense original) each choice's output error is measured against it,
+    the selection unchanged."""
     pairs = [read_factors(ckpt, menu) for menu in menus]
     report = select_ranks(menus, [p.sigma for p in pairs], out, align, budget,
                           allow_dense=False,
@@ -152,8 +164,28 @@ def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: in
     report.notes.append("svd-llm: ranks re-truncated in the whitened basis SVD-LLM built them "
                         "in (each component's value is ||svd_u[:, i]||^2); the error shown is "
                         "SVD-LLM's truncation loss (discarded sigma^2) relative to the input")
+    if base_dir is not None and report.kept is not None:
+        report.kept = measured_by_base(report.kept, _base_errors(ckpt, pairs, report,
+                                                                 open_checkpoint(base_dir)))
+        report.notes.append(f"--base {base_dir}: used to measure only (each choice's relative "
+                            "output error against the dense weights, X = I); the ranks are "
+                            "still selected from SVD-LLM's own whitened factors")
     _write(ckpt, pairs, report, force, recheck)
     return report
+
+
+def _base_errors(ckpt: Checkpoint, pairs: list[Factors], report: RealignReport,
+                 base: Checkpoint) -> dict[str, dict[str, float]]:
+    """Per pair, each choice's ``||W - u_r v_r|| / ||W||``, ``W`` the base's
+    ``<module>.weight`` (SVD-LLM names its pair ``<stem>_u_proj``/``<stem>_v_proj`` after the
+    dense ``<stem>_proj``), ``u_r v_r`` the choice's leading whitened components."""
+    rows = {k.module: k.ranks for k in report.kept.matrices} if report.kept else {}
+    out = {}
+    for p in pairs:
+        u, v = tensor(ckpt, p.u_name), tensor(ckpt, p.v_name)
+        w = base_weight(base, p.module, (u.shape[0], v.shape[1]))
+        out[p.module] = truncation_errors(w, u, v, p.order, rows[p.module])
+    return out
 
 
 def _write(ckpt: Checkpoint, pairs: list[Factors], report: RealignReport, force: bool,
