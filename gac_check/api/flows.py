@@ -179,10 +179,14 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     recheck = Recheck(gpu, before)
     if grouped:
         report = realign_palu(before.checkpoint, menus, Path(out), align, budget, force,
-                              recheck=recheck, base_dir=base_dir)
+                              recheck=recheck, base_dir=base_dir,
+                              calib=Path(calib) if calib is not None else None,
+                              progress=progress)
     elif whitened:
         report = realign_svdllm(before.checkpoint, menus, Path(out), align, budget, force,
-                                recheck=recheck, base_dir=base_dir)
+                                recheck=recheck, base_dir=base_dir,
+                              calib=Path(calib) if calib is not None else None,
+                              progress=progress)
     else:
         report = write_realigned(before.checkpoint, menus, Path(out), align, base_dir, budget,
                                  force, Path(calib) if calib is not None else None, progress,

@@ -34,7 +34,6 @@ from gac_check.ranks.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, 
 from gac_check.ranks.model_output import Operator, model_output
 from gac_check.ranks.output_error import (
     IDENTITY,
-    OutputError,
     Spectrum,
     calibration_inputs,
     output_error,
@@ -220,12 +219,6 @@ def _with_output(k: Kept, srcs: list[Source], acts: Activations | None,
     measured = output_error({s.module: s.output for s in srcs if s.output is not None},
                             {row.module: row.ranks for row in k.matrices}, inputs, rows, INPUT)
     return dataclasses.replace(k, output=measured)
-
-
-def measured_by_base(k: Kept, errors: dict[str, dict[str, float]]) -> Kept:
-    """``k`` with each matrix's output error against the dense ``--base`` (X = I), for the
-    layouts whose ranks are chosen from their own factors and only measured by the base."""
-    return dataclasses.replace(k, output=OutputError(IDENTITY, 0, errors))
 
 
 def _operators(k: Kept, srcs: list[Source], state: dict[str, torch.Tensor]

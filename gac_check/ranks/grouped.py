@@ -30,8 +30,9 @@ which.
 A group can go down to an aligned rank within its own, or up to the next aligned rank by zero
 padding (exactly the input's factors, paid for with what other groups freed); never dense
 (PaLU's module has no dense form). The grouping is kept: a group's rows are never moved to
-another. The dense weights (``--base``) only measure each choice (every group's output error
-against its rows of the dense K/V projection): ranks above the factors would need PaLU's group
+another. The dense weights (``--base``, with ``--calib``) only measure each choice (every
+group's output error against its rows of the dense K/V projection,
+:mod:`gac_check.ranks.measured`): ranks above the factors would need PaLU's group
 SVD (and its whitening) re-run on them, which needs its calibration data, so they never choose.
 """
 from __future__ import annotations
@@ -43,22 +44,15 @@ from pathlib import Path
 
 import torch
 
-from gac_check.checkpoint.index import Checkpoint, open_checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.outdir import atomic_output_dir, copy_side_files, weight_file_names
 from gac_check.checkpoint.tensors import read_state
 from gac_check.contract.rules import Contract, Finding
 from gac_check.errors import BadInput
 from gac_check.formats.palu import VT
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.factors import (
-    PROVENANCE,
-    RealignReport,
-    base_weight,
-    measured_by_base,
-    select_ranks,
-    svd_of_product,
-)
-from gac_check.ranks.output_error import truncation_errors
+from gac_check.ranks.factors import PROVENANCE, RealignReport, select_ranks, svd_of_product
+from gac_check.ranks.measured import Truncated, measure
 from gac_check.ranks.whitened import stored_components
 from gac_check.sites import DimSite, Role
 
@@ -117,15 +111,15 @@ def group_menus(sites: list[DimSite], shapes: dict[str, tuple[int, ...]], contra
 
 def require_rewritable(ckpt: Checkpoint, family: str | None, sites: list[DimSite],
                        base: Path | None, calib: Path | None) -> None:
-    """Refuse, from the headers, what this rewrite cannot honour: ``--calib``, a
+    """Refuse, from the headers, what this rewrite cannot honour: ``--calib`` without
+    ``--base`` (both only measure), a
     family no test loads with PaLU's code, and a config whose ``head_wise_ranks`` does not
     say what the tensors hold (OUT's would be wrong too)."""
-    if calib is not None:
-        raise BadInput("--calib: a palu model is re-selected from its own group factors; "
-                       "ranks above them would need PaLU's group SVD (and its whitening, with "
-                       "its calibration data) re-run on the dense weights, which --realign does "
-                       "not do. Run without it (--base only measures each choice's output "
-                       "error), or re-run PaLU's compress.py", ckpt.path)
+    if calib is not None and base is None:
+        raise BadInput("--calib needs --base: a palu model is re-selected from its own group "
+                       "factors (ranks above them would need PaLU's group SVD, and its "
+                       "whitening, re-run on the dense weights); --base and --calib only "
+                       "measure each choice against the dense model", ckpt.path)
     if family not in FAMILIES:
         raise BadInput(f"is a palu checkpoint of the {family or 'unknown'} family; --realign "
                        "writes palu checkpoints only of families whose output is tested in "
@@ -175,11 +169,12 @@ def read_groups(state: dict[str, torch.Tensor], menus: list[RankMenu]
 def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                  budget: str = "same", force: bool = False,
                  recheck: Callable[[Path], list[Finding]] | None = None,
-                 base_dir: Path | None = None) -> RealignReport:
+                 base_dir: Path | None = None, calib: Path | None = None,
+                 progress: bool = True) -> RealignReport:
     """Keep the most of every group's product (least discarded ``s^2``) under the budget, over
     aligned ranks within (or just above) each group's, and write OUT in PaLU's layout; with
-    ``base_dir`` (the dense original) each choice's output error is measured against it, the
-    selection unchanged."""
+    ``base_dir`` (the dense original) each choice's output error is measured against it (on
+    ``calib``'s inputs, and the whole model's, where given), the selection unchanged."""
     if not menus:
         raise BadInput("is in palu format but has no group latents (X.VT.weight with X.U.{g}): "
                        "nothing to realign", ckpt.path)
@@ -200,39 +195,34 @@ def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                             "instead (the SVD of U_g VT_g), PaLU's own result only for "
                             "--decompose_method svd builds; grouping kept")
     if base_dir is not None and report.kept is not None:
-        report.kept = measured_by_base(report.kept, _base_errors(
-            state, groups, report, open_checkpoint(base_dir)))
-        report.notes.append(f"--base {base_dir}: used to measure only (each group's relative "
-                            "output error against its rows of the dense K/V projection, "
-                            "X = I); the ranks are still selected from PaLU's own group factors")
+        report.kept = measure(report.kept, _sites(state, groups), base_dir, calib, progress)
+        report.notes.append(f"--base {base_dir}{' --calib ' + str(calib) if calib else ''}: "
+                            "used to measure only (each group's output error against its rows "
+                            "of the dense K/V projection); the ranks are still selected from "
+                            "PaLU's own group factors")
     _write(ckpt, state, groups, report, force, recheck)
     return report
 
 
-def _base_errors(state: dict[str, torch.Tensor], groups: list[Group], report: RealignReport,
-                 base: Checkpoint) -> dict[str, dict[str, float]]:
-    """Per group, each choice's ``||W_g - U_g,r VT_g,r|| / ||W_g||``: ``W_g`` the group's
-    rows (in group order, ``U.{g}``'s height each) of the base's ``<module>.weight``, the
-    dense K/V projection PaLU's ``VT``/``U.{g}`` replaced."""
-    rows = {k.module: k.ranks for k in report.kept.matrices} if report.kept else {}
-    by_module: dict[str, list[Group]] = {}
+def _sites(state: dict[str, torch.Tensor], groups: list[Group]) -> list[Truncated]:
+    """Each group as the base measures it: its rows (``U.{g}``'s height each, in group order)
+    of the dense K/V projection ``<module>.weight`` that PaLU's ``VT``/``U.{g}`` replaced; in
+    the weight-space basis, its product's leading components."""
+    out = []
+    start: dict[str, int] = {}
+    top: dict[str, int] = {}
     for g in groups:
-        by_module.setdefault(g.module, []).append(g)
-    out = {}
-    for module, members in by_module.items():
-        us = [state[f"{module}.U.{g.index}.weight"] for g in members]
-        vt = state[module + VT]
-        w = base_weight(base, module, (sum(u.shape[0] for u in us), vt.shape[1]))
-        top = start = 0
-        for g, u in zip(members, us, strict=True):
-            w_g, seg = w[top:top + u.shape[0]], vt[start:start + g.rank]
-            if g.order is not None:
-                out[g.site] = truncation_errors(w_g, u, seg, g.order, rows[g.site])
-            else:
-                assert g.U is not None and g.Vh is not None
-                out[g.site] = truncation_errors(w_g, g.U * g.S, g.Vh,
-                                                torch.arange(g.S.numel()), rows[g.site])
-            top, start = top + u.shape[0], start + g.rank
+        u = state[f"{g.module}.U.{g.index}.weight"]
+        lo = start.get(g.module, 0)
+        row = top.get(g.module, 0)
+        start[g.module], top[g.module] = lo + g.rank, row + u.shape[0]
+        if g.order is not None:
+            out.append(Truncated(g.site, g.module, row, u, state[g.module + VT][lo:lo + g.rank],
+                                 g.order))
+        else:
+            assert g.U is not None and g.Vh is not None
+            out.append(Truncated(g.site, g.module, row, g.U * g.S, g.Vh,
+                                 torch.arange(g.S.numel())))
     return out
 
 

@@ -9,8 +9,8 @@ and ``sigma_i = ||svd_u[:, i]||^2`` is each component's whitened singular value:
 alone say what every lower rank costs on the calibration data (``sum`` of the discarded
 ``sigma_i^2``, SVD-LLM's truncation loss), without ``S`` or the dense weights. A rank can go
 down exactly, or up to the alignment by zero padding; never dense (the pickled module stays
-SVD-LLM's u/v pair). A dense ``--base`` only measures each choice (its output error per pair,
-:func:`gac_check.ranks.output_error.truncation_errors`): it never chooses. The pickle is
+SVD-LLM's u/v pair). A dense ``--base`` (and ``--calib``) only measures each choice
+(:mod:`gac_check.ranks.measured`): it never chooses. The pickle is
 rewritten in place, never unpickled (:mod:`gac_check.checkpoint.torchzip_write`), as
 ``--repair`` does.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from gac_check.checkpoint.index import Checkpoint, open_checkpoint
+from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.outdir import atomic_output_dir, copy_side_files, weight_file_names
 from gac_check.checkpoint.tensors import tensor
 from gac_check.checkpoint.torchzip_write import IntEdit, plan_rewrite, write_archive
@@ -35,15 +35,9 @@ from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
 from gac_check.formats.svdllm import U_SUFFIX, V_SUFFIX
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.factors import (
-    PROVENANCE,
-    RealignReport,
-    base_weight,
-    measured_by_base,
-    select_ranks,
-)
+from gac_check.ranks.factors import PROVENANCE, RealignReport, select_ranks
 from gac_check.ranks.knapsack import DENSE
-from gac_check.ranks.output_error import truncation_errors
+from gac_check.ranks.measured import Truncated, measure
 
 #: The families whose realigned SVD-LLM output tests load with SVD-LLM's own call.
 FAMILIES = frozenset({"llama"})
@@ -96,8 +90,8 @@ def factor_menus(menus: list[RankMenu]) -> list[RankMenu]:
 def require_rewritable(ckpt: Checkpoint, family: str | None, base: Path | None,
                        calib: Path | None) -> None:
     """Refuse, from the headers, what this rewrite cannot honour: a family no test loads with
-    SVD-LLM's code, and ``--calib`` (SVD-LLM's calibration is already in its factors; a
-    ``--base`` is taken, to measure the choices only)."""
+    SVD-LLM's code, and ``--calib`` without ``--base`` (both only measure the choices:
+    SVD-LLM's calibration is already in its factors)."""
     if family not in FAMILIES:
         raise BadInput(f"is an svd-llm checkpoint of the {family or 'unknown'} family; "
                        "--realign writes svd-llm checkpoints only of families whose output is "
@@ -108,10 +102,11 @@ def require_rewritable(ckpt: Checkpoint, family: str | None, base: Path | None,
                        "(torch.save({'model', 'tokenizer'})); this svd-llm checkpoint is "
                        f"{len(ckpt.files)} {ckpt.container} file(s): run --repair OUT instead",
                        ckpt.path)
-    if calib is not None:
-        raise BadInput("--calib: an svd-llm model is re-selected from its own whitened "
-                       "factors (SVD-LLM's calibration is already in them); run without it "
-                       "(--base only measures each choice's output error)", ckpt.path)
+    if calib is not None and base is None:
+        raise BadInput("--calib needs --base: an svd-llm model is re-selected from its own "
+                       "whitened factors (SVD-LLM's calibration is already in them); --base "
+                       "and --calib only measure each choice against the dense model",
+                       ckpt.path)
 
 
 def read_factors(ckpt: Checkpoint, menu: RankMenu) -> Factors:
@@ -151,11 +146,12 @@ def stored_components(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | fl
 def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                    budget: str = "same", force: bool = False,
                    recheck: Callable[[Path], list[Finding]] | None = None,
-                   base_dir: Path | None = None) -> RealignReport:
+                   base_dir: Path | None = None, calib: Path | None = None,
+                   progress: bool = True) -> RealignReport:
     """Maximise the whitened energy kept (minimise SVD-LLM's own truncation loss) under the
     budget, over aligned ranks within each pair's factors, and write OUT in SVD-LLM's layout;
-    with ``base_dir`` (the dense original) each choice's output error is measured against it,
-    the selection unchanged."""
+    with ``base_dir`` (the dense original) each choice's output error is measured against it
+    (on ``calib``'s inputs, and the whole model's, where given), the selection unchanged."""
     pairs = [read_factors(ckpt, menu) for menu in menus]
     report = select_ranks(menus, [p.sigma for p in pairs], out, align, budget,
                           allow_dense=False,
@@ -165,27 +161,20 @@ def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: in
                         "in (each component's value is ||svd_u[:, i]||^2); the error shown is "
                         "SVD-LLM's truncation loss (discarded sigma^2) relative to the input")
     if base_dir is not None and report.kept is not None:
-        report.kept = measured_by_base(report.kept, _base_errors(ckpt, pairs, report,
-                                                                 open_checkpoint(base_dir)))
-        report.notes.append(f"--base {base_dir}: used to measure only (each choice's relative "
-                            "output error against the dense weights, X = I); the ranks are "
-                            "still selected from SVD-LLM's own whitened factors")
+        report.kept = measure(report.kept, _sites(ckpt, pairs), base_dir, calib, progress)
+        report.notes.append(f"--base {base_dir}{' --calib ' + str(calib) if calib else ''}: "
+                            "used to measure only (each choice's output error against the "
+                            "dense weights); the ranks are still selected from SVD-LLM's own "
+                            "whitened factors")
     _write(ckpt, pairs, report, force, recheck)
     return report
 
 
-def _base_errors(ckpt: Checkpoint, pairs: list[Factors], report: RealignReport,
-                 base: Checkpoint) -> dict[str, dict[str, float]]:
-    """Per pair, each choice's ``||W - u_r v_r|| / ||W||``, ``W`` the base's
-    ``<module>.weight`` (SVD-LLM names its pair ``<stem>_u_proj``/``<stem>_v_proj`` after the
-    dense ``<stem>_proj``), ``u_r v_r`` the choice's leading whitened components."""
-    rows = {k.module: k.ranks for k in report.kept.matrices} if report.kept else {}
-    out = {}
-    for p in pairs:
-        u, v = tensor(ckpt, p.u_name), tensor(ckpt, p.v_name)
-        w = base_weight(base, p.module, (u.shape[0], v.shape[1]))
-        out[p.module] = truncation_errors(w, u, v, p.order, rows[p.module])
-    return out
+def _sites(ckpt: Checkpoint, pairs: list[Factors]) -> list[Truncated]:
+    """Each pair as the base measures it: SVD-LLM names it ``<stem>_u_proj``/``<stem>_v_proj``
+    after the dense ``<stem>_proj`` it replaced, whose ``.weight`` the base must hold."""
+    return [Truncated(p.module, p.module, 0, tensor(ckpt, p.u_name), tensor(ckpt, p.v_name),
+                      p.order) for p in pairs]
 
 
 def _write(ckpt: Checkpoint, pairs: list[Factors], report: RealignReport, force: bool,
