@@ -115,6 +115,8 @@ def require_rewritable(ckpt: Checkpoint, family: str | None, sites: list[DimSite
     ``--base`` (both only measure), a
     family no test loads with PaLU's code, and a config whose ``head_wise_ranks`` does not
     say what the tensors hold (OUT's would be wrong too)."""
+    if calib is not None and not calib.is_file():
+        raise BadInput("--calib: no such file", calib)
     if calib is not None and base is None:
         raise BadInput("--calib needs --base: a palu model is re-selected from its own group "
                        "factors (ranks above them would need PaLU's group SVD, and its "

@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from gac_check.checkpoint.index import open_checkpoint
-from gac_check.errors import BadInput
 from gac_check.ranks.calibration import Activations, activations
 from gac_check.ranks.factors import base_weight
 from gac_check.ranks.kept import CHOICES, Kept
@@ -58,8 +57,6 @@ def measure(k: Kept, sites: list[Truncated], base_dir: Path, calib: Path | None,
     """``k`` with each site's relative output error per choice against the base (on the
     calibration text's inputs with ``calib``, else X = I) and, with ``calib``, the whole
     model's output per choice. ``sites`` in module order, a module's sites in row order."""
-    if calib is not None and not calib.is_file():
-        raise BadInput("--calib: no such file", calib)
     base = open_checkpoint(base_dir)
     by_module = [(m, list(group)) for m, group in groupby(sites, key=lambda s: s.module)]
     weights = {}

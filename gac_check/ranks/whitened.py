@@ -102,6 +102,8 @@ def require_rewritable(ckpt: Checkpoint, family: str | None, base: Path | None,
                        "(torch.save({'model', 'tokenizer'})); this svd-llm checkpoint is "
                        f"{len(ckpt.files)} {ckpt.container} file(s): run --repair OUT instead",
                        ckpt.path)
+    if calib is not None and not calib.is_file():
+        raise BadInput("--calib: no such file", calib)
     if calib is not None and base is None:
         raise BadInput("--calib needs --base: an svd-llm model is re-selected from its own "
                        "whitened factors (SVD-LLM's calibration is already in them); --base "
