@@ -232,12 +232,11 @@ def test_summary_names_each_group(built, tmp_path):
     assert "--decompose_method whiten" in run.stdout
 
 
-@pytest.mark.parametrize("flag", ["--base", "--calib"])
-def test_base_and_calib_are_refused(built, tmp_path, flag):
+def test_calib_is_refused(built, tmp_path):
     """Ranks above the factors would need PaLU's group SVD (and its whitening) re-run on the
-    dense weights: refused, saying so."""
-    arg = built.path if flag == "--base" else built.path / "config.json"
-    run = helpers.gac(built.path, "--realign", tmp_path / "out", flag, arg, *GPU)
+    dense weights: refused, saying so (--base only measures: test_realign_base_measured.py)."""
+    run = helpers.gac(built.path, "--realign", tmp_path / "out", "--calib",
+                      built.path / "config.json", *GPU)
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
     assert "re-selected from its own group factors" in run.stderr
     assert "PaLU's group SVD" in run.stderr

@@ -168,7 +168,7 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
         menus = group_menus(before.sites, before.checkpoint.shapes, before.contract, align)
     else:
         menus = rank_menus(before.sites, before.checkpoint.shapes, before.contract, align,
-                           base_dir is not None, pad_up=whitened)
+                           base_dir is not None and not whitened, pad_up=whitened)
     if whitened:
         from gac_check.ranks.whitened import factor_menus, realign_svdllm, require_rewritable
 
@@ -179,10 +179,14 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     recheck = Recheck(gpu, before)
     if grouped:
         report = realign_palu(before.checkpoint, menus, Path(out), align, budget, force,
-                              recheck=recheck)
+                              recheck=recheck, base_dir=base_dir,
+                              calib=Path(calib) if calib is not None else None,
+                              progress=progress)
     elif whitened:
         report = realign_svdllm(before.checkpoint, menus, Path(out), align, budget, force,
-                                recheck=recheck)
+                                recheck=recheck, base_dir=base_dir,
+                              calib=Path(calib) if calib is not None else None,
+                              progress=progress)
     else:
         report = write_realigned(before.checkpoint, menus, Path(out), align, base_dir, budget,
                                  force, Path(calib) if calib is not None else None, progress,

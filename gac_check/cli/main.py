@@ -153,10 +153,12 @@ tree.""")
                      help="write a model with aligned ranks re-selected under the same "
                      "parameter budget (exact multi-choice knapsack)")
     fix.add_argument("--base", type=Path, metavar="DENSE_DIR",
-                     help="the dense original, so --realign can choose any aligned rank")
+                     help="the dense original, so --realign can choose any aligned rank and "
+                     "measure each choice's output error (SVD-LLM, PaLU: measure only)")
     fix.add_argument("--calib", type=Path, metavar="TEXT_FILE",
                      help="--realign objective: activation-aware (ASVD scaling) from this "
-                     "calibration text run through the --base model")
+                     "calibration text run through the --base model (SVD-LLM, PaLU: the "
+                     "measurement's inputs only)")
     fix.add_argument("--budget", default="same", metavar="same|FLOAT",
                      help="--realign budget: the input's parameter count (same) or a "
                      "fraction of the dense matrices' parameters")

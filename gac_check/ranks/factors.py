@@ -129,7 +129,7 @@ def _source(state: dict[str, torch.Tensor], base: Checkpoint | None, module: str
     bias = state.get(f"{module}.ALinear.bias")
     m, n = a.shape[0], b.shape[1]
     if base is not None:
-        w = _base_weight(base, module, (m, n)).double()
+        w = base_weight(base, module, (m, n)).double()
         s = torch.ones(n, dtype=torch.float64) if scale is None else scale
         U, S, Vh = torch.linalg.svd(w * s, full_matrices=False)
         Vh = Vh / s
@@ -143,7 +143,9 @@ def _source(state: dict[str, torch.Tensor], base: Checkpoint | None, module: str
                   state[module + A_SUFFIX].dtype, output)
 
 
-def _base_weight(base: Checkpoint, module: str, shape: tuple[int, int]) -> torch.Tensor:
+def base_weight(base: Checkpoint, module: str, shape: tuple[int, int]) -> torch.Tensor:
+    """``module``'s dense weight in ``base``, by the module's own name, refused (one line)
+    where it is missing or its shape is not what the compressed factors make."""
     name = f"{module}.weight"
     if name not in base.tensors:
         raise BadInput(f"has no {name!r}: it is not the dense original of the compressed "

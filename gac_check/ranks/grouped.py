@@ -30,8 +30,10 @@ which.
 A group can go down to an aligned rank within its own, or up to the next aligned rank by zero
 padding (exactly the input's factors, paid for with what other groups freed); never dense
 (PaLU's module has no dense form). The grouping is kept: a group's rows are never moved to
-another. The dense weights (``--base``) are refused: ranks above the factors would need PaLU's
-group SVD (and its whitening) re-run on them, which needs its calibration data.
+another. The dense weights (``--base``, with ``--calib``) only measure each choice (every
+group's output error against its rows of the dense K/V projection,
+:mod:`gac_check.ranks.measured`): ranks above the factors would need PaLU's group
+SVD (and its whitening) re-run on them, which needs its calibration data, so they never choose.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ from gac_check.errors import BadInput
 from gac_check.formats.palu import VT
 from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.factors import PROVENANCE, RealignReport, select_ranks, svd_of_product
+from gac_check.ranks.measured import Truncated, measure
 from gac_check.ranks.whitened import stored_components
 from gac_check.sites import DimSite, Role
 
@@ -108,14 +111,17 @@ def group_menus(sites: list[DimSite], shapes: dict[str, tuple[int, ...]], contra
 
 def require_rewritable(ckpt: Checkpoint, family: str | None, sites: list[DimSite],
                        base: Path | None, calib: Path | None) -> None:
-    """Refuse, from the headers, what this rewrite cannot honour: ``--base``/``--calib``, a
+    """Refuse, from the headers, what this rewrite cannot honour: ``--calib`` without
+    ``--base`` (both only measure), a
     family no test loads with PaLU's code, and a config whose ``head_wise_ranks`` does not
     say what the tensors hold (OUT's would be wrong too)."""
-    if base is not None or calib is not None:
-        raise BadInput("--base/--calib: a palu model is re-selected from its own group factors; "
-                       "ranks above them would need PaLU's group SVD (and its whitening, with "
-                       "its calibration data) re-run on the dense weights, which --realign does "
-                       "not do. Run without them, or re-run PaLU's compress.py", ckpt.path)
+    if calib is not None and not calib.is_file():
+        raise BadInput("--calib: no such file", calib)
+    if calib is not None and base is None:
+        raise BadInput("--calib needs --base: a palu model is re-selected from its own group "
+                       "factors (ranks above them would need PaLU's group SVD, and its "
+                       "whitening, re-run on the dense weights); --base and --calib only "
+                       "measure each choice against the dense model", ckpt.path)
     if family not in FAMILIES:
         raise BadInput(f"is a palu checkpoint of the {family or 'unknown'} family; --realign "
                        "writes palu checkpoints only of families whose output is tested in "
@@ -164,9 +170,13 @@ def read_groups(state: dict[str, torch.Tensor], menus: list[RankMenu]
 
 def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                  budget: str = "same", force: bool = False,
-                 recheck: Callable[[Path], list[Finding]] | None = None) -> RealignReport:
+                 recheck: Callable[[Path], list[Finding]] | None = None,
+                 base_dir: Path | None = None, calib: Path | None = None,
+                 progress: bool = True) -> RealignReport:
     """Keep the most of every group's product (least discarded ``s^2``) under the budget, over
-    aligned ranks within (or just above) each group's, and write OUT in PaLU's layout."""
+    aligned ranks within (or just above) each group's, and write OUT in PaLU's layout; with
+    ``base_dir`` (the dense original) each choice's output error is measured against it (on
+    ``calib``'s inputs, and the whole model's, where given), the selection unchanged."""
     if not menus:
         raise BadInput("is in palu format but has no group latents (X.VT.weight with X.U.{g}): "
                        "nothing to realign", ckpt.path)
@@ -186,8 +196,36 @@ def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                             "Hadamard rotation): every group re-truncated in weight space "
                             "instead (the SVD of U_g VT_g), PaLU's own result only for "
                             "--decompose_method svd builds; grouping kept")
+    if base_dir is not None and report.kept is not None:
+        report.kept = measure(report.kept, _sites(state, groups), base_dir, calib, progress)
+        report.notes.append(f"--base {base_dir}{' --calib ' + str(calib) if calib else ''}: "
+                            "used to measure only (each group's output error against its rows "
+                            "of the dense K/V projection); the ranks are still selected from "
+                            "PaLU's own group factors")
     _write(ckpt, state, groups, report, force, recheck)
     return report
+
+
+def _sites(state: dict[str, torch.Tensor], groups: list[Group]) -> list[Truncated]:
+    """Each group as the base measures it: its rows (``U.{g}``'s height each, in group order)
+    of the dense K/V projection ``<module>.weight`` that PaLU's ``VT``/``U.{g}`` replaced; in
+    the weight-space basis, its product's leading components."""
+    out = []
+    start: dict[str, int] = {}
+    top: dict[str, int] = {}
+    for g in groups:
+        u = state[f"{g.module}.U.{g.index}.weight"]
+        lo = start.get(g.module, 0)
+        row = top.get(g.module, 0)
+        start[g.module], top[g.module] = lo + g.rank, row + u.shape[0]
+        if g.order is not None:
+            out.append(Truncated(g.site, g.module, row, u, state[g.module + VT][lo:lo + g.rank],
+                                 g.order))
+        else:
+            assert g.U is not None and g.Vh is not None
+            out.append(Truncated(g.site, g.module, row, g.U * g.S, g.Vh,
+                                 torch.arange(g.S.numel())))
+    return out
 
 
 def _write(ckpt: Checkpoint, state: dict[str, torch.Tensor], groups: list[Group],

@@ -88,3 +88,24 @@ def output_error(spectra: Mapping[str, Spectrum], ranks: Mapping[str, Mapping[st
         errors[module] = {c: sp.relative_input() if c == input_choice else sp.relative(r)
                           for c, r in by_choice.items()}
     return OutputError(inputs, rows, errors)
+
+
+def truncation_errors(w: torch.Tensor, u: torch.Tensor, v: torch.Tensor, order: torch.Tensor,
+                      ranks: Mapping[str, Rank], x: torch.Tensor | None = None
+                      ) -> dict[str, float]:
+    """Per choice, ``||X (W - W_r)^T|| / ||X W^T||`` where ``W_r`` keeps the components
+    ``order[:r]`` of the factors ``u @ v`` (all of them at or above their rank, as the zero
+    padding does): SVD-LLM's pairs and PaLU's groups, whose ranks are chosen from their own
+    factors, so the dense ``W`` measures them and never chose them (X = I when ``x`` is None)."""
+    w, u, v = w.double(), u.double(), v.double()
+    ref = w if x is None else x.double() @ w.T
+    total = float((ref ** 2).sum())
+    errors = {}
+    for choice, rank in ranks.items():
+        keep = order[:len(order) if rank == DENSE else min(int(rank), len(order))]
+        if x is None:
+            diff = w - u[:, keep] @ v[keep]
+        else:
+            diff = ref - (x.double() @ v[keep].T) @ u[:, keep].T
+        errors[choice] = math.sqrt(float((diff ** 2).sum()) / total) if total > 0 else 0.0
+    return errors

@@ -9,8 +9,10 @@ and ``sigma_i = ||svd_u[:, i]||^2`` is each component's whitened singular value:
 alone say what every lower rank costs on the calibration data (``sum`` of the discarded
 ``sigma_i^2``, SVD-LLM's truncation loss), without ``S`` or the dense weights. A rank can go
 down exactly, or up to the alignment by zero padding; never dense (the pickled module stays
-SVD-LLM's u/v pair). The pickle is rewritten in place, never unpickled
-(:mod:`gac_check.checkpoint.torchzip_write`), as ``--repair`` does.
+SVD-LLM's u/v pair). A dense ``--base`` (and ``--calib``) only measures each choice
+(:mod:`gac_check.ranks.measured`): it never chooses. The pickle is
+rewritten in place, never unpickled (:mod:`gac_check.checkpoint.torchzip_write`), as
+``--repair`` does.
 
 Factors updated after truncation (SVDLLM.py's ``whitening_then_update``/``update_only``) are
 no longer orthogonal, so their column norms are not singular values: refused.
@@ -35,6 +37,7 @@ from gac_check.formats.svdllm import U_SUFFIX, V_SUFFIX
 from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.factors import PROVENANCE, RealignReport, select_ranks
 from gac_check.ranks.knapsack import DENSE
+from gac_check.ranks.measured import Truncated, measure
 
 #: The families whose realigned SVD-LLM output tests load with SVD-LLM's own call.
 FAMILIES = frozenset({"llama"})
@@ -87,7 +90,8 @@ def factor_menus(menus: list[RankMenu]) -> list[RankMenu]:
 def require_rewritable(ckpt: Checkpoint, family: str | None, base: Path | None,
                        calib: Path | None) -> None:
     """Refuse, from the headers, what this rewrite cannot honour: a family no test loads with
-    SVD-LLM's code, and a dense ``--base`` (its SVD is not the whitened one SVD-LLM chose by)."""
+    SVD-LLM's code, and ``--calib`` without ``--base`` (both only measure the choices:
+    SVD-LLM's calibration is already in its factors)."""
     if family not in FAMILIES:
         raise BadInput(f"is an svd-llm checkpoint of the {family or 'unknown'} family; "
                        "--realign writes svd-llm checkpoints only of families whose output is "
@@ -98,10 +102,12 @@ def require_rewritable(ckpt: Checkpoint, family: str | None, base: Path | None,
                        "(torch.save({'model', 'tokenizer'})); this svd-llm checkpoint is "
                        f"{len(ckpt.files)} {ckpt.container} file(s): run --repair OUT instead",
                        ckpt.path)
-    if base is not None or calib is not None:
-        raise BadInput("--base/--calib: an svd-llm model is re-selected from its own whitened "
-                       "factors (SVD-LLM's calibration is already in them); the dense weights' "
-                       "SVD would rank components by another objective. Run without them",
+    if calib is not None and not calib.is_file():
+        raise BadInput("--calib: no such file", calib)
+    if calib is not None and base is None:
+        raise BadInput("--calib needs --base: an svd-llm model is re-selected from its own "
+                       "whitened factors (SVD-LLM's calibration is already in them); --base "
+                       "and --calib only measure each choice against the dense model",
                        ckpt.path)
 
 
@@ -141,9 +147,13 @@ def stored_components(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | fl
 
 def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                    budget: str = "same", force: bool = False,
-                   recheck: Callable[[Path], list[Finding]] | None = None) -> RealignReport:
+                   recheck: Callable[[Path], list[Finding]] | None = None,
+                   base_dir: Path | None = None, calib: Path | None = None,
+                   progress: bool = True) -> RealignReport:
     """Maximise the whitened energy kept (minimise SVD-LLM's own truncation loss) under the
-    budget, over aligned ranks within each pair's factors, and write OUT in SVD-LLM's layout."""
+    budget, over aligned ranks within each pair's factors, and write OUT in SVD-LLM's layout;
+    with ``base_dir`` (the dense original) each choice's output error is measured against it
+    (on ``calib``'s inputs, and the whole model's, where given), the selection unchanged."""
     pairs = [read_factors(ckpt, menu) for menu in menus]
     report = select_ranks(menus, [p.sigma for p in pairs], out, align, budget,
                           allow_dense=False,
@@ -152,8 +162,21 @@ def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: in
     report.notes.append("svd-llm: ranks re-truncated in the whitened basis SVD-LLM built them "
                         "in (each component's value is ||svd_u[:, i]||^2); the error shown is "
                         "SVD-LLM's truncation loss (discarded sigma^2) relative to the input")
+    if base_dir is not None and report.kept is not None:
+        report.kept = measure(report.kept, _sites(ckpt, pairs), base_dir, calib, progress)
+        report.notes.append(f"--base {base_dir}{' --calib ' + str(calib) if calib else ''}: "
+                            "used to measure only (each choice's output error against the "
+                            "dense weights); the ranks are still selected from SVD-LLM's own "
+                            "whitened factors")
     _write(ckpt, pairs, report, force, recheck)
     return report
+
+
+def _sites(ckpt: Checkpoint, pairs: list[Factors]) -> list[Truncated]:
+    """Each pair as the base measures it: SVD-LLM names it ``<stem>_u_proj``/``<stem>_v_proj``
+    after the dense ``<stem>_proj`` it replaced, whose ``.weight`` the base must hold."""
+    return [Truncated(p.module, p.module, 0, tensor(ckpt, p.u_name), tensor(ckpt, p.v_name),
+                      p.order) for p in pairs]
 
 
 def _write(ckpt: Checkpoint, pairs: list[Factors], report: RealignReport, force: bool,
