@@ -305,9 +305,9 @@ def test_llm_pruner(tmp_path: Path, with_config: bool) -> None:
     assert head.value == HD
     assert {a.blocks for a in head.axes} == {3}
     if with_config:
-        assert inter[1].notes == ["config.json says intermediate_size=176, tensors have 141"]
-        assert heads[1].notes == ["config.json says num_attention_heads=4, tensors have 3",
-                                  "config.json says num_key_value_heads=4, tensors have 3"]
+        assert inter[1].notes == ["the config says intermediate_size=176, tensors have 141"]
+        assert heads[1].notes == ["the config says num_attention_heads=4, tensors have 3",
+                                  "the config says num_key_value_heads=4, tensors have 3"]
         assert not inter[0].notes and not heads[0].notes
     else:  # from the rotary buffer if the index lists it, else from the widths' GCD
         assert len(head.notes) == 1 and head.notes[0].startswith("head_dim 16 inferred from")

@@ -17,6 +17,7 @@ def render_text(result: CheckResult) -> str:
         f"gac-check {ckpt.source}",
         f"  format: {result.format.description} ({ckpt.container}), {ckpt.params:,} parameters"
         + (" (logical)" if ckpt.quantization else ""),
+        f"  config: {ckpt.config_source}",
         *_read(result),
         f"  checked against: {contract.profile} contract ({contract.source} rules), "
         f"dtype {contract.dtype}" + _dtype_source(result),
@@ -34,7 +35,7 @@ def render_text(result: CheckResult) -> str:
         lines += _findings_table(result)
     notes = [(s.name, n) for s in result.sites for n in s.notes]
     if notes:
-        lines += ["", "notes (where config.json and the tensors disagree, the tensors win):"]
+        lines += ["", "notes (where the config and the tensors disagree, the tensors win):"]
         lines += [f"  {name}: {note}" for name, note in notes[:20]]
         if len(notes) > 20:
             lines.append(f"  ... and {len(notes) - 20} more")
