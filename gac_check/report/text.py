@@ -17,7 +17,7 @@ def render_text(result: CheckResult) -> str:
         f"gac-check {ckpt.source}",
         f"  format: {result.format.description} ({ckpt.container}), {ckpt.params:,} parameters"
         + (" (logical)" if ckpt.quantization else ""),
-        f"  config: {ckpt.config_source}",
+        *_config_line(ckpt),
         *_read(result),
         f"  checked against: {contract.profile} contract ({contract.source} rules), "
         f"dtype {contract.dtype}" + _dtype_source(result),
@@ -80,6 +80,15 @@ def _targets_summary(result: CheckResult) -> list[str]:
     out += ["", "not modelled by these verdicts (docs/targets.md, \"Not modelled yet\"):"]
     out += [f"  {engine}: {note}" for engine, pack in engines.items() for note in pack.notes]
     return out
+
+
+def _config_line(ckpt) -> list[str]:
+    """Where "the config" of the notes was read, where that is not the config.json a model
+    directory has (or a GGUF's metadata, which the format line names): a whole pickled
+    model's own config, or a module's in memory."""
+    if ckpt.config_source in ("config.json", "the GGUF metadata"):
+        return []
+    return [f"  config: {ckpt.config_source}"]
 
 
 def _dtype_source(result: CheckResult) -> str:
