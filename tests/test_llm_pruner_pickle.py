@@ -12,7 +12,14 @@ import torch
 
 from gac_check.analysis import check
 from gac_check.sites import Role
-from tests.compressors import build_llm_pruner, load_pickled, prune_llama, tiny_llama
+from tests.compressors import (
+    build_llm_pruner,
+    build_svdllm,
+    load_pickled,
+    prune_llama,
+    tiny_llama,
+)
+from tests.helpers import gac
 
 
 def sites_by_role(path: Path) -> tuple[str, dict[Role, list]]:
@@ -104,3 +111,21 @@ def test_pickled_head_counts_that_disagree_are_noted(tmp_path):
     assert heads[1].notes == [*dense, "the pickled module says num_heads=8, tensors have 6"]
     assert heads[0].notes == dense
     assert json.dumps(heads[0].attrs)  # plain data: reports can carry it
+
+
+def test_the_cli_names_the_pickled_config_once_and_the_config_in_notes(tmp_path):
+    """Without config.json the pickled config is the config: the text says where it was read
+    (one ``config:`` line), the JSON in ``config_source``, and the notes and dtype source say
+    "the config" as they do for a config.json, so a module and its save print alike."""
+    built = build_llm_pruner(tmp_path / "gqa", gqa=True, config_json=False)
+    text = gac(built.path, "--gpu", "h100")
+    assert "\n  config: the pickled config\n" in text.stdout
+    assert "the config says num_attention_heads=8, tensors have 6" in text.stdout
+    doc = json.loads(gac(built.path, "--gpu", "h100", "--format", "json").stdout)
+    assert doc["config_source"] == "the pickled config"
+    svdllm = build_svdllm(tmp_path / "svdllm", config_dtype=torch.float16)
+    hw = json.loads(gac(svdllm.path, "--gpu", "h100", "--format", "json").stdout)["hardware"]
+    assert (hw["dtype"], hw["dtype_source"]) == ("float16", "stricter of the config and weights")
+    assert hw["dtype_note"].startswith("the config says float16, the weights are float32")
+    with_json = build_llm_pruner(tmp_path / "copied", gqa=True)
+    assert "  config:" not in gac(with_json.path, "--gpu", "h100").stdout  # config.json: said

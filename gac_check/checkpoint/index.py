@@ -184,19 +184,14 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     container, files, (tensors, model) = _index_tensors(root)
     source = "config.json"
     if not present and model is not None and model.config:
-        config, source = pickled_config(model), PICKLED_CONFIG
+        # A whole pickled model's own config serves as config.json where none is beside it:
+        # the config the module was built from is what save_pretrained would write, so its
+        # sizes, dtype and head_dim are the model's declarations as config.json's are (a
+        # pruner's stale dense sizes included, which the tensors win over with a note), and
+        # the file is judged as the module in memory is.
+        config, source = dict(model.config), PICKLED_CONFIG
     return with_quantization(Checkpoint(root, config, tensors, container, files, sidecars,
                                          model, config_source=source))
-
-
-def pickled_config(model: PickledModel) -> dict:
-    """A whole pickled model's own config, serving as config.json where none is beside it: the
-    config the module was built from is what ``save_pretrained`` would write, so its sizes,
-    dtype and head_dim are the model's declarations as config.json's are (a pruner's stale
-    dense sizes included, which the tensors then win over with a note). transformers' private
-    attributes and unset (None) values are no declarations and are left out."""
-    return {k: v for k, v in model.config.items()
-            if v is not None and not str(k).startswith("_")}
 
 
 def with_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Checkpoint:
