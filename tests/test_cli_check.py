@@ -107,7 +107,7 @@ def test_llm_pruner_odd_mlp_is_flagged(tmp_path: Path) -> None:
     for i in (1, 2):
         site = bad[f"model.layers.{i}.mlp:intermediate"]
         assert site["value"] == 141 and "gemm-align-16B" in site["rules"]
-        assert site["notes"] == ["config.json says intermediate_size=176, tensors have 141"]
+        assert site["notes"] == ["the config says intermediate_size=176, tensors have 141"]
     assert "model.layers.0.mlp:intermediate" not in bad
     text = gac(tmp_path, "--gpu", "a100").stdout
     assert "LLM-Pruner" in text and "intermediate_size=176, tensors have 141" in text

@@ -38,8 +38,8 @@ def sites(path: Path) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize(("name", "note"), [
-    ("hidden4096", "not from config.json's hidden_size=4096 (the tensors have 64)"),
-    ("head_dim9", "config.json says head_dim=9, tensors have q/k widths 64/32"),
+    ("hidden4096", "not from the config's hidden_size=4096 (the tensors have 64)"),
+    ("head_dim9", "the config says head_dim=9, tensors have q/k widths 64/32"),
 ])
 def test_a_config_value_the_tensors_refute_is_a_note_never_a_site(lies, name, note) -> None:
     honest, lied = sites(lies["honest"]), sites(lies[name])
@@ -137,5 +137,5 @@ def test_gqa_wider_than_hidden_takes_head_dim_from_the_q_width(wide) -> None:
     assert honest[head]["value"] == lied[head]["value"] == 16  # 128 / 8, not 64 / 8, not 512
     assert {n: s["value"] for n, s in lied.items() if n != "format"} == \
         {n: s["value"] for n, s in honest.items() if n != "format"}
-    assert any("attention width 128 / num_attention_heads=8, not from config.json's "
+    assert any("attention width 128 / num_attention_heads=8, not from the config's "
                "hidden_size=4096 (the tensors have 64)" in n for n in lied["hidden"]["notes"])

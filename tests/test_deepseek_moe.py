@@ -94,7 +94,7 @@ def test_a_pruned_expert_count_is_a_note_with_both_values(tmp_path: Path) -> Non
     (root / "config.json").write_text(json.dumps(cfg))
     count = sites(check(root), "experts")["model.layers.2.mlp:experts"]
     assert count["value"] == 4
-    assert "config.json says n_routed_experts=6, tensors have 4" in count["notes"]
+    assert "the config says n_routed_experts=6, tensors have 4" in count["notes"]
 
 
 def test_shared_experts_config_json_contradicts_are_a_note(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_shared_experts_config_json_contradicts_are_a_note(tmp_path: Path) -> No
     (root / "config.json").write_text(json.dumps(cfg))
     shared = sites(check(root), "shared_expert_intermediate")
     assert shared["model.layers.2.mlp.shared_experts:intermediate"]["notes"] == [
-        "config.json says moe_intermediate_size x n_shared_experts = 45 x 2 = 90, tensors "
+        "the config says moe_intermediate_size x n_shared_experts = 45 x 2 = 90, tensors "
         "have 135"]
 
 

@@ -12,7 +12,7 @@ import pytest
 from tests import helpers
 from tests.compressors import build_llm_pruner, build_slicegpt
 
-NOTE = ("config.json says float32, the weights are float16: checked against float16, the "
+NOTE = ("the config says float32, the weights are float16: checked against float16, the "
         "stricter of the two")
 
 
@@ -32,11 +32,11 @@ def streams(doc: dict) -> set[int]:
 
 def test_check_says_which_dtype_and_why(sliced):
     text = gac(sliced, "--gpu", "gpu")
-    assert NOTE in text.stdout and "dtype float16 (from stricter of config.json and weights)" \
+    assert NOTE in text.stdout and "dtype float16 (from stricter of the config and weights)" \
         in text.stdout
     doc = json.loads(gac(sliced, "--gpu", "gpu", "--format", "json").stdout)
     hw = doc["hardware"]
-    assert (hw["dtype"], hw["dtype_source"]) == ("float16", "stricter of config.json and weights")
+    assert (hw["dtype"], hw["dtype_source"]) == ("float16", "stricter of the config and weights")
     assert hw["dtype_note"].startswith(NOTE)
     assert {s["repair_to"] for s in doc["sites"] if s["value"] == 179} == {184}
 

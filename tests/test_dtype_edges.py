@@ -30,19 +30,19 @@ def model(root: Path, tensors: dict[str, tuple[tuple[int, ...], torch.dtype]],
 
 #: (config.json's dtype fields, the weights' dtype) -> (chosen, source)
 DISAGREE = [
-    ({"torch_dtype": "float32"}, F16, "float16", "stricter of config.json and weights"),
-    ({"torch_dtype": "float16"}, F32, "float16", "stricter of config.json and weights"),
+    ({"torch_dtype": "float32"}, F16, "float16", "stricter of the config and weights"),
+    ({"torch_dtype": "float16"}, F32, "float16", "stricter of the config and weights"),
     # equal widths: the weights' dtype is what runs, whichever the config names
-    ({"torch_dtype": "bfloat16"}, F16, "float16", "stricter of config.json and weights"),
-    ({"torch_dtype": "float16"}, BF16, "bfloat16", "stricter of config.json and weights"),
-    ({"dtype": "torch.bfloat16"}, F16, "float16", "stricter of config.json and weights"),
+    ({"torch_dtype": "bfloat16"}, F16, "float16", "stricter of the config and weights"),
+    ({"torch_dtype": "float16"}, BF16, "bfloat16", "stricter of the config and weights"),
+    ({"dtype": "torch.bfloat16"}, F16, "float16", "stricter of the config and weights"),
     # agreement, with and without the torch. prefix
-    ({"torch_dtype": "torch.float32"}, F32, "float32", "config.json"),
-    ({"torch_dtype": "bfloat16"}, BF16, "bfloat16", "config.json"),
+    ({"torch_dtype": "torch.float32"}, F32, "float32", "the config"),
+    ({"torch_dtype": "bfloat16"}, BF16, "bfloat16", "the config"),
     # transformers 5 writes "dtype"; it wins over a stale torch_dtype beside it
-    ({"dtype": "bfloat16", "torch_dtype": "float32"}, BF16, "bfloat16", "config.json"),
+    ({"dtype": "bfloat16", "torch_dtype": "float32"}, BF16, "bfloat16", "the config"),
     ({"dtype": "float32", "torch_dtype": "bfloat16"}, BF16, "bfloat16",
-     "stricter of config.json and weights"),
+     "stricter of the config and weights"),
     # "auto" and "" say nothing: the weights decide
     ({"torch_dtype": "auto"}, F16, "float16", "weights"),
     ({"torch_dtype": ""}, BF16, "bfloat16", "weights"),
@@ -65,7 +65,7 @@ def test_config_against_weights(tmp_path, config, stored, dtype, source):
 def test_a_tie_in_width_is_said_with_both_names(tmp_path):
     ckpt = model(tmp_path / "m", {"w": ((8, 8), F16)}, {"torch_dtype": "bfloat16"})
     assert choose_dtype(ckpt).note.startswith(
-        "config.json says bfloat16, the weights are float16: checked against float16")
+        "the config says bfloat16, the weights are float16: checked against float16")
 
 
 #: tensors -> the weights' dtype: elements decide, not how many tensors there are
@@ -108,7 +108,7 @@ def test_counts_and_elements_disagreeing_against_the_config(tmp_path):
                                   "c.norm": ((4,), F32), "w": ((16, 16), F16)},
                  {"torch_dtype": "float32"})
     choice = choose_dtype(ckpt)
-    assert (choice.dtype, choice.source) == ("float16", "stricter of config.json and weights")
+    assert (choice.dtype, choice.source) == ("float16", "stricter of the config and weights")
     assert mixed_weights(ckpt) == (
         "the weights mix dtypes: float16 in 1 tensors (most elements), float32 in 3 "
         "(a.norm, b.norm, ...); every site is judged in one dtype")
@@ -118,7 +118,7 @@ def test_requested_dtype_wins_and_says_what_it_overrode(tmp_path):
     ckpt = model(tmp_path / "m", {"w": ((8, 8), F16)}, {"torch_dtype": "float32"})
     choice = choose_dtype(ckpt, "float32")
     assert (choice.dtype, choice.source) == ("float32", "--dtype")
-    assert choice.note == ("config.json says float32, the weights are float16; checked "
+    assert choice.note == ("the config says float32, the weights are float16; checked "
                            "against --dtype float32")
     agreeing = model(tmp_path / "n", {"w": ((8, 8), F16)}, {"torch_dtype": "float16"})
     assert choose_dtype(agreeing, "float32").note is None
@@ -137,8 +137,8 @@ def test_mixed_weights_are_noted_whichever_source_decides(tmp_path):
     tensors = {"a": ((2,), F32), "w": ((8, 8), F16)}
     mix = "the weights mix dtypes: float16 in 1 tensors (most elements), float32 in 1 (a)"
     agreed = choose_dtype(model(tmp_path / "m", tensors, {"torch_dtype": "float16"}))
-    assert (agreed.dtype, agreed.source) == ("float16", "config.json")
-    assert agreed.note.startswith(mix) and agreed.note.endswith(": float16, config.json's")
+    assert (agreed.dtype, agreed.source) == ("float16", "the config")
+    assert agreed.note.startswith(mix) and agreed.note.endswith(": float16, the config's")
     weights = choose_dtype(model(tmp_path / "n", tensors))
     assert (weights.dtype, weights.source) == ("float16", "weights")
     assert weights.note.startswith(mix) and weights.note.endswith(
@@ -153,8 +153,8 @@ def test_a_config_dtype_gac_check_does_not_know_counts_as_four_bytes(tmp_path):
     """An unknown name ("half", "fp8") is taken as 4 bytes wide: the 2-byte weights are
     stricter and win."""
     choice = choose_dtype(model(tmp_path / "m", {"w": ((8, 8), F16)}, {"torch_dtype": "half"}))
-    assert (choice.dtype, choice.source) == ("float16", "stricter of config.json and weights")
-    assert "config.json says half, the weights are float16" in choice.note
+    assert (choice.dtype, choice.source) == ("float16", "stricter of the config and weights")
+    assert "the config says half, the weights are float16" in choice.note
     wide = choose_dtype(model(tmp_path / "n", {"w": ((8, 8), torch.float64)},
                               {"torch_dtype": "half"}))
     assert wide.dtype == "half"  # 4 bytes, narrower than float64's 8

@@ -281,8 +281,8 @@ def test_svd_llm_pickled_whole_model(tmp_path: Path) -> None:
     torch.save({"model": model, "tokenizer": None}, tmp_path / "svdllm_0.6.pt")
     by = assert_svd_llm_sites(tmp_path, model)
     assert by["hidden"].value == 64
-    head = by["model.layers.0.self_attn:head_dim"]  # no config: the pickled attention says
-    assert head.value == HD and "head_dim attribute" in head.notes[0]
+    head = by["model.layers.0.self_attn:head_dim"]  # no config.json: the pickled config's
+    assert head.value == HD and head.notes == []
 
 
 # -------------------------------------------------------------------------------- LLM-Pruner
@@ -304,14 +304,11 @@ def test_llm_pruner(tmp_path: Path, with_config: bool) -> None:
     head = by["model.layers.1.self_attn:head_dim"]
     assert head.value == HD
     assert {a.blocks for a in head.axes} == {3}
-    if with_config:
-        assert inter[1].notes == ["config.json says intermediate_size=176, tensors have 141"]
-        assert heads[1].notes == ["config.json says num_attention_heads=4, tensors have 3",
-                                  "config.json says num_key_value_heads=4, tensors have 3"]
-        assert not inter[0].notes and not heads[0].notes
-    else:  # from the rotary buffer if the index lists it, else from the widths' GCD
-        assert len(head.notes) == 1 and head.notes[0].startswith("head_dim 16 inferred from")
-        assert "no config.json" in by["hidden"].notes[0]
+    # without config.json, the pickled config (the same dense sizes) serves as it
+    assert inter[1].notes == ["the config says intermediate_size=176, tensors have 141"]
+    assert heads[1].notes == ["the config says num_attention_heads=4, tensors have 3",
+                              "the config says num_key_value_heads=4, tensors have 3"]
+    assert not inter[0].notes and not heads[0].notes and not head.notes
 
 
 def test_llm_pruner_head_dim_from_gcd(tmp_path: Path) -> None:

@@ -119,7 +119,7 @@ def test_expert_pruning_is_read_with_a_note(tmp_path: Path) -> None:
     doc = _json(root)
     counts = [s for s in doc["sites"] if s["role"] == "experts"]
     assert [s["value"] for s in counts] == [3, 3]
-    assert "config.json says num_local_experts=4, tensors have 3" in counts[0]["notes"]
+    assert "the config says num_local_experts=4, tensors have 3" in counts[0]["notes"]
 
 
 def test_expert_width_pruning_gives_each_layer_its_width(tmp_path: Path) -> None:
@@ -132,7 +132,7 @@ def test_expert_width_pruning_gives_each_layer_its_width(tmp_path: Path) -> None
     assert widths == {f"{BLOCK.format(0)}.experts:intermediate": 40,
                       f"{BLOCK.format(1)}.experts:intermediate": 48}
     site = next(s for s in doc["sites"] if s["name"] == f"{BLOCK.format(0)}.experts:intermediate")
-    assert "config.json says intermediate_size=48, tensors have 40" in site["notes"]
+    assert "the config says intermediate_size=48, tensors have 40" in site["notes"]
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -79,9 +79,9 @@ def test_a_config_the_tensors_contradict_is_a_note_with_both_values(tmp_path: Pa
     (path / "config.json").write_text(json.dumps(cfg))
     sites = by_name(check(path))
     assert sites["kv_lora_rank"]["value"] == 40
-    assert "config.json says kv_lora_rank=48, tensors have 40" in sites["kv_lora_rank"]["notes"]
-    assert "config.json says v_head_dim=16, tensors have 14" in sites["v_head_dim"]["notes"]
-    assert ("config.json says qk_rope_head_dim=4, tensors have 8"
+    assert "the config says kv_lora_rank=48, tensors have 40" in sites["kv_lora_rank"]["notes"]
+    assert "the config says v_head_dim=16, tensors have 14" in sites["v_head_dim"]["notes"]
+    assert ("the config says qk_rope_head_dim=4, tensors have 8"
             in sites["qk_head_dim"]["notes"])
 
 

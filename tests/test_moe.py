@@ -140,7 +140,7 @@ def test_expert_width_pruning_gives_each_expert_its_own_site(tmp_path: Path) -> 
     assert experts[f"{block}:intermediate"] == 40
     assert sorted(experts.values()) == [40] + [48] * 5
     site = next(s for s in doc["sites"] if s["name"] == f"{block}:intermediate")
-    assert "config.json says intermediate_size=48, tensors have 40" in site["notes"]
+    assert "the config says intermediate_size=48, tensors have 40" in site["notes"]
 
 
 def test_experts_of_different_widths_load_on_no_fused_moe_class(tmp_path: Path) -> None:
@@ -179,7 +179,7 @@ def test_expert_pruning_the_same_in_every_layer_is_read_with_a_note(tmp_path: Pa
     doc = _json(root)
     counts = [s for s in doc["sites"] if s["role"] == "experts"]
     assert [s["value"] for s in counts] == [2, 2]
-    assert "config.json says num_local_experts=3, tensors have 2" in counts[0]["notes"]
+    assert "the config says num_local_experts=3, tensors have 2" in counts[0]["notes"]
 
 
 @pytest.mark.parametrize("damage, message", [

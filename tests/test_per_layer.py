@@ -63,7 +63,7 @@ def test_each_layer_is_read_from_its_tensors_against_its_own_entry(pruned: Path)
     layer1 = sites["model.layers.1.mlp:intermediate"]
     assert layer1.value == 107
     assert layer1.config_field == ("per_layer_config", "1", "intermediate_size")
-    assert layer1.notes == []  # its entry says 107: no "config.json says 128"
+    assert layer1.notes == []  # its entry says 107: no "the config says 128"
     assert sites["model.layers.1.self_attn:heads"].attrs["kv_heads"] == 4
     assert sites["model.layers.1.self_attn:heads"].notes == []
     assert "model.layers.2.mlp:intermediate" not in sites  # skipped, as its entry says
@@ -85,7 +85,7 @@ def test_the_same_tensors_without_per_layer_config_are_a_config_that_lies(
     result = gac_check.check(lying, gpu="h100")
     assert result.format.name != "per-layer"
     notes = {n for s in result.sites for n in s.notes}
-    assert "config.json says intermediate_size=128, tensors have 107" in notes
+    assert "the config says intermediate_size=128, tensors have 107" in notes
 
 
 def test_an_override_the_tensors_contradict_is_a_note_with_both_values(

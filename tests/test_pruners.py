@@ -91,7 +91,7 @@ def test_flap_sites_per_layer_and_vllm_refuses(tmp_path):
     assert "different head counts" in load["why"]
     assert (load["source"]["file"], load["source"]["function"]) == (
         "vllm/model_executor/models/llama.py", "LlamaDecoderLayer.__init__ / LlamaMLP")
-    assert "config.json says num_attention_heads=4, tensors have 3" in " ".join(notes(doc))
+    assert "the config says num_attention_heads=4, tensors have 3" in " ".join(notes(doc))
 
 
 def _resaved(src: Path, root: Path, edit) -> Path:

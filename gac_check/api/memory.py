@@ -28,8 +28,25 @@ from gac_check.formats.slicegpt import SliceGPT
 def from_module(module, config: object = None) -> Checkpoint:
     """A ``torch.nn.Module``'s checkpoint: its state dict and ``config`` (default: its own
     ``.config``, as every transformers model has)."""
-    config = getattr(module, "config", None) if config is None else config
-    return from_state(_as_saved(module), config, type(module).__name__)
+    if config is not None:
+        return from_state(_as_saved(module), config, type(module).__name__, "config=")
+    ckpt = from_state(_as_saved(module), getattr(module, "config", None),
+                      type(module).__name__, "the module's config")
+    _architecture_as_saved(module, ckpt.config)
+    return ckpt
+
+
+def _architecture_as_saved(module, config: dict) -> None:
+    """A transformers module's own config names no architecture until ``save_pretrained``
+    writes its class there (a whole model a compressor pickled never went through one): the
+    engines pick their model class by that name, so the check of the module names it as its
+    save would."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return
+    if isinstance(module, PreTrainedModel) and not config.get("architectures"):
+        config["architectures"] = [type(module).__name__]
 
 
 def _as_saved(module) -> Mapping:
@@ -53,8 +70,10 @@ def _as_saved(module) -> Mapping:
     return revert_weight_conversion(module, meta)
 
 
-def from_state(state: Mapping, config: object, what: str = "state dict") -> Checkpoint:
-    """A state dict's checkpoint, with the config the model was built from."""
+def from_state(state: Mapping, config: object, what: str = "state dict",
+               source: str = "config=") -> Checkpoint:
+    """A state dict's checkpoint, with the config the model was built from (``source``: how
+    the report names where it came from)."""
     where = Path(f"<in-memory {what}>")
     if config is None:
         raise BadInput("a model in memory needs its config: pass config= (a dict or a "
@@ -65,8 +84,8 @@ def from_state(state: Mapping, config: object, what: str = "state dict") -> Chec
     tied = tied_names(state)
     tensors = {name: _info(name, t, where) for name, t in state.items()
                if tied.get(name, name) == name}
-    ckpt = with_quantization(Checkpoint(where, _config_dict(config, where), tensors, IN_MEMORY),
-                             _bytes_of(state))
+    ckpt = with_quantization(Checkpoint(where, _config_dict(config, where), tensors, IN_MEMORY,
+                                        config_source=source), _bytes_of(state))
     if SliceGPT().matches(ckpt):
         raise BadInput("is a SliceGPT model, whose slicing config lives in a file beside the "
                        "weights, not in the module; save it with its slicing config "

@@ -37,6 +37,12 @@ if TYPE_CHECKING:  # the pickle, GGUF and quantized readers are imported only wh
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_JSON_BYTES", "SAFETENSORS_DTYPES", "Checkpoint",
            "inside", "link_target", "open_checkpoint", "read_json", "read_safetensors_header"]
+#: Where a checkpoint's config comes from: the file; a whole pickled model's own config where no
+#: config.json is beside it (SVD-LLM's saves); in memory, a module's config or the one passed as
+#: ``config=``; a GGUF's metadata.
+PICKLED_CONFIG = "the pickled config"
+CONFIG_SOURCES = ("config.json", PICKLED_CONFIG, "the module's config", "config=",
+                  "the GGUF metadata")
 #: Sidecar JSON files (slicing configs, rank maps) larger than this are not ours to read.
 MAX_SIDECAR_BYTES = 1024 * 1024
 TORCH_SUFFIXES = (".bin", ".pt", ".pth")
@@ -76,6 +82,10 @@ class Checkpoint:
     #: The checkpoint's own quantization scheme (:mod:`gac_check.checkpoint.quantized`), whose
     #: linears ``tensors`` holds at their logical [out, in] shapes; None when not quantized.
     quantization: Quantization | None = None
+    #: Where ``config`` was read (:data:`CONFIG_SOURCES`): reported once beside the container,
+    #: while every note and dtype source calls it "the config", so the check of a module in
+    #: memory and the check of its save say the same words.
+    config_source: str = "config.json"
 
     @property
     def source(self) -> str:
@@ -172,8 +182,16 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     config = read_json(inside(root, config_path.name, config_path)) if present else {}
     sidecars = _sidecars(root)
     container, files, (tensors, model) = _index_tensors(root)
+    source = "config.json"
+    if not present and model is not None and model.config:
+        # A whole pickled model's own config serves as config.json where none is beside it:
+        # the config the module was built from is what save_pretrained would write, so its
+        # sizes, dtype and head_dim are the model's declarations as config.json's are (a
+        # pruner's stale dense sizes included, which the tensors win over with a note), and
+        # the file is judged as the module in memory is.
+        config, source = dict(model.config), PICKLED_CONFIG
     return with_quantization(Checkpoint(root, config, tensors, container, files, sidecars,
-                                         model))
+                                         model, config_source=source))
 
 
 def with_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Checkpoint:
@@ -222,6 +240,7 @@ def open_gguf(path: Path) -> Checkpoint:
                              t.begin, t.end)
                for n, t in header.tensors.items()}
     return Checkpoint(path.resolve(), gguf_config(header), tensors, "gguf", header.files,
+                      config_source="the GGUF metadata",
                       gguf=header)
 
 

@@ -43,28 +43,21 @@ class DtypeChoice:
     """The dtype a contract is built for, where it came from, and any disagreement seen."""
 
     dtype: str
-    #: "--dtype" | "config.json" | "the pickled config" | "weights" | "default" |
-    #: "stricter of config.json and weights" | "stricter of the pickled config and weights"
+    #: "--dtype" | "the config" | "weights" | "default" | "stricter of the config and weights"
+    #: | "quantization_config" (the config's source is the report's ``config_source``)
     source: str
     note: str | None = None
 
 
-#: Where the declared dtype of a whole pickled model without config.json is read.
-PICKLED_CONFIG = "the pickled config"
-
-
-def declared_config(ckpt: Checkpoint) -> tuple[dict, str]:
-    """The config that declares the model's dtype and how reports name it: config.json, or a
-    whole pickled model's own config when there is no config.json (SVD-LLM's and LLM-Pruner's
-    saves), so the check of the file judges the dtype the check of the module in memory does."""
-    if not ckpt.config and ckpt.pickled_model is not None:
-        return ckpt.pickled_model.config, PICKLED_CONFIG
-    return ckpt.config, "config.json"
+#: How a dtype source names the model's config, whatever it was read from (config.json, a whole
+#: pickled model's own config, a module's in memory: ``Checkpoint.config_source``), so a module
+#: and its save are judged in the same words.
+CONFIG = "the config"
 
 
 def declared_dtype(ckpt: Checkpoint) -> str | None:
     """The config's ``dtype`` (transformers 5) or ``torch_dtype``, without ``torch.``."""
-    config, _ = declared_config(ckpt)
+    config = ckpt.config
     declared = config.get("dtype") or config.get("torch_dtype")
     if isinstance(declared, str) and declared not in ("auto", ""):
         return declared.removeprefix("torch.")
@@ -105,7 +98,7 @@ def choose_dtype(ckpt: Checkpoint, requested: str | None = None) -> DtypeChoice:
     if ckpt.quantization is not None:
         return _quantized(ckpt, ckpt.quantization, requested)
     declared, stored = declared_dtype(ckpt), weights_dtype(ckpt)
-    where = declared_config(ckpt)[1]
+    where = CONFIG
     disagree = declared is not None and stored is not None and declared != stored
     seen = (f"{where} says {declared}, the weights are {stored}" if disagree else None)
     mixed = mixed_weights(ckpt)

@@ -377,7 +377,7 @@ def _attention_sites(cfg: dict, shapes: Shapes, fam: Family, base: str, i: int,
     _note_disagreement(heads, cfg, "num_attention_heads")
     kv_cfg = cfg.get("num_key_value_heads")
     if isinstance(kv_cfg, int) and kv_cfg != kv_n:
-        heads.notes.append(f"config.json says num_key_value_heads={kv_cfg}, tensors have "
+        heads.notes.append(f"the config says num_key_value_heads={kv_cfg}, tensors have "
                            f"{kv_n}")
     return [head, heads]
 
@@ -454,4 +454,4 @@ def _vocab_site(ckpt: Checkpoint, fam: Family) -> DimSite | None:
 def _note_disagreement(site: DimSite, cfg: dict, key: str) -> None:
     declared = cfg.get(key)
     if isinstance(declared, int) and declared != site.value:
-        site.notes.append(f"config.json says {key}={declared}, tensors have {site.value}")
+        site.notes.append(f"the config says {key}={declared}, tensors have {site.value}")

@@ -150,7 +150,7 @@ def read(ckpt: Checkpoint) -> tuple[list[DimSite], tuple[LayerBlocks, ...]]:
                                 "or intermediate_size records this width: not padded")
         if site.role is Role.HEADS:  # per-layer KV heads: block_configs' n_heads_in_group
             site.notes[:] = [n for n in site.notes
-                             if not n.startswith("config.json says num_key_value_heads")]
+                             if not n.startswith("the config says num_key_value_heads")]
     return sites, tuple(layers)
 
 

@@ -43,7 +43,7 @@ def config_head_dim(ckpt: Checkpoint,
         if whole(declared):
             return declared, notes
         q, k, _ = next(w for w in widths if w[0] % declared or w[1] % declared)
-        notes.append(f"config.json says head_dim={declared}, tensors have q/k widths {q}/{k}, "
+        notes.append(f"the config says head_dim={declared}, tensors have q/k widths {q}/{k}, "
                      "not whole heads of it: not used")
     heads = _count(cfg.get("num_attention_heads"))
     hidden = _count(cfg.get("hidden_size"))
@@ -53,7 +53,7 @@ def config_head_dim(ckpt: Checkpoint,
     if widths and (hidden is None or hidden not in {i for _, _, i in widths}):
         if hidden is not None:
             notes.append(f"head_dim from the tensors' attention width {tensor_width} / "
-                         f"num_attention_heads={heads}, not from config.json's "
+                         f"num_attention_heads={heads}, not from the config's "
                          f"hidden_size={hidden} (the tensors have {widths[0][2]})")
         hidden = None  # the config's hidden_size is refuted (or absent): the tensors' width
     # The attention width is q's output, which a channel-wise pruner leaves dense while it
@@ -71,7 +71,7 @@ def config_head_dim(ckpt: Checkpoint,
                        f"width {width} (head_dim would be {width / heads:.4g}): the head layout "
                        "cannot be known; correct config.json", ckpt.path / "config.json")
     if width // heads:  # a width of 0: nothing to split into heads
-        notes.append(f"config.json's hidden_size / num_attention_heads = {width // heads} does "
+        notes.append(f"the config's hidden_size / num_attention_heads = {width // heads} does "
                      "not split the tensors' q/k widths into whole heads: not used")
     return None, notes
 
@@ -83,7 +83,7 @@ def _tensor_head_dim_note(hidden: int, heads: int, width: int,
             f"does not split the tensors' q/k widths {widths[0][0]}/{widths[0][1]} into whole "
             "heads" if hidden % heads == 0 else
             f"hidden_size={hidden} does not split into num_attention_heads={heads} whole heads")
-    return (f"config.json's {said}; head_dim {width // heads} from q's width {width} / "
+    return (f"the config's {said}; head_dim {width // heads} from q's width {width} / "
             f"num_attention_heads={heads}")
 
 
@@ -105,7 +105,7 @@ class UnrecordedHeadDim:
         return self.hidden // self.heads
 
     def describe(self) -> str:
-        return (f"config.json has no head_dim, and hidden_size={self.hidden} / "
+        return (f"the config has no head_dim, and hidden_size={self.hidden} / "
                 f"num_attention_heads={self.heads} builds head_dim {self.built}; the tensors "
                 f"have head_dim {self.tensors}")
 

@@ -63,7 +63,7 @@ class Gguf(Format):
         _head_and_vocab(ckpt, sites)
         _per_layer_widths(ckpt, sites)
         for s in sites:
-            s.notes = [n.replace("config.json says", "the GGUF metadata says") for n in s.notes]
+            s.notes = [n.replace("the config says", "the GGUF metadata says") for n in s.notes]
         _account(ckpt, sites, auxiliary)
         return sites
 

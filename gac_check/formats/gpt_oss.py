@@ -163,7 +163,7 @@ def _read_layer(ckpt: Checkpoint,
 def _note(site: DimSite, cfg: dict, key: str) -> None:
     declared = cfg.get(key)
     if isinstance(declared, int) and not isinstance(declared, bool) and declared != site.value:
-        site.notes.append(f"config.json says {key}={declared}, tensors have {site.value}")
+        site.notes.append(f"the config says {key}={declared}, tensors have {site.value}")
 
 
 __all__ = ["NAME", "FusedExperts", "find_fused", "fused_family", "fused_sites"]

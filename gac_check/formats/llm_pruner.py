@@ -43,7 +43,7 @@ class LLMPruner(Format):
         sizes = _layer_sizes(ckpt)
         if not sizes:
             return False
-        cfg = declared_config(ckpt)
+        cfg = ckpt.config
         per_key = {k: {s[k] for s in sizes.values() if k in s} for k in ("q", "up", "in")}
         if any(len(v) > 1 for v in per_key.values()):
             return True
@@ -78,15 +78,6 @@ class LLMPruner(Format):
                 hidden.notes.append("head_dim could not be inferred from the shapes; attention "
                                     "sites were not checked")
         return sites
-
-
-def declared_config(ckpt: Checkpoint) -> dict:
-    """The sizes the model declares: config.json's, else the pickled model's own config (a
-    whole pickled model carries it, at the dense sizes LLM-Pruner never updates)."""
-    if ckpt.config:
-        return ckpt.config
-    model = ckpt.pickled_model
-    return model.config if model else {}
 
 
 def _layer_sizes(ckpt: Checkpoint) -> dict[int, dict[str, int]]:

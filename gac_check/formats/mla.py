@@ -157,7 +157,7 @@ def _dims(ckpt: Checkpoint, module: str, lin: MLALinears) -> MLADims:
 def _note(site: DimSite, cfg: dict, key: str, value: int | None) -> None:
     declared = cfg.get(key)
     if declared is not None and declared != value:
-        site.notes.append(f"config.json says {key}={declared}, tensors have {value}")
+        site.notes.append(f"the config says {key}={declared}, tensors have {value}")
 
 
 def layer_sites(ckpt: Checkpoint, module: str, layer: int) -> list[DimSite]:
@@ -191,7 +191,7 @@ def layer_sites(ckpt: Checkpoint, module: str, layer: int) -> list[DimSite]:
         _note(qr, cfg, "q_lora_rank", d.q_lora_rank)
         sites.append(qr)
     elif cfg.get("q_lora_rank") is not None:
-        kv.notes.append(f"config.json says q_lora_rank={cfg['q_lora_rank']}, tensors have "
+        kv.notes.append(f"the config says q_lora_rank={cfg['q_lora_rank']}, tensors have "
                         "q_proj (no q latent)")
     qk = DimSite(f"{module}:qk_head_dim", Role.HEAD_DIM, d.qk_head_dim,
                  lin.q.producer_axes(shapes, d.qk_head_dim), layer=layer, module=module,

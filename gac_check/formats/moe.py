@@ -280,7 +280,7 @@ def _deepseek_shared_site(ckpt: Checkpoint, found: MoeLayers, module: str, layer
     site.inexact = SHARED_NOT_PADDED.format(shared=shared)
     width = ckpt.config.get(lay.width_key)
     if type(shared) is int and type(width) is int and shared * width != site.value:
-        site.notes.append(f"config.json says {lay.width_key} x n_shared_experts = {width} x "
+        site.notes.append(f"the config says {lay.width_key} x n_shared_experts = {width} x "
                           f"{shared} = {width * shared}, tensors have {site.value}")
     return site
 
@@ -300,7 +300,7 @@ def _add_hidden(hidden: DimSite | None, ckpt: Checkpoint, consumers: tuple[Linea
 def _note(site: DimSite, cfg: dict, key: str) -> None:
     declared = cfg.get(key)
     if isinstance(declared, int) and not isinstance(declared, bool) and declared != site.value:
-        site.notes.append(f"config.json says {key}={declared}, tensors have {site.value}")
+        site.notes.append(f"the config says {key}={declared}, tensors have {site.value}")
 
 
 def moe_family(ckpt: Checkpoint) -> str | None:

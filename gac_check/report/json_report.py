@@ -57,6 +57,7 @@ def to_json(result: CheckResult) -> dict:
         "model_dir": ckpt.source,
         "format": result.format.name,
         "container": ckpt.container,
+        "config_source": ckpt.config_source,
         "quantization": ckpt.quantization.as_dict() if ckpt.quantization else None,
         "hardware": {"profile": contract.profile, "dtype": contract.dtype,
                      "contract_source": contract.source,

@@ -17,6 +17,7 @@ def render_text(result: CheckResult) -> str:
         f"gac-check {ckpt.source}",
         f"  format: {result.format.description} ({ckpt.container}), {ckpt.params:,} parameters"
         + (" (logical)" if ckpt.quantization else ""),
+        *_config_line(ckpt),
         *_read(result),
         f"  checked against: {contract.profile} contract ({contract.source} rules), "
         f"dtype {contract.dtype}" + _dtype_source(result),
@@ -34,7 +35,7 @@ def render_text(result: CheckResult) -> str:
         lines += _findings_table(result)
     notes = [(s.name, n) for s in result.sites for n in s.notes]
     if notes:
-        lines += ["", "notes (where config.json and the tensors disagree, the tensors win):"]
+        lines += ["", "notes (where the config and the tensors disagree, the tensors win):"]
         lines += [f"  {name}: {note}" for name, note in notes[:20]]
         if len(notes) > 20:
             lines.append(f"  ... and {len(notes) - 20} more")
@@ -79,6 +80,15 @@ def _targets_summary(result: CheckResult) -> list[str]:
     out += ["", "not modelled by these verdicts (docs/targets.md, \"Not modelled yet\"):"]
     out += [f"  {engine}: {note}" for engine, pack in engines.items() for note in pack.notes]
     return out
+
+
+def _config_line(ckpt) -> list[str]:
+    """Where "the config" of the notes was read, where that is not the config.json a model
+    directory has (or a GGUF's metadata, which the format line names): a whole pickled
+    model's own config, or a module's in memory."""
+    if ckpt.config_source in ("config.json", "the GGUF metadata"):
+        return []
+    return [f"  config: {ckpt.config_source}"]
 
 
 def _dtype_source(result: CheckResult) -> str:

@@ -359,7 +359,7 @@ def _per_layer(shape: ModelShape) -> str:
 
 
 def _arch(kind: ModelKind) -> str:
-    return kind.architectures[0] if kind.architectures else "(none in config.json)"
+    return kind.architectures[0] if kind.architectures else "(none in the config)"
 
 
 def _list(values: list) -> str:
