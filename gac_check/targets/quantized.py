@@ -88,7 +88,7 @@ def for_checkpoint(target: Target, q: Quantization | None) -> Target:
     group = q.group_size if q.strategy == "group" else (-1 if q.strategy == "channel"
                                                         and not quant.startswith("fp8")
                                                         else None)
-    if "quant" in target.given and target.quant not in names[names.index(quant):]:
+    if "quant" in target.given and target.quant not in names:
         raise BadInput(f"--target {target.spec}: the checkpoint is already quantized ({q.method} "
                        f"{q.scheme}, {q.granularity}), which {target.engine} runs as "
                        f"quant={quant}; a target cannot re-quantize it: drop quant= or give "
