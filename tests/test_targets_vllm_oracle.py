@@ -293,10 +293,11 @@ def w8a8_disagreement(case: dict, kernel: str) -> str | None:
 
 
 def moe_not_expressed(case: dict, pack: dict) -> bool:
-    """What no checkpoint's ``quantization_config`` tells the pack: vLLM's own block fp8
-    refines its scales where 128 does not divide the width per rank but 32 does
-    (``refine_fp8_moe_block_shape``) and loads on TritonExperts from sm89, where
-    compressed-tensors' block FP8 is refused (the pack's ``fp8_block``, the stricter)."""
+    """What the pack does not model yet, though a checkpoint's ``quant_method`` would tell
+    it: vLLM's own block fp8 refines its scales to gcd(128, width per rank, hidden) where that
+    is at least 32 (``refine_fp8_moe_block_shape``) and loads on TritonExperts from sm89,
+    where compressed-tensors' block FP8 is refused (the pack's ``fp8_block``, the stricter:
+    the rule needs the hidden size, which the MoE rules do not see)."""
     if case["kind"] != "moe":
         return False
     moe_tp = 1 if case["ep"] > 1 else case["tp"]
