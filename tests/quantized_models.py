@@ -294,14 +294,33 @@ def compressed_tensors_w8a8(root: Path, intermediate: int) -> Path:
     return _per_channel_8bit(root, intermediate, "int")
 
 
-def _per_channel_8bit(root: Path, intermediate: int, kind: str) -> Path:
-    """compressed-tensors' 8-bit weights with one scale per output channel and dynamic
-    per-token activations: ``kind`` "float" (float8_e4m3fn) or "int" (int8, rounded)."""
+def _per_channel_8bit(root: Path, intermediate: int, kind: str,
+                      activations: str = "dynamic") -> Path:
+    """compressed-tensors' 8-bit weights with one scale per output channel: ``kind`` "float"
+    (float8_e4m3fn) or "int" (int8, rounded); ``activations`` "dynamic" per token, "static"
+    per tensor (an ``input_scale`` beside each weight), "asymmetric" dynamic per token with a
+    zero point, or "none" (weight-only, W8A16)."""
     m = model(intermediate)
     tensors = _dense_rest(m, linears(m))
     for name, w in linears(m).items():
         tensors.update(_per_channel_8bit_linear(name, w, kind))
-    return _write(root, tensors, _config(m, per_channel_8bit_config(kind)))
+        if activations == "static":
+            tensors[f"{name}.input_scale"] = torch.tensor([0.02], dtype=torch.float16)
+    cfg = per_channel_8bit_config(kind)
+    group = cfg["config_groups"]["group_0"]
+    scheme = {"num_bits": 8, "type": kind, "symmetric": True}
+    group["input_activations"] = {
+        "dynamic": group["input_activations"], "none": None,
+        "static": {**scheme, "strategy": "tensor", "dynamic": False},
+        "asymmetric": {**scheme, "strategy": "token", "dynamic": True, "symmetric": False},
+    }[activations]
+    return _write(root, tensors, _config(m, cfg))
+
+
+def compressed_tensors_8bit(root: Path, intermediate: int, kind: str, activations: str) -> Path:
+    """compressed-tensors FP8 or INT8 per channel with the activations ``activations``
+    (:func:`_per_channel_8bit`): the schemes vLLM runs on different kernels."""
+    return _per_channel_8bit(root, intermediate, kind, activations)
 
 
 def _per_channel_8bit_linear(name: str, w: torch.Tensor, kind: str) -> dict[str, torch.Tensor]:

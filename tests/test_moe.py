@@ -758,3 +758,23 @@ def test_repair_for_a_fused_moe_target_offers_uniform_with_its_cost(tmp_path: Pa
     assert f"add --uniform to pad every routed expert of every layer to the widest (to 48: " \
            f"+{added:,} parameters" in run.stderr, run.stderr
     assert not out.exists()
+
+
+def test_vllm_int8_and_static_fp8_moe_are_judged_by_their_scheme_names(tmp_path: Path) -> None:
+    """Planned without a checkpoint: dynamic per-token INT8 experts run on TritonExperts,
+    static per-tensor INT8 has no MoE method in vLLM v0.33.0 (refused), and compressed-tensors
+    FP8 with static activation scales runs FlashInfer CUTLASS on an H100; ``quant=int8`` alone
+    stays not judged."""
+    root = _saved(_mixtral(48), tmp_path / "mixtral")
+    specs = ("vllm,tp=2,quant=int8_dynamic", "vllm,tp=2,quant=int8_static",
+             "vllm,tp=2,quant=fp8_static", "vllm,tp=2,quant=int8")
+    doc = _json(root, *(a for s in specs for a in ("--target", s)))
+    widths = [s for s in doc["sites"] if s["role"] == "expert_intermediate"]
+    assert widths
+    for site in widths:
+        dynamic, static, fp8, coarse = site["targets"]
+        assert (dynamic["verdict"], dynamic["kernel"]) == (
+            "fast", "TritonExperts (fused_moe_kernel, INT8 W8A8)")
+        assert static["verdict"] == "refused" and "Unsupported FusedMoe scheme" in static["why"]
+        assert fp8["kernel"] == "FlashInferExperts (FlashInfer CUTLASS)", fp8
+        assert coarse["verdict"] == "refused" and coarse["why"].startswith("not judged for MoE")

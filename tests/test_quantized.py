@@ -228,6 +228,38 @@ def test_int8_w8a8_is_judged_in_int8_and_deployed_as_int8(made):
     assert "quant=int8" in text and "dtype int8 (from quantization_config)" in text
 
 
+#: 690 (% 16 = 2, % 4 = 2): down_proj's K per rank. FP8 W8A8 pads it for CUTLASS and INT8
+#: W8A8 falls to Triton (fallbacks), but FP8 weight-only cannot view its rows as int32 and
+#: asymmetric INT8's cutlass_scaled_mm_azp asserts K % 16 (refused); static activation
+#: scales judge as the dense rules of their dynamic kin.
+@pytest.mark.parametrize(("kind", "activations", "quant", "verdict"), [
+    ("float", "none", "fp8_w8a16", "refused"), ("float", "static", "fp8_static", "fallback"),
+    ("float", "dynamic", "fp8", "fallback"), ("int", "asymmetric", "int8_asym", "refused"),
+    ("int", "static", "int8_static", "fallback"), ("int", "dynamic", "int8_dynamic",
+                                                   "fallback")])
+def test_the_checkpoints_activation_scheme_names_the_vllm_quant(tmp_path, kind, activations,
+                                                                quant, verdict):
+    root = qm.compressed_tensors_8bit(tmp_path / "m", 690, kind, activations)
+    _, doc = run_json(root, "--gpu", "h100", "--target", "vllm")
+    assert doc["quantization"]["activations_dynamic"] == (
+        None if activations == "none" else activations != "static")
+    down = [v for s in doc["sites"] if s["role"] == "intermediate" for v in s["targets"]]
+    assert down and {v["verdict"] for v in down} == {verdict}, down
+    assert doc["summary"]["targets"]["vllm"]["quant"] == quant
+
+
+def test_a_coarse_quant_agrees_with_the_checkpoint_and_a_finer_other_one_is_refused(tmp_path):
+    """``quant=int8`` (the coarse name) on an asymmetric INT8 checkpoint is judged as
+    ``int8_asym``; ``quant=int8_dynamic`` contradicts it: one line, exit 2."""
+    root = qm.compressed_tensors_8bit(tmp_path / "m", 690, "int", "asymmetric")
+    _, doc = run_json(root, "--gpu", "h100", "--target", "vllm,quant=int8")
+    down = [v for s in doc["sites"] if s["role"] == "intermediate" for v in s["targets"]]
+    assert {v["verdict"] for v in down} == {"refused"}, down
+    assert doc["summary"]["targets"]["vllm,quant=int8"]["quant"] == "int8_asym"
+    line = refusal(root, "--gpu", "h100", "--target", "vllm,quant=int8_dynamic")
+    assert "runs as quant=int8_asym" in line
+
+
 @pytest.mark.parametrize(("name", "strategy", "group", "act_order"), [
     ("channel", "channel", None, False), ("actorder", "group", 128, True),
     ("gemv640", "group", 128, False)])

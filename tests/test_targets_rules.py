@@ -179,6 +179,17 @@ def test_vllm_vocab_is_padded_to_64_then_divided(vocab, tp, expected):
     # INT8 W8A8: CUTLASS needs K, N % 16, else Triton
     ("vllm,quant=int8", "a100", "bfloat16", 8806, "fallback", "triton_scaled_mm"),
     ("vllm,quant=int8", "a100", "bfloat16", 8816, "fast", "cutlass_scaled_mm"),
+    # scheme names, planned without a checkpoint: FP8 weight-only runs the weight-only
+    # kernels on an H100 too (K % 4); asymmetric INT8 has no Triton fallback (K, N % 16);
+    # static activation scales take their dynamic kin's dense rules
+    ("vllm,quant=fp8_w8a16", "h100", "bfloat16", 8816, "fallback",
+     "fp8 weight-only (humming; marlin for quant_method fp8)"),
+    ("vllm,quant=fp8_w8a16", "h100", "bfloat16", 8806, "refused", None),
+    ("vllm,quant=int8_asym", "a100", "bfloat16", 8806, "refused", None),
+    ("vllm,quant=INT8_ASYM", "h100", "bfloat16", 8816, "fast", "cutlass_scaled_mm_azp"),
+    ("vllm,quant=int8_static", "a100", "bfloat16", 8806, "fallback", "triton_scaled_mm"),
+    ("vllm,quant=fp8_static", "h100", "bfloat16", 8806, "fallback",
+     "cutlass_scaled_mm (pads K, N to 16)"),
 ])
 def test_vllm_quantized_mlp_kernels(target, gpu, dtype, width, expected, kernel):
     v = verdict("intermediate", width, target, gpu, dtype)

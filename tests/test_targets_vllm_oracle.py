@@ -12,10 +12,11 @@ saying so. FP8 and INT8 go through vLLM's own quantization methods for a checkpo
 ``quantization_config`` (compressed-tensors FP8 W8A8/W8A16/block and INT8 W8A8, vLLM's
 ``fp8`` per tensor and 128x128 blocks): ``create_weights`` and ``process_weights_after_loading``
 for a drawn MLP's gate_up_proj and down_proj shard (docs/targets.md, "FP8 and INT8 in the
-oracle"); schemes the pack's ``quant=`` cannot name are listed in NOT_EXPRESSED. Fused-MoE
+oracle"), each scheme by the ``quant=`` name a checkpoint of it is judged under. Fused-MoE
 layers go through vLLM's own MoE layer construction: unquantized, AWQ/GPTQ, FP8 (per tensor,
-per channel and 128x128 blocks, at sm80, sm89 and sm90) and gpt-oss's MXFP4 (the backend and
-the widths vLLM pads itself); what ``quant=`` cannot tell apart there is ``moe_not_expressed``.
+per channel and 128x128 blocks, at sm80, sm89 and sm90), compressed-tensors INT8 (dynamic
+and static activations) and gpt-oss's MXFP4 (the backend and the widths vLLM pads itself);
+what the pack does not model there is ``moe_not_expressed``.
 """
 from __future__ import annotations
 
@@ -68,8 +69,10 @@ def grid(seed: int = 28) -> list[dict]:
     for _ in range(60):
         cases.append({"cap": "9.0", "kind": "vocab", "vocab": rnd.randint(1000, 200000),
                       "tp": rnd.randint(1, 8)})
-    return cases + w8a8_grid(rnd) + moe_grid(rnd) + moe_grid(
-        random.Random(seed + 1), 60, FP8_MOE, FP8_MOE_CAPS) + mxfp4_grid(random.Random(seed + 2))
+    return (cases + w8a8_grid(rnd) + moe_grid(rnd)
+            + moe_grid(random.Random(seed + 1), 60, FP8_MOE, FP8_MOE_CAPS)
+            + mxfp4_grid(random.Random(seed + 2))
+            + moe_grid(random.Random(seed + 3), 30, INT8_MOE, FP8_MOE_CAPS))
 
 
 def moe_grid(rnd: random.Random, per_cap: int = 120, quants: tuple[str, ...] = ("none", "gptq",
@@ -100,6 +103,9 @@ def moe_grid(rnd: random.Random, per_cap: int = 120, quants: tuple[str, ...] = (
 #: blocks), on sm80 (Marlin), sm89 (Triton: FP8 compute) and sm90
 FP8_MOE = ("ct_fp8_dynamic", "ct_fp8_static", "ct_fp8_block", "fp8", "fp8_block")
 FP8_MOE_CAPS = ("8.0", "8.9", "9.0")
+#: the INT8 MoE grid's schemes: compressed-tensors INT8 W8A8 with dynamic per-token and with
+#: static per-tensor activation scales (vLLM builds an MoE method for the first only)
+INT8_MOE = ("ct_int8_dynamic", "ct_int8_static")
 
 
 def mxfp4_grid(rnd: random.Random, per_cap: int = 40) -> list[dict]:
@@ -121,9 +127,10 @@ def mxfp4_grid(rnd: random.Random, per_cap: int = 40) -> list[dict]:
 
 
 #: the W8A8/W8A16 schemes of the oracle (tests/vllm_oracle.py SCHEMES) by the pack's name
-PACK_QUANT = {"ct_fp8_dynamic": "fp8", "ct_fp8_static": "fp8", "ct_fp8_w8a16": "fp8",
-              "fp8": "fp8", "ct_fp8_block": "fp8_block", "fp8_block": "fp8_block",
-              "ct_int8_dynamic": "int8", "ct_int8_static": "int8", "ct_int8_asym": "int8"}
+PACK_QUANT = {"ct_fp8_dynamic": "fp8", "ct_fp8_static": "fp8_static",
+              "ct_fp8_w8a16": "fp8_w8a16", "fp8": "fp8", "ct_fp8_block": "fp8_block",
+              "fp8_block": "fp8_block", "ct_int8_dynamic": "int8_dynamic",
+              "ct_int8_static": "int8_static", "ct_int8_asym": "int8_asym"}
 
 
 def w8a8_grid(rnd: random.Random, per_cap: int = 90) -> list[dict]:
@@ -275,8 +282,9 @@ def w8a8_disagreement(case: dict, kernel: str) -> str | None:
     chosen = case["kernel"]
     if chosen == "CutlassFP8ScaledMMLinearKernel":
         want = "cutlass_scaled_mm (pads K, N to 16)" if case["reshaped"] else "cutlass_scaled_mm"
-    elif chosen == "CutlassInt8ScaledMMLinearKernel":
-        want = "triton_scaled_mm" if case["gemm"] == "triton_scaled_mm" else "cutlass_scaled_mm"
+    elif chosen == "CutlassInt8ScaledMMLinearKernel":  # the GEMM that ran: azp, Triton, CUTLASS
+        want = (case["gemm"] if case["gemm"] in ("cutlass_scaled_mm_azp", "triton_scaled_mm")
+                else "cutlass_scaled_mm")
     elif chosen in ("MarlinFP8ScaledMMLinearKernel", "HummingFP8ScaledMMLinearKernel"):
         want = "fp8 weight-only (humming; marlin for quant_method fp8)"
     else:
@@ -284,26 +292,14 @@ def w8a8_disagreement(case: dict, kernel: str) -> str | None:
     return None if kernel == want else f"vLLM {chosen} ({want}), pack {kernel}"
 
 
-#: disagreements the pack cannot express, each for a scheme its ``quant=`` does not name:
-#: ``fp8`` is W8A8, so a compressed-tensors FP8 *weight-only* checkpoint (W8A16, which
-#: ``CompressedTensorsW8A16Fp8`` runs on Humming on every GPU) is judged as W8A8 on sm89+;
-#: ``int8`` is symmetric, so an asymmetric INT8 W8A8 checkpoint (``cutlass_scaled_mm_azp``
-#: in vllm/_custom_ops.py asserts K % 16 and N % 16: the first forward fails) is judged
-#: as symmetric (Triton where CUTLASS does not fit)
-NOT_EXPRESSED = {("ct_fp8_w8a16", "9.0"), ("ct_int8_asym", "8.0"), ("ct_int8_asym", "9.0")}
-
-
 def moe_not_expressed(case: dict, pack: dict) -> bool:
-    """What the pack's ``fp8`` and ``fp8_block`` cannot tell apart: a compressed-tensors FP8
-    checkpoint with static per-tensor activation scales runs on FlashInferExperts on sm90
-    (the dynamic ones, and vLLM's own fp8, on TritonExperts: the pack's); vLLM's own block
-    fp8 refines its scales where 128 does not divide the width per rank but 32 does
-    (``refine_fp8_moe_block_shape``) and loads on TritonExperts from sm89, where
-    compressed-tensors' block FP8 is refused (the pack's, the stricter)."""
+    """What the pack does not model yet, though a checkpoint's ``quant_method`` would tell
+    it: vLLM's own block fp8 refines its scales to gcd(128, width per rank, hidden) where that
+    is at least 32 (``refine_fp8_moe_block_shape``) and loads on TritonExperts from sm89,
+    where compressed-tensors' block FP8 is refused (the pack's ``fp8_block``, the stricter:
+    the rule needs the hidden size, which the MoE rules do not see)."""
     if case["kind"] != "moe":
         return False
-    if case["quant"] == "ct_fp8_static" and case["cap"] == "9.0":
-        return case["kernel"] == "FlashInferExperts" and pack["kernel"].startswith("Triton")
     moe_tp = 1 if case["ep"] > 1 else case["tp"]
     return (case["quant"] == "fp8_block" and not case["refused"] and pack["refused"]
             and case["kernel"] == "TritonExperts" and case["width"] // moe_tp % 128 != 0)
@@ -329,7 +325,6 @@ def test_the_vllm_pack_agrees_with_vllms_own_selection_code():
                                                                "wna16", "why", "backend",
                                                                "padded_shard",
                                                                "padded_hidden")}
-            if ((case.get("scheme"), case["cap"]) not in NOT_EXPRESSED
-                    and not moe_not_expressed(case, pack)):
+            if not moe_not_expressed(case, pack):
                 wrong.append(f"{shown}: {why}")
     assert not wrong, f"{len(wrong)} of {len(answers)} disagree:\n" + "\n".join(wrong[:60])

@@ -421,9 +421,9 @@ def moe_answers(torch, dtypes: dict):
             {"quant_method": "awq", "bits": 4, "group_size": g, "zero_point": True}),
     }
     configs.update({scheme: lambda g, scheme=scheme: fp8_config(scheme)
-                    for scheme in SCHEMES if "fp8" in scheme and scheme != "ct_fp8_w8a16"})
+                    for scheme in SCHEMES if scheme != "ct_fp8_w8a16"})
 
-    def fp8_config(scheme: str):
+    def fp8_config(scheme: str):  # FP8 and INT8 W8A8
         config = quant_config(scheme)
         if config["quant_method"] == "fp8":
             return Fp8Config.from_config(config)
@@ -478,7 +478,7 @@ def moe_answers(torch, dtypes: dict):
                 method = configs[case["quant"]](case["group"]).get_quant_method(
                     layer, "model.layers.0.mlp.experts")
                 wna16 = isinstance(method, MoeWNA16Method)
-                if wna16 or "fp8" in case["quant"]:
+                if wna16 or "8" in case["quant"]:
                     method.create_weights(layer, local[0], case["hidden"], shard, dtype,
                                           weight_loader=lambda *a, **k: None)
                 kernel = method.experts_cls.__name__
@@ -487,7 +487,7 @@ def moe_answers(torch, dtypes: dict):
                     group = (getattr(method, "weight_block_size", None) or [-1, -1])[1]
                 padded = (not wna16 and "Marlin" in kernel
                           and marlin_moe_padded_intermediate(shard, group) != shard)
-        except (AssertionError, ValueError, NotImplementedError) as e:
+        except (AssertionError, ValueError, NotImplementedError, RuntimeError) as e:
             return {"refused": True, "kernel": None, "local": local, "ep_size": par.ep_size,
                     "why": f"{type(e).__name__}: {e}"[:300]}
         return {"refused": False, "kernel": kernel, "wna16": wna16, "tile_padded": padded,

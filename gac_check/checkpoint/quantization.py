@@ -18,8 +18,12 @@ class Quantization:
     (``pack-quantized``, ``gemm``, ``block-fp8``, ``nf4``...); ``strategy`` one of
     :data:`STRATEGIES` with ``group_size`` or ``block`` where it applies; ``activations`` the
     dtype activations are quantized to (W8A8) or None (weight-only: the kernel computes in the
-    model's activation dtype). ``backing`` maps each logical ``X.weight`` to the physical
-    tensors that hold it; ``notes`` are the packing's own constraints seen in this model.
+    model's activation dtype); ``activations_dynamic`` and ``activations_symmetric`` say how
+    those activations are scaled where the config says it (None: weight-only): engines pick
+    other kernels for static per-tensor scales and for asymmetric INT8 activations
+    (docs/targets.md, "Scheme names"). ``backing`` maps each logical ``X.weight`` to the
+    physical tensors that hold it; ``notes`` are the packing's own constraints seen in this
+    model.
     """
 
     method: str
@@ -32,6 +36,8 @@ class Quantization:
     symmetric: bool | None = None
     act_order: bool = False
     activations: str | None = None
+    activations_dynamic: bool | None = None
+    activations_symmetric: bool | None = None
     quantized: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
     backing: dict[str, tuple[str, ...]] = field(default_factory=dict)

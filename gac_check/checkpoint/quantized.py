@@ -158,6 +158,8 @@ def _compressed_tensors(layout: Layout) -> Quantization:
         symmetric=bool(w.get("symmetric", True)),
         act_order=w.get("actorder") not in (None, False),
         activations=activations,
+        activations_dynamic=None if act is None else bool(act.get("dynamic", False)),
+        activations_symmetric=None if act is None else bool(act.get("symmetric", True)),
         ignored=tuple(str(x) for x in ignore) if isinstance(ignore, list) else ())
     if fmt == "pack-quantized":
         _ct_packed(layout, quant)
@@ -371,7 +373,8 @@ def _fp8(layout: Layout) -> Quantization:
     act = qc.get("activation_scheme", "dynamic")
     quant = Quantization("fp8", "block-fp8" if block else "fp8", 8, "float",
                          "block" if block else "tensor", block=tuple(block) if block else None,
-                         activations="float8_e4m3fn",
+                         activations="float8_e4m3fn", activations_dynamic=act == "dynamic",
+                         activations_symmetric=True,
                          ignored=tuple(qc.get("modules_to_not_convert") or ()))
     suffix = ".weight_scale_inv" if block else ".weight_scale"
     modules = layout.modules(suffix)

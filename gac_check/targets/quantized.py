@@ -14,7 +14,11 @@ their kernel with ``choose_mp_linear_kernel`` (vllm-project/vllm,
 ``vllm/model_executor/layers/quantization/kernels/mixed_precision/__init__.py``), so a
 ``pack-quantized`` checkpoint is judged by the pack's ``gptq`` rules; AWQ by ``awq``; FP8
 (compressed-tensors ``float-quantized``) by ``fp8``, block FP8 by ``fp8_block`` where the
-pack has it (vLLM), else ``fp8``; INT8 W8A8 by ``int8``; MXFP4 (gpt-oss's experts) by
+pack has it (vLLM), else ``fp8``; INT8 W8A8 by ``int8``. Where a pack has a finer name for the
+scheme the checkpoint's ``quantization_config`` declares (vLLM: ``fp8_w8a16`` weight-only,
+``fp8_static`` compressed-tensors static activation scales, ``int8_dynamic``,
+``int8_static``, ``int8_asym``), that name is taken, else the coarse one; a ``quant=`` that
+gives the coarse name of the checkpoint's scheme agrees with it. MXFP4 (gpt-oss's experts) by
 ``mxfp4`` where the pack has it (vLLM).
 llama.cpp converts and re-quantizes whatever it is given, so its targets keep their own
 ``quant`` (a GGUF type).
@@ -48,9 +52,17 @@ def pack_names(q: Quantization) -> tuple[str, ...]:
     if q.weight_type == "float" or (q.activations or "").startswith("float8"):
         # block-quantized FP8 loads only in whole blocks per rank (validate_fp8_block_shape):
         # the pack's own name where it has one, else its FP8
-        return ("fp8_block", "fp8") if q.strategy == "block" else ("fp8",)
+        if q.strategy == "block":
+            return ("fp8_block", "fp8")
+        if q.weight_only:  # CompressedTensorsW8A16Fp8: weight-only kernels on every GPU
+            return ("fp8_w8a16", "fp8")
+        if q.method == "compressed-tensors" and q.activations_dynamic is False:
+            return ("fp8_static", "fp8")  # FlashInfer CUTLASS MoE on sm90 (vLLM)
+        return ("fp8",)
     if q.activations == "int8":
-        return ("int8",)
+        if q.activations_symmetric is False:  # cutlass_scaled_mm_azp: no Triton fallback
+            return ("int8_asym", "int8")
+        return ("int8_dynamic" if q.activations_dynamic else "int8_static", "int8")
     if q.method == "awq":
         return ("awq", "int4_awq", "w4a16")
     if q.bits == 8:
@@ -74,8 +86,9 @@ def for_checkpoint(target: Target, q: Quantization | None) -> Target:
                        f"{', '.join(target.pack.quants)}); gac-check will not judge it as "
                        "unquantized")
     group = q.group_size if q.strategy == "group" else (-1 if q.strategy == "channel"
-                                                        and quant != "fp8" else None)
-    if "quant" in target.given and target.quant != quant:
+                                                        and not quant.startswith("fp8")
+                                                        else None)
+    if "quant" in target.given and target.quant not in names:
         raise BadInput(f"--target {target.spec}: the checkpoint is already quantized ({q.method} "
                        f"{q.scheme}, {q.granularity}), which {target.engine} runs as "
                        f"quant={quant}; a target cannot re-quantize it: drop quant= or give "
