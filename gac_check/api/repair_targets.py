@@ -22,7 +22,7 @@ from gac_check.errors import BadInput
 from gac_check.padding.plan import STRATEGIES, RepairPlan, plan
 from gac_check.sites import Role
 from gac_check.targets.blocks import ffn_width
-from gac_check.targets.loadability import CONFIG, LAYERS, layer_widths
+from gac_check.targets.loadability import CONFIG, LAYERS, ModelKind, layer_widths
 from gac_check.targets.shards import model_shape
 
 
@@ -41,7 +41,11 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
     would still refuse OUT, with what would help. ``uniform`` pads every layer's MLP to one
     width and every routed expert to one (with or without targets)."""
     ckpt = before.checkpoint
-    ffn_mults = _ffn_mults_only(before)
+    # OUT's kind: without the config values the tensors contradict (the plan records them)
+    kind = model_kind(ckpt, before.format)
+    # block_configs refused only for MLP widths no ffn_mult builds: the plan writes the one
+    # that builds OUT's, so the engine's DeciLM class builds every layer of OUT
+    ffn_mults = bool(kind.blocks) and all(b.repairable for b in kind.blocks)
     blocked = refuse_unloadable(
         before, "--repair: {spec} would still refuse OUT: {why}; no padding changes that. "
         "To serve it: {remedy}. Nothing was written (drop --target {spec} to repair for the "
@@ -57,19 +61,19 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
                 "every layer")
         raise BadInput(f"--repair: {', '.join(v.target.spec for v in blocked)} would still "
                        f"refuse OUT: {blocked[0].why}; re-run {what} to the widest "
-                       f"({_uniform_cost(before, strategy)}; exact zero padding). "
+                       f"({_uniform_cost(before, kind, strategy)}; exact zero padding). "
                        "Nothing was written", ckpt.path)
     widths: dict[str, int] = {}
     contract = before.contract
     if recorded:
         contract = assemble(contract.profile, contract.dtype, before.targets, before.sites,
-                            model_kind(ckpt, before.format))
+                            kind)
     if uniform and _uneven(before):
-        widths, contract = _uniform(before, strategy)
+        widths, contract = _uniform(before, kind, strategy)
     repair_plan = plan(before.sites, contract, strategy, shapes=ckpt.shapes,
                        config=ckpt.config, widths=widths)
     if ffn_mults and contract.targets is not None:
-        contract = _as_repaired(before, repair_plan)
+        contract = _as_repaired(before, kind, repair_plan)
     if contract.targets is not None:
         sizes = {r.site.name: r.target for r in repair_plan.repairs}
         still = contract.targets.refused_after(before.sites, sizes)
@@ -82,15 +86,7 @@ def plan_for_targets(before: CheckResult, strategy: str, uniform: bool) -> Targe
     return TargetedPlan(repair_plan, contract, widths)
 
 
-def _ffn_mults_only(before: CheckResult) -> bool:
-    """Whether a block_configs model is refused only for MLP widths its ffn_mult does not
-    build: the repair pads each to a width an ffn_mult builds and writes that ffn_mult, so
-    the engine's DeciLM class builds every layer of OUT (the re-check of OUT judges it)."""
-    blocks = model_kind(before.checkpoint, before.format).blocks
-    return bool(blocks) and all(b.repairable for b in blocks)
-
-
-def _as_repaired(before: CheckResult, repair_plan: RepairPlan) -> Contract:
+def _as_repaired(before: CheckResult, kind: ModelKind, repair_plan: RepairPlan) -> Contract:
     """The contract OUT will be judged by: its block_configs as the repair writes them, each
     layer's MLP conflict gone where what OUT's entry declares (ffn_mult's width, its
     intermediate_size) is OUT's width."""
@@ -98,7 +94,6 @@ def _as_repaired(before: CheckResult, repair_plan: RepairPlan) -> Contract:
     written = {(e.path[1], e.path[-1]): e.new for e in repair_plan.config_edits
                if e.path[0] == "block_configs"}
     mlp = {s.layer: s for s in before.sites if s.role is Role.INTERMEDIATE}
-    kind = model_kind(before.checkpoint, before.format)
     hidden = before.checkpoint.config["hidden_size"]
     blocks = []
     for b in kind.blocks:
@@ -134,7 +129,8 @@ def _uneven(before: CheckResult) -> bool:
     return len(widths["intermediate"]) > 1 or len(widths["expert"]) > 1
 
 
-def _uniform(before: CheckResult, strategy: str) -> tuple[dict[str, int], Contract]:
+def _uniform(before: CheckResult, kind: ModelKind,
+             strategy: str) -> tuple[dict[str, int], Contract]:
     """Each uneven role's width (every layer's MLP, every routed expert): the widest, then
     the smallest size at or above it that the contract and every target take, judged on the
     model as it will be (one width per role). A role already of one width is left to the
@@ -150,7 +146,7 @@ def _uniform(before: CheckResult, strategy: str) -> tuple[dict[str, int], Contra
     sites = [dataclasses.replace(s, value=widest[s.role]) if s.role in widest else s
              for s in before.sites]
     contract = assemble(before.contract.profile, before.contract.dtype, before.targets, sites,
-                        model_kind(before.checkpoint, before.format))
+                        kind)
     widths: dict[str, int] = {}
     for role in uneven:
         to = max(contract.target(s, STRATEGIES[strategy]) for s in sites if s.role is role)
@@ -158,8 +154,8 @@ def _uniform(before: CheckResult, strategy: str) -> tuple[dict[str, int], Contra
     return widths, contract
 
 
-def _uniform_cost(before: CheckResult, strategy: str) -> str:
-    widths, _ = _uniform(before, strategy)
+def _uniform_cost(before: CheckResult, kind: ModelKind, strategy: str) -> str:
+    widths, _ = _uniform(before, kind, strategy)
     ckpt = before.checkpoint
     sites = {s.name: s for s in before.sites}
     added = sum((to - sites[n].value) * sites[n].params_per_unit(dict(ckpt.shapes))
