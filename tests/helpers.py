@@ -79,6 +79,35 @@ def plan_ranks(doc: dict) -> dict[str, int]:
     return {c["name"]: c["rank"] for c in doc["plan"]["choices"]}
 
 
+def save_pretrained(model: nn.Module, root: Path) -> Path:
+    """``model.save_pretrained(root)``; returns ``root``."""
+    model.save_pretrained(root)
+    return root
+
+
+def check_json(model: Path, *args: object) -> dict:
+    """The CLI's JSON document of ``model`` checked for an H100 (exit 0 or 1 expected)."""
+    run = gac(model, "--gpu", "h100", "--format", "json", *args)
+    assert run.returncode in (0, 1), run.stderr
+    return json.loads(run.stdout)
+
+
+def sites_by_role(doc: dict, role: str) -> dict[str, int]:
+    """Each site of ``role`` in a check's JSON document, name -> value."""
+    return {s["name"]: s["value"] for s in doc["sites"] if s["role"] == role}
+
+
+def rewrite_safetensors(root: Path, edit: Callable[[dict], None]) -> None:
+    """Edit the saved tensors of ``root/model.safetensors`` (real ones, read back) in place
+    and write the file again."""
+    from safetensors.torch import load_file, save_file
+
+    path = root / "model.safetensors"
+    state = load_file(path)
+    edit(state)
+    save_file(state, path, metadata={"format": "pt"})
+
+
 def gac(*args: object, timeout: float | None = CLI_TIMEOUT, cwd: Path | None = None,
         env: Mapping[str, str | None] | None = None, process: bool = False,
         **kwargs: object) -> subprocess.CompletedProcess:

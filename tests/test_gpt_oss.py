@@ -19,6 +19,7 @@ from gac_check import api
 from gac_check.api.memory import from_module
 from gac_check.checkpoint.index import open_checkpoint
 from tests import helpers
+from tests.helpers import check_json, rewrite_safetensors, save_pretrained, sites_by_role
 
 BLOCK = "model.layers.{}.mlp"
 MODULES_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router",
@@ -42,28 +43,6 @@ def _gpt_oss(width: int = 45, hidden: int = 32, experts: int = 4) -> transformer
     return model
 
 
-def _saved(model: torch.nn.Module, root: Path) -> Path:
-    model.save_pretrained(root)
-    return root
-
-
-def _json(model: Path, *args: object) -> dict:
-    run = helpers.gac(model, "--gpu", "h100", "--format", "json", *args)
-    assert run.returncode in (0, 1), run.stderr
-    return json.loads(run.stdout)
-
-
-def _sites(doc: dict, role: str) -> dict[str, int]:
-    return {s["name"]: s["value"] for s in doc["sites"] if s["role"] == role}
-
-
-def _rewrite(root: Path, edit) -> None:
-    path = root / "model.safetensors"
-    state = load_file(path)
-    edit(state)
-    save_file(state, path, metadata={"format": "pt"})
-
-
 # ----------------------------------------------------------------------------- reading
 
 def test_fused_experts_are_read_one_width_site_per_layer(tmp_path: Path) -> None:
@@ -71,15 +50,15 @@ def test_fused_experts_are_read_one_width_site_per_layer(tmp_path: Path) -> None
     [E, I, hidden], its bias and the router: one expert-width site per layer over gate_up's
     last axis (2 columns a unit), its bias and down's rows; the count over the router and the
     experts' leading axis; the attention sinks on the heads site; every tensor read."""
-    root = _saved(_gpt_oss(), tmp_path / "gpt-oss")
+    root = save_pretrained(_gpt_oss(), tmp_path / "gpt-oss")
     with safe_open(root / "model.safetensors", "pt") as f:
         assert f.get_slice("model.layers.0.mlp.experts.gate_up_proj").get_shape() == [4, 32, 90]
         assert f.get_slice("model.layers.0.mlp.experts.down_proj").get_shape() == [4, 45, 32]
-    doc = _json(root)
+    doc = check_json(root)
     assert doc["summary"]["tensors"]["in_sites"] == doc["summary"]["tensors"]["read"] == 37
-    assert _sites(doc, "expert_intermediate") == {
+    assert sites_by_role(doc, "expert_intermediate") == {
         f"{BLOCK.format(i)}.experts:intermediate": 45 for i in range(2)}
-    assert _sites(doc, "experts") == {f"{BLOCK.format(i)}:experts": 4 for i in range(2)}
+    assert sites_by_role(doc, "experts") == {f"{BLOCK.format(i)}:experts": 4 for i in range(2)}
     site = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
     assert site["tensors"] == [f"model.layers.0.mlp.experts.{t}" for t in
                                ("down_proj", "gate_up_proj", "gate_up_proj_bias")]
@@ -114,9 +93,9 @@ def _prune_width(state: dict, layer: int, keep: int) -> None:
 def test_expert_pruning_is_read_with_a_note(tmp_path: Path) -> None:
     """Expert 3 dropped from every layer with its router row: count 3, and config.json's 4
     a note with both values."""
-    root = _saved(_gpt_oss(48), tmp_path / "gpt-oss")
-    _rewrite(root, lambda s: _prune_experts(s, 3))
-    doc = _json(root)
+    root = save_pretrained(_gpt_oss(48), tmp_path / "gpt-oss")
+    rewrite_safetensors(root, lambda s: _prune_experts(s, 3))
+    doc = check_json(root)
     counts = [s for s in doc["sites"] if s["role"] == "experts"]
     assert [s["value"] for s in counts] == [3, 3]
     assert "the config says num_local_experts=4, tensors have 3" in counts[0]["notes"]
@@ -125,10 +104,10 @@ def test_expert_pruning_is_read_with_a_note(tmp_path: Path) -> None:
 def test_expert_width_pruning_gives_each_layer_its_width(tmp_path: Path) -> None:
     """Layer 0's experts cut from 48 to 40 units (interleaved pairs kept together): its site
     is 40, layer 1's 48, and config.json's one width a note on layer 0."""
-    root = _saved(_gpt_oss(48), tmp_path / "gpt-oss")
-    _rewrite(root, lambda s: _prune_width(s, 0, 40))
-    doc = _json(root)
-    widths = _sites(doc, "expert_intermediate")
+    root = save_pretrained(_gpt_oss(48), tmp_path / "gpt-oss")
+    rewrite_safetensors(root, lambda s: _prune_width(s, 0, 40))
+    doc = check_json(root)
+    widths = sites_by_role(doc, "expert_intermediate")
     assert widths == {f"{BLOCK.format(0)}.experts:intermediate": 40,
                       f"{BLOCK.format(1)}.experts:intermediate": 48}
     site = next(s for s in doc["sites"] if s["name"] == f"{BLOCK.format(0)}.experts:intermediate")
@@ -148,7 +127,7 @@ def test_a_layer_no_class_loads_is_refused(tmp_path: Path, damage: str, message:
     """Experts pruned without their router rows, layers of different counts, an odd fused
     gate/up, a down_proj whose width disagrees, experts reading another hidden size than
     the model's: one line, exit 2."""
-    root = _saved(_gpt_oss(), tmp_path / "gpt-oss")
+    root = save_pretrained(_gpt_oss(), tmp_path / "gpt-oss")
 
     def edit(state: dict) -> None:
         block = f"{BLOCK.format(0)}.experts"
@@ -169,7 +148,7 @@ def test_a_layer_no_class_loads_is_refused(tmp_path: Path, damage: str, message:
         else:
             state[f"{block}.down_proj"] = state[f"{block}.down_proj"][:, :44].contiguous()
 
-    _rewrite(root, edit)
+    rewrite_safetensors(root, edit)
     run = helpers.gac(root, "--gpu", "h100")
     assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
     assert message in run.stderr and "\n" not in run.stderr.strip(), run.stderr
@@ -180,7 +159,7 @@ def test_a_model_in_memory_is_checked_as_its_saved_directory(tmp_path: Path) -> 
     sites and reads the tensors its saved directory's check does."""
     model = _gpt_oss()
     in_memory = api.check(model, "h100")
-    on_disk = api.check(_saved(model, tmp_path / "gpt-oss"), "h100")
+    on_disk = api.check(save_pretrained(model, tmp_path / "gpt-oss"), "h100")
     assert ([(s.name, s.role, s.value) for s in in_memory.sites]
             == [(s.name, s.role, s.value) for s in on_disk.sites])
     assert in_memory.accounting.tensors == on_disk.accounting.tensors
@@ -195,7 +174,7 @@ def test_vllm_judges_the_bf16_expert_width_as_every_layout_s(tmp_path: Path) -> 
     Triton) on TritonExperts: 45 is fast at tp=1 on sm90, refused at tp=2 by FusedMoEConfig's
     intermediate_size % tp_size (fix 46); the expert count, with no expert parallelism, is
     every expert on every rank (an even map)."""
-    doc = _json(_saved(_gpt_oss(), tmp_path / "gpt-oss"), "--target", "vllm",
+    doc = check_json(save_pretrained(_gpt_oss(), tmp_path / "gpt-oss"), "--target", "vllm",
                 "--target", "vllm,tp=2")
     width = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
     tp1, tp2 = width["targets"]
@@ -228,13 +207,13 @@ def test_repair_pads_the_interleaved_expert_width_exactly(tmp_path: Path, pruned
     zero biases, zero down rows, the router the same bytes, intermediate_size 48; transformers'
     GptOssForCausalLM loads OUT with logits and router logits equal to the original's."""
     if pruned:
-        src = _saved(_gpt_oss(48), tmp_path / "src")
-        _rewrite(src, lambda s: [_prune_width(s, i, 45) for i in range(2)])
+        src = save_pretrained(_gpt_oss(48), tmp_path / "src")
+        rewrite_safetensors(src, lambda s: [_prune_width(s, i, 45) for i in range(2)])
         cfg = json.loads((src / "config.json").read_text())
         cfg["intermediate_size"] = 45  # what transformers needs to load the pruned original
         (src / "config.json").write_text(json.dumps(cfg))
     else:
-        src = _saved(_gpt_oss(), tmp_path / "src")
+        src = save_pretrained(_gpt_oss(), tmp_path / "src")
     out = tmp_path / "out"
     run = helpers.gac(src, "--gpu", "h100", "--repair", out, "--strategy", "optimal")
     assert run.returncode == 0, run.stdout + run.stderr
@@ -289,13 +268,13 @@ def test_mxfp4_experts_are_read_at_the_shapes_transformers_loads(tmp_path: Path)
     """The released layout: transformers' GptOssForCausalLM loads it (dequantized on this
     CPU) with gate_up_proj [E, hidden, 2I]; gac-check reads the same sites, values and
     tensors as from the bf16 model, with the scales auxiliary and the scheme MXFP4."""
-    bf16 = _saved(_gpt_oss(96, hidden=64), tmp_path / "bf16")
+    bf16 = save_pretrained(_gpt_oss(96, hidden=64), tmp_path / "bf16")
     root = _mxfp4(bf16, tmp_path / "mxfp4")
     loaded = transformers.GptOssForCausalLM.from_pretrained(
         root, quantization_config=transformers.Mxfp4Config(dequantize=True))
     assert tuple(loaded.model.layers[0].mlp.experts.gate_up_proj.shape) == (4, 64, 192)
     assert tuple(loaded.model.layers[0].mlp.experts.down_proj.shape) == (4, 96, 64)
-    doc, ref = _json(root), _json(bf16)
+    doc, ref = check_json(root), check_json(bf16)
     assert ([(s["name"], s["value"], s["tensors"]) for s in doc["sites"]]
             == [(s["name"], s["value"], s["tensors"]) for s in ref["sites"]])
     tally = doc["summary"]["tensors"]
@@ -321,7 +300,7 @@ MXFP4_VLLM = {
 
 def test_mxfp4_is_refused_by_repair(tmp_path: Path) -> None:
     """--repair does not rewrite packed FP4 blocks (exit 2, nothing written)."""
-    bf16 = _saved(_gpt_oss(96, hidden=64), tmp_path / "bf16")
+    bf16 = save_pretrained(_gpt_oss(96, hidden=64), tmp_path / "bf16")
     root = _mxfp4(bf16, tmp_path / "mxfp4")
     out = tmp_path / "out"
     run = helpers.gac(root, "--gpu", "h100", "--repair", out)
@@ -337,10 +316,10 @@ def test_vllm_judges_mxfp4_experts_as_its_backend_pads_them(tmp_path: Path, gpu:
     loads as a fallback (vLLM computes the zero padding on every step); with ep=5 gpt-oss's
     MLPBlock asserts intermediate_size % world_size. SGLang's pack has no MXFP4: refused as
     not judged, naming the engine."""
-    bf16 = _saved(_gpt_oss(96, hidden=64), tmp_path / "bf16")
+    bf16 = save_pretrained(_gpt_oss(96, hidden=64), tmp_path / "bf16")
     root = _mxfp4(bf16, tmp_path / "mxfp4")
     specs = MXFP4_VLLM[gpu]
-    doc = _json(root, "--gpu", gpu, *[a for s in specs for a in ("--target", s)])
+    doc = check_json(root, "--gpu", gpu, *[a for s in specs for a in ("--target", s)])
     assert doc["summary"]["targets"]["vllm"]["quant"] == "mxfp4"
     site = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
     got = {t["target"]: t for t in site["targets"]}
@@ -366,7 +345,7 @@ def test_vllm_judges_mxfp4_experts_as_its_backend_pads_them(tmp_path: Path, gpu:
                "model.layers.0.mlp.experts.down_proj_blocks"),
 ])
 def test_a_misshapen_mxfp4_layout_is_refused(tmp_path: Path, damage: str, message: str) -> None:
-    bf16 = _saved(_gpt_oss(96, hidden=64), tmp_path / "bf16")
+    bf16 = save_pretrained(_gpt_oss(96, hidden=64), tmp_path / "bf16")
     root = _mxfp4(bf16, tmp_path / "mxfp4")
     name = "model.layers.0.mlp.experts.down_proj"
 
@@ -378,7 +357,7 @@ def test_a_misshapen_mxfp4_layout_is_refused(tmp_path: Path, damage: str, messag
         else:
             del state[name + "_blocks"]
 
-    _rewrite(root, edit)
+    rewrite_safetensors(root, edit)
     run = helpers.gac(root, "--gpu", "h100")
     assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
     assert message in run.stderr, run.stderr
@@ -392,7 +371,7 @@ def test_uniform_pads_layers_of_different_expert_widths_to_one(tmp_path: Path) -
     transformers' class loads OUT with logits and router logits equal to the reference: the
     original in memory with layer 0's cut units zeroed, which computes what the cut
     checkpoint does (a unit whose down row is zero adds nothing)."""
-    src = _saved(_gpt_oss(), tmp_path / "src")
+    src = save_pretrained(_gpt_oss(), tmp_path / "src")
     reference = transformers.GptOssForCausalLM.from_pretrained(
         src, experts_implementation="eager").eval()
     experts = reference.model.layers[0].mlp.experts
@@ -400,7 +379,7 @@ def test_uniform_pads_layers_of_different_expert_widths_to_one(tmp_path: Path) -
         experts.gate_up_proj[..., 80:] = 0
         experts.gate_up_proj_bias[:, 80:] = 0
         experts.down_proj[:, 40:] = 0
-    _rewrite(src, lambda s: _prune_width(s, 0, 40))
+    rewrite_safetensors(src, lambda s: _prune_width(s, 0, 40))
     out = tmp_path / "out"
     run = helpers.gac(src, "--gpu", "h100", "--target", "vllm", "--repair", out, "--uniform")
     assert run.returncode == 0, run.stdout + run.stderr

@@ -18,6 +18,7 @@ from gac_check.api.memory import from_module
 from gac_check.checkpoint.index import open_checkpoint
 from gac_check.formats import detect
 from tests import helpers, quantized_models
+from tests.helpers import check_json, rewrite_safetensors, save_pretrained, sites_by_role
 
 MIXTRAL_BLOCK = "model.layers.{}.block_sparse_moe"
 QWEN_BLOCK = "model.layers.{}.mlp"
@@ -47,45 +48,23 @@ def _qwen2_moe(width: int = 45, shared: int = 44,
     return transformers.Qwen2MoeForCausalLM(cfg).eval()
 
 
-def _saved(model: torch.nn.Module, root: Path) -> Path:
-    model.save_pretrained(root)
-    return root
-
-
-def _json(model: Path, *args: object) -> dict:
-    run = helpers.gac(model, "--gpu", "h100", "--format", "json", *args)
-    assert run.returncode in (0, 1), run.stderr
-    return json.loads(run.stdout)
-
-
-def _sites(doc: dict, role: str) -> dict[str, int]:
-    return {s["name"]: s["value"] for s in doc["sites"] if s["role"] == role}
-
-
-def _rewrite(root: Path, edit) -> None:
-    """Edit the saved tensors (real ones, read back) and write the file again."""
-    path = root / "model.safetensors"
-    state = load_file(path)
-    edit(state)
-    save_file(state, path, metadata={"format": "pt"})
-
-
 # ----------------------------------------------------------------------------- reading
 
 def test_mixtral_experts_are_read_one_site_each(tmp_path: Path) -> None:
     """save_pretrained writes block_sparse_moe.experts.N.w1/w2/w3 and the router gate: each
     expert is an expert_intermediate site over its w1/w3 rows and w2 columns, each layer an
     experts site over the router's rows, and every tensor is read (none refused)."""
-    root = _saved(_mixtral(), tmp_path / "mixtral")
+    root = save_pretrained(_mixtral(), tmp_path / "mixtral")
     with safe_open(root / "model.safetensors", "pt") as f:
         assert f.get_slice("model.layers.1.block_sparse_moe.experts.2.w2.weight").get_shape() \
             == [32, 45]
-    doc = _json(root)
+    doc = check_json(root)
     assert doc["summary"]["tensors"]["in_sites"] == doc["summary"]["tensors"]["read"]
-    experts = _sites(doc, "expert_intermediate")
+    experts = sites_by_role(doc, "expert_intermediate")
     assert experts == {f"{MIXTRAL_BLOCK.format(i)}.experts.{e}:intermediate": 45
                        for i in range(2) for e in range(3)}
-    assert _sites(doc, "experts") == {f"{MIXTRAL_BLOCK.format(i)}:experts": 3 for i in range(2)}
+    assert sites_by_role(doc, "experts") == {f"{MIXTRAL_BLOCK.format(i)}:experts": 3
+                                             for i in range(2)}
     site = next(s for s in doc["sites"] if s["name"].endswith("layers.0.block_sparse_moe."
                                                               "experts.1:intermediate"))
     assert site["tensors"] == sorted(f"model.layers.0.block_sparse_moe.experts.1.{w}.weight"
@@ -102,12 +81,12 @@ def test_mixtral_experts_are_read_one_site_each(tmp_path: Path) -> None:
 def test_qwen2_moe_experts_shared_expert_and_gates_are_read(tmp_path: Path) -> None:
     """Qwen2-MoE: mlp.experts.N.gate/up/down_proj, mlp.gate, the shared expert (its own
     width, 44: a warning) and its one-row gate, which sits on the hidden site."""
-    root = _saved(_qwen2_moe(), tmp_path / "qwen")
-    doc = _json(root)
+    root = save_pretrained(_qwen2_moe(), tmp_path / "qwen")
+    doc = check_json(root)
     assert doc["summary"]["tensors"]["in_sites"] == doc["summary"]["tensors"]["read"]
-    assert set(_sites(doc, "expert_intermediate").values()) == {45}
-    assert len(_sites(doc, "expert_intermediate")) == 6
-    assert _sites(doc, "shared_expert_intermediate") == {
+    assert set(sites_by_role(doc, "expert_intermediate").values()) == {45}
+    assert len(sites_by_role(doc, "expert_intermediate")) == 6
+    assert sites_by_role(doc, "shared_expert_intermediate") == {
         f"{QWEN_BLOCK.format(i)}.shared_expert:intermediate": 44 for i in range(2)}
     hidden = next(s for s in doc["sites"] if s["name"] == "hidden")
     assert "model.layers.1.mlp.shared_expert_gate.weight" in hidden["tensors"]
@@ -119,7 +98,7 @@ PRUNED_EXPERT = "model.layers.0.block_sparse_moe.experts.1"
 def _one_expert_pruned(root: Path) -> Path:
     """A Mixtral whose experts are 48 wide but expert 1 of layer 0, pruned to 40 (its real
     rows and columns kept)."""
-    root = _saved(_mixtral(48), root)
+    root = save_pretrained(_mixtral(48), root)
 
     def prune(state: dict) -> None:
         b = PRUNED_EXPERT
@@ -127,7 +106,7 @@ def _one_expert_pruned(root: Path) -> Path:
             state[f"{b}.{w}.weight"] = state[f"{b}.{w}.weight"][:40].contiguous()
         state[f"{b}.w2.weight"] = state[f"{b}.w2.weight"][:, :40].contiguous()
 
-    _rewrite(root, prune)
+    rewrite_safetensors(root, prune)
     return root
 
 
@@ -135,8 +114,8 @@ def test_expert_width_pruning_gives_each_expert_its_own_site(tmp_path: Path) -> 
     """Experts pruned to different widths: each expert's site has its own value, and
     config.json's one width is a note on the expert it does not describe."""
     block = PRUNED_EXPERT
-    doc = _json(_one_expert_pruned(tmp_path / "mixtral"))
-    experts = _sites(doc, "expert_intermediate")
+    doc = check_json(_one_expert_pruned(tmp_path / "mixtral"))
+    experts = sites_by_role(doc, "expert_intermediate")
     assert experts[f"{block}:intermediate"] == 40
     assert sorted(experts.values()) == [40] + [48] * 5
     site = next(s for s in doc["sites"] if s["name"] == f"{block}:intermediate")
@@ -148,7 +127,7 @@ def test_experts_of_different_widths_load_on_no_fused_moe_class(tmp_path: Path) 
     SGLang v0.5.23 UnquantizedFusedMoEMethod.create_weights, transformers v5.24.0
     MixtralExperts), so an expert pruned to its own width loads nowhere; before, each expert
     was judged alone and vLLM said the model loads."""
-    doc = _json(_one_expert_pruned(tmp_path / "mixtral"), "--gpu", "h100",
+    doc = check_json(_one_expert_pruned(tmp_path / "mixtral"), "--gpu", "h100",
                 "--target", "vllm", "--target", "sglang", "--target", "transformers")
     loads = {spec: t["load"] for spec, t in doc["summary"]["targets"].items()}
     files = {"vllm": "vllm/model_executor/layers/fused_moe/unquantized_fused_moe_method.py",
@@ -166,7 +145,7 @@ def test_experts_of_different_widths_load_on_no_fused_moe_class(tmp_path: Path) 
 def test_expert_pruning_the_same_in_every_layer_is_read_with_a_note(tmp_path: Path) -> None:
     """REAP-style pruning drops expert 2 of every layer and its router row; a config.json
     left at 3 is a note with both values: the tensors win."""
-    root = _saved(_mixtral(48), tmp_path / "mixtral")
+    root = save_pretrained(_mixtral(48), tmp_path / "mixtral")
 
     def drop_last_expert(state: dict) -> None:
         for i in range(2):
@@ -175,8 +154,8 @@ def test_expert_pruning_the_same_in_every_layer_is_read_with_a_note(tmp_path: Pa
                 del state[f"{block}.experts.2.{w}.weight"]
             state[f"{block}.gate.weight"] = state[f"{block}.gate.weight"][:2].contiguous()
 
-    _rewrite(root, drop_last_expert)
-    doc = _json(root)
+    rewrite_safetensors(root, drop_last_expert)
+    doc = check_json(root)
     counts = [s for s in doc["sites"] if s["role"] == "experts"]
     assert [s["value"] for s in counts] == [2, 2]
     assert "the config says num_local_experts=3, tensors have 2" in counts[0]["notes"]
@@ -191,7 +170,7 @@ def test_an_expert_count_no_moe_class_loads_is_refused(tmp_path: Path, damage: s
                                                        message: str) -> None:
     """Layers with different expert counts, a router whose rows were not pruned with its
     experts, or expert indices with a gap: one line, exit 2, naming the layer."""
-    root = _saved(_mixtral(48), tmp_path / "mixtral")
+    root = save_pretrained(_mixtral(48), tmp_path / "mixtral")
 
     def edit(state: dict) -> None:
         if damage == "router":
@@ -204,7 +183,7 @@ def test_an_expert_count_no_moe_class_loads_is_refused(tmp_path: Path, damage: s
             del state[f"{block}.experts.{gone}.{w}.weight"]
         state[f"{block}.gate.weight"] = state[f"{block}.gate.weight"][:2].contiguous()
 
-    _rewrite(root, edit)
+    rewrite_safetensors(root, edit)
     run = helpers.gac(root, "--gpu", "h100")
     assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
     assert message in run.stderr and "\n" not in run.stderr.strip(), run.stderr
@@ -217,7 +196,7 @@ def test_a_model_in_memory_is_checked_as_its_saved_directory(tmp_path: Path) -> 
     model = _qwen2_moe()
     assert "model.layers.0.mlp.experts.gate_up_proj" in model.state_dict()
     in_memory = api.check(model, "h100")
-    on_disk = api.check(_saved(model, tmp_path / "qwen"), "h100")
+    on_disk = api.check(save_pretrained(model, tmp_path / "qwen"), "h100")
     assert ([(s.name, s.role, s.value) for s in in_memory.sites]
             == [(s.name, s.role, s.value) for s in on_disk.sites])
     assert in_memory.accounting.tensors == on_disk.accounting.tensors
@@ -243,7 +222,7 @@ def test_fused_experts_on_disk_are_still_refused(tmp_path: Path) -> None:
 def test_the_text_output_folds_experts_of_one_width_into_one_row(tmp_path: Path) -> None:
     """Six expert sites of width 45 over two layers are one row of the table (a 64-expert
     model would otherwise print 64 rows a layer)."""
-    run = helpers.gac(_saved(_qwen2_moe(), tmp_path / "qwen"), "--gpu", "h100")
+    run = helpers.gac(save_pretrained(_qwen2_moe(), tmp_path / "qwen"), "--gpu", "h100")
     assert run.returncode == 1, run.stderr
     rows = [line for line in run.stdout.splitlines() if "experts.*:intermediate" in line]
     assert len(rows) == 1 and " 0-1 " in rows[0] and " 45 " in rows[0], run.stdout
@@ -256,8 +235,8 @@ def test_targets_refuse_moe_sites_as_not_judged(tmp_path: Path) -> None:
     every MoE site is refused on the target, saying so, and the model's verdict is refused,
     never fast; on unquantized vLLM the expert count is judged (every expert on every
     rank)."""
-    root = _saved(_mixtral(48), tmp_path / "mixtral")
-    doc = _json(root, "--target", "sglang@v0.4.6.post5,tp=2,quant=awq", "--target",
+    root = save_pretrained(_mixtral(48), tmp_path / "mixtral")
+    doc = check_json(root, "--target", "sglang@v0.4.6.post5,tp=2,quant=awq", "--target",
                 "vllm,tp=2,quant=int8", "--target", "vllm,tp=2")
     for site in doc["sites"]:
         sglang, fp8, vllm = site["targets"]
@@ -285,9 +264,9 @@ def test_sglang_runs_unquantized_experts_on_triton(tmp_path: Path) -> None:
     is refused at tp=2 (fix_to 46) and loads at tp=3; UnquantizedFusedMoEMethod runs the
     Triton fused_moe_kernel on sm80/sm90, which masks K and N: fast at any width that loads.
     Every expert on every rank (the count is fast); v0.4.6.post5 was not read: not judged."""
-    root = _saved(_mixtral(45), tmp_path / "mixtral")
+    root = save_pretrained(_mixtral(45), tmp_path / "mixtral")
     specs = ("sglang", "sglang,tp=2", "sglang,tp=3", "sglang@v0.4.6.post5")
-    doc = _json(root, *[a for s in specs for a in ("--target", s)])
+    doc = check_json(root, *[a for s in specs for a in ("--target", s)])
     width = {s: _verdict(doc, "expert_intermediate", s) for s in specs}
     for spec in ("sglang", "sglang,tp=3"):
         assert (width[spec]["verdict"], width[spec]["kernel"]) == (
@@ -306,8 +285,8 @@ def test_vllm_refuses_an_expert_width_tp_does_not_divide(tmp_path: Path) -> None
     vllm-moe-tp, cited): experts 45 wide are refused at tp=2 with that reason and source, and
     46 (the smallest width tp=2 divides, which the Triton kernel runs) is the fix; on v0.30.0
     (a release neither rule was read for) they are refused only as not judged."""
-    root = _saved(_mixtral(45), tmp_path / "mixtral")
-    doc = _json(root, "--target", "vllm,tp=2", "--target", "vllm@v0.30.0,tp=2")
+    root = save_pretrained(_mixtral(45), tmp_path / "mixtral")
+    doc = check_json(root, "--target", "vllm,tp=2", "--target", "vllm@v0.30.0,tp=2")
     expert = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
     tp2, old = expert["targets"]
     assert tp2["verdict"] == "refused"
@@ -330,8 +309,8 @@ def test_vllm_runs_unquantized_experts_on_triton(tmp_path: Path, family: str) ->
     refused at tp=3 by the column-parallel TP rule; the expert count (no expert parallelism:
     every expert on every rank) is fast."""
     make = {"mixtral": _mixtral, "qwen2_moe": _qwen2_moe}[family]
-    root = _saved(make(45), tmp_path / family)
-    doc = _json(root, "--target", "vllm", "--target", "vllm,tp=3")
+    root = save_pretrained(make(45), tmp_path / family)
+    doc = check_json(root, "--target", "vllm", "--target", "vllm,tp=3")
     expert = next(s for s in doc["sites"] if s["role"] == "expert_intermediate")
     for verdict in expert["targets"]:
         assert verdict["verdict"] == "fast", verdict
@@ -370,8 +349,8 @@ def test_expert_parallel_holds_whole_experts_and_divides_the_count(tmp_path: Pat
     MoE layer's tp_size to 1, so experts 45 wide, refused at tp=2, load whole on each of the 2
     ranks (TritonExperts); determine_expert_map spreads 4 experts evenly over 2 ranks (fast)
     and unevenly over 3 (the first rank holds 2: a fallback, with why and the EPLB caveat)."""
-    root = _saved(_mixtral(45, experts=4), tmp_path / "mixtral")
-    doc = _json(root, "--target", "vllm,tp=2", "--target", "vllm,tp=2,ep=2",
+    root = save_pretrained(_mixtral(45, experts=4), tmp_path / "mixtral")
+    doc = check_json(root, "--target", "vllm,tp=2", "--target", "vllm,tp=2,ep=2",
                 "--target", "vllm,ep=3")
     width = {spec: _verdict(doc, "expert_intermediate", spec)
              for spec in ("vllm,tp=2", "vllm,tp=2,ep=2", "vllm,ep=3")}
@@ -400,7 +379,7 @@ def test_sglang_awq_and_gptq_moe_kernels(tmp_path: Path) -> None:
     specs = ("sglang,quant=awq", "sglang,quant=gptq")
     verdicts = {}
     for width in (128, 96, 48, 40):
-        doc = _json(_saved(_mixtral(width, experts=4), tmp_path / str(width)),
+        doc = check_json(save_pretrained(_mixtral(width, experts=4), tmp_path / str(width)),
                     *[a for s in specs for a in ("--target", s)])
         for spec in specs:
             verdicts[width, spec] = _verdict(doc, "expert_intermediate", spec)
@@ -419,7 +398,7 @@ def test_sglang_awq_and_gptq_moe_kernels(tmp_path: Path) -> None:
         (40, "sglang,quant=gptq"): ("refused", None, 128)}
     assert "group_size >= 32" in verdicts[48, "sglang,quant=awq"]["why"]
     # at group 64 the Marlin MoE tile (64) is what 96 misses, not the group
-    g64 = _verdict(_json(tmp_path / "96", "--target", "sglang,quant=awq,group=64"),
+    g64 = _verdict(check_json(tmp_path / "96", "--target", "sglang,quant=awq,group=64"),
                    "expert_intermediate", "sglang,quant=awq,group=64")
     assert (g64["verdict"], g64["fix_to"]) == ("fallback", 128)
     assert "expert_shard % 64 == 0 (expert_shard = 96)" in g64["why"]
@@ -439,7 +418,7 @@ def test_sglang_expert_parallel_splits_the_tp_ranks(tmp_path: Path) -> None:
     (moe_tp 1) but not at tp=4,ep=2 (moe_tp 2: FusedMoE's assertion); the expert count must
     divide by ep (FusedMoE asserts it: refused, no uneven map as in vLLM)."""
     specs = ("sglang,tp=2,ep=2", "sglang,tp=4,ep=4", "sglang,tp=4,ep=2")
-    doc = _json(_saved(_mixtral(45, experts=4), tmp_path / "four"),
+    doc = check_json(save_pretrained(_mixtral(45, experts=4), tmp_path / "four"),
                 *[a for s in specs for a in ("--target", s)])
     for spec in specs[:2]:
         width = _verdict(doc, "expert_intermediate", spec)
@@ -450,7 +429,7 @@ def test_sglang_expert_parallel_splits_the_tp_ranks(tmp_path: Path) -> None:
     assert split["verdict"] == "refused" and "moe_tp_size" in split["why"], split
     assert split["fix_to"] == 46  # 46 / moe_tp 2; at moe_tp 1 (vLLM's ep) 45 would load
     assert doc["summary"]["targets"]["sglang,tp=4,ep=2"]["ep"] == 2
-    three = _json(_saved(_mixtral(48, experts=3), tmp_path / "three"),
+    three = check_json(save_pretrained(_mixtral(48, experts=3), tmp_path / "three"),
                   "--target", "sglang,tp=2,ep=2")
     count = _verdict(three, "experts", "sglang,tp=2,ep=2")
     assert count["verdict"] == "refused" and "num_experts % ep_size" in count["why"], count
@@ -468,7 +447,7 @@ def test_an_expert_parallel_size_no_engine_runs_is_bad_input(tmp_path: Path, spe
                                                               said: str) -> None:
     """ep is tp x the data-parallel size in vLLM and a divisor of tp in SGLang; an engine whose
     pack has no expert parallelism takes no ep=: one line, exit 2."""
-    root = _saved(_mixtral(48), tmp_path / "mixtral")
+    root = save_pretrained(_mixtral(48), tmp_path / "mixtral")
     run = helpers.gac(root, "--target", spec)
     assert run.returncode == 2, run.stdout + run.stderr
     assert said in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
@@ -479,8 +458,8 @@ def test_a_shared_expert_no_moe_rule_judges_is_refused(tmp_path: Path) -> None:
     there): with AWQ its dense linear rules would speak (a kernel for gate_up and down), but a
     dense rule alone does not make an MoE site judged: refused as not judged; on vLLM the
     shared-expert rule makes the same linears' verdict its verdict."""
-    root = _saved(_qwen2_moe(width=128, shared=128), tmp_path / "qwen")
-    doc = _json(root, "--target", "sglang,quant=awq", "--target", "vllm,quant=awq")
+    root = save_pretrained(_qwen2_moe(width=128, shared=128), tmp_path / "qwen")
+    doc = check_json(root, "--target", "sglang,quant=awq", "--target", "vllm,quant=awq")
     sglang = _verdict(doc, "shared_expert_intermediate", "sglang,quant=awq")
     assert sglang["verdict"] == "refused", sglang
     assert sglang["why"].startswith("not judged for MoE: sglang's fused-MoE"), sglang["why"]
@@ -505,7 +484,7 @@ def test_vllm_judges_awq_and_gptq_experts_on_marlin_moe(tmp_path: Path, width: i
     fast where the width is a multiple of 64, else tile-padded (marlin_moe_padded_intermediate);
     a straddled group goes to MoeWNA16Method (Triton), whose create_weights halves the group
     and asserts >= 32: 80 is refused (fix_to the smallest fast width, 128)."""
-    root = _saved(_mixtral(width, experts=4, hidden=128), tmp_path / "mixtral")
+    root = save_pretrained(_mixtral(width, experts=4, hidden=128), tmp_path / "mixtral")
     specs = [f"vllm,quant={q},group={g}" for q in ("gptq", "awq") for g in (32, 64)]
     run = helpers.gac(root, "--gpu", "a100", "--format", "json",
                       *[a for s in specs for a in ("--target", s)])
@@ -527,10 +506,10 @@ def test_hopper_runs_wna16_experts_on_humming(tmp_path: Path) -> None:
     (select_wna16_moe_backend): on an H100 the Marlin MoE route runs HummingExperts, fast at a
     width per rank % 64 (128), else a fallback (32 per rank at tp=4; Humming's own limits
     marked uncertain), and so does MoeWNA16Method where the group straddles (64 at tp=4)."""
-    root = _saved(_mixtral(128, experts=4, hidden=128), tmp_path / "mixtral")
+    root = save_pretrained(_mixtral(128, experts=4, hidden=128), tmp_path / "mixtral")
     specs = ("vllm,quant=gptq,group=32", "vllm,quant=gptq,group=32,tp=4",
              "vllm,quant=gptq,group=64,tp=4")
-    doc = _json(root, *[a for s in specs for a in ("--target", s)])
+    doc = check_json(root, *[a for s in specs for a in ("--target", s)])
     got = [_verdict(doc, "expert_intermediate", s) for s in specs]
     assert [(g["verdict"], g["kernel"]) for g in got] == [
         ("fast", "HummingExperts"), ("fallback", "HummingExperts"),
@@ -554,9 +533,9 @@ def test_a_quantized_moe_checkpoint_is_judged_with_its_own_scheme(
     exactly as the prediction for the unquantized model says; with ep=2 each rank holds
     whole experts (96: Triton after a straddled Marlin route at group 64, Marlin padding its
     tiles at 32)."""
-    src = _saved(_mixtral(96, experts=4, hidden=128), tmp_path / "src")
+    src = save_pretrained(_mixtral(96, experts=4, hidden=128), tmp_path / "src")
     root = quantized_models.quantized_moe(tmp_path / scheme, src, scheme, group=group)
-    doc = _json(root, "--gpu", "a100", "--target", "vllm,tp=2", "--target", "vllm,tp=2,ep=2")
+    doc = check_json(root, "--gpu", "a100", "--target", "vllm,tp=2", "--target", "vllm,tp=2,ep=2")
     assert doc["summary"]["targets"]["vllm,tp=2"]["quant"] == quant
     assert doc["summary"]["targets"]["vllm,tp=2"]["group"] == group
     experts = [s for s in doc["sites"] if s["role"] == "expert_intermediate"]
@@ -567,7 +546,7 @@ def test_a_quantized_moe_checkpoint_is_judged_with_its_own_scheme(
     ep2 = _verdict(doc, "expert_intermediate", "vllm,tp=2,ep=2")
     assert (ep2["verdict"], ep2["kernel"]) == ("fallback", whole)
     spec = f"vllm,tp=2,quant={quant},group={group}"
-    predicted = _verdict(_json(src, "--gpu", "a100", "--target", spec), "expert_intermediate",
+    predicted = _verdict(check_json(src, "--gpu", "a100", "--target", spec), "expert_intermediate",
                          spec)
     assert (predicted["verdict"], predicted["why"]) == (tp2["verdict"], tp2["why"])
 
@@ -604,10 +583,10 @@ def test_an_fp8_moe_checkpoint_is_judged_with_its_own_scheme(
     channel) or as DeepSeek's 128x128 block FP8 writes it is judged as vLLM deploys that
     scheme, never refused as not judged: its kernel per GPU, and for block FP8 the refusal of
     a width per rank (32 at tp=4) that holds no whole 128 block, fixed at 512."""
-    src = _saved(_mixtral(128, experts=4, hidden=128), tmp_path / "src")
+    src = save_pretrained(_mixtral(128, experts=4, hidden=128), tmp_path / "src")
     root = quantized_models.quantized_moe(tmp_path / scheme, src, scheme)
     specs = FP8_MOE[scheme][gpu]
-    doc = _json(root, "--gpu", gpu, *[a for s in specs for a in ("--target", s)])
+    doc = check_json(root, "--gpu", gpu, *[a for s in specs for a in ("--target", s)])
     assert doc["summary"]["targets"]["vllm"]["quant"] == quant
     for spec, want in specs.items():
         got = _verdict(doc, "expert_intermediate", spec)
@@ -641,7 +620,7 @@ def test_repair_pads_expert_widths_exactly(tmp_path: Path, family: str) -> None:
     GEMM refuses an expert width of 45 ("strides should be multiple of 16 bytes")."""
     make = {"mixtral": _mixtral, "qwen2_moe": _qwen2_moe,
             "qwen2_moe-dense-layer-0": lambda: _qwen2_moe(dense_layers=(0,))}[family]
-    src = _saved(make(), tmp_path / "src")
+    src = save_pretrained(make(), tmp_path / "src")
     out = tmp_path / "out"
     run = helpers.gac(src, "--gpu", "h100", "--repair", out, "--strategy", "optimal")
     assert run.returncode == 0, run.stdout + run.stderr
@@ -684,7 +663,7 @@ def _unevenly_pruned(family: str, root: Path) -> tuple[torch.nn.Module, Path]:
     block = MIXTRAL_BLOCK if family == "mixtral" else QWEN_BLOCK
     gate, up, down = ("w1", "w3", "w2") if family == "mixtral" else (
         "gate_proj", "up_proj", "down_proj")
-    _saved(model, root)
+    save_pretrained(model, root)
     reference = type(model).from_pretrained(root, experts_implementation="eager").eval()
     state = reference.state_dict()  # fused in memory: mlp.experts.gate_up_proj [E, 2I, H]
     with torch.no_grad():
@@ -703,7 +682,7 @@ def _unevenly_pruned(family: str, root: Path) -> tuple[torch.nn.Module, Path]:
                 saved[f"{name}.{w}.weight"] = saved[f"{name}.{w}.weight"][:kept].contiguous()
             saved[f"{name}.{down}.weight"] = saved[f"{name}.{down}.weight"][:, :kept].contiguous()
 
-    _rewrite(root, prune)
+    rewrite_safetensors(root, prune)
     return reference, root
 
 
@@ -741,9 +720,9 @@ def test_uniform_pads_experts_of_different_widths_to_one(tmp_path: Path, family:
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
     for r, g in zip(ref_route, got_route, strict=True):
         torch.testing.assert_close(g, r, rtol=0, atol=0)
-    doc = _json(out, "--target", "vllm")
+    doc = check_json(out, "--target", "vllm")
     assert doc["summary"]["targets"]["vllm"]["load"]["loads"]
-    assert set(_sites(doc, "expert_intermediate").values()) == {48}
+    assert set(sites_by_role(doc, "expert_intermediate").values()) == {48}
 
 
 def test_repair_for_a_fused_moe_target_offers_uniform_with_its_cost(tmp_path: Path) -> None:
@@ -765,10 +744,10 @@ def test_vllm_int8_and_static_fp8_moe_are_judged_by_their_scheme_names(tmp_path:
     static per-tensor INT8 has no MoE method in vLLM v0.33.0 (refused), and compressed-tensors
     FP8 with static activation scales runs FlashInfer CUTLASS on an H100; ``quant=int8`` alone
     stays not judged."""
-    root = _saved(_mixtral(48), tmp_path / "mixtral")
+    root = save_pretrained(_mixtral(48), tmp_path / "mixtral")
     specs = ("vllm,tp=2,quant=int8_dynamic", "vllm,tp=2,quant=int8_static",
              "vllm,tp=2,quant=fp8_static", "vllm,tp=2,quant=int8")
-    doc = _json(root, *(a for s in specs for a in ("--target", s)))
+    doc = check_json(root, *(a for s in specs for a in ("--target", s)))
     widths = [s for s in doc["sites"] if s["role"] == "expert_intermediate"]
     assert widths
     for site in widths:
