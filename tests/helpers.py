@@ -108,6 +108,23 @@ def rewrite_safetensors(root: Path, edit: Callable[[dict], None]) -> None:
     save_file(state, path, metadata={"format": "pt"})
 
 
+def module_inputs(model: nn.Module, tok, modules: list[str],
+                  text: str) -> dict[str, torch.Tensor]:
+    """Every token's input to each of ``modules`` with ``model`` run on each line of
+    ``text`` (the tests' own forward pre-hooks, in float64): what gac-check's calibration
+    reads, computed independently of it."""
+    seen: dict[str, list[torch.Tensor]] = {m: [] for m in modules}
+    hooks = [model.get_submodule(m).register_forward_pre_hook(
+        lambda _mod, args, m=m: seen[m].append(args[0].reshape(-1, args[0].shape[-1])))
+        for m in modules]
+    with torch.no_grad():
+        for line in text.splitlines():
+            model(**tok(line, return_tensors="pt"))
+    for h in hooks:
+        h.remove()
+    return {m: torch.cat(v).double() for m, v in seen.items()}
+
+
 def gac(*args: object, timeout: float | None = CLI_TIMEOUT, cwd: Path | None = None,
         env: Mapping[str, str | None] | None = None, process: bool = False,
         **kwargs: object) -> subprocess.CompletedProcess:

@@ -55,18 +55,8 @@ def _inputs(dense: Path, modules: list[str]) -> dict[str, torch.Tensor]:
     them: three short lines are far below the per-module row bound)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(dense)
-    model = load_model(dense)
-    seen: dict[str, list[torch.Tensor]] = {m: [] for m in modules}
-    hooks = [model.get_submodule(m).register_forward_pre_hook(
-        lambda _mod, args, m=m: seen[m].append(args[0].reshape(-1, args[0].shape[-1])))
-        for m in modules]
-    with torch.no_grad():
-        for line in CALIB.splitlines():
-            model(**tok(line, return_tensors="pt"))
-    for h in hooks:
-        h.remove()
-    return {m: torch.cat(v).double() for m, v in seen.items()}
+    return helpers.module_inputs(load_model(dense), AutoTokenizer.from_pretrained(dense),
+                                 modules, CALIB)
 
 
 def _relative(x: torch.Tensor, w: torch.Tensor, approx: torch.Tensor) -> float:

@@ -142,17 +142,9 @@ def test_calibration_scales_are_asvd_mean_abs_activation_to_the_half(bert):
     modules = ["encoder.layer.0.intermediate.dense", "encoder.layer.0.output.dense"]
     model = AutoModel.from_pretrained(bert / "dense").eval()
     tok = AutoTokenizer.from_pretrained(bert / "dense")
-    seen: dict[str, list[torch.Tensor]] = {m: [] for m in modules}
-    hooks = [model.get_submodule(m).register_forward_pre_hook(
-        lambda _mod, args, m=m: seen[m].append(args[0].reshape(-1, args[0].shape[-1])))
-        for m in modules]
-    with torch.no_grad():
-        for line in CALIB.splitlines():
-            model(**tok(line, return_tensors="pt"))
-    for h in hooks:
-        h.remove()
+    seen = helpers.module_inputs(model, tok, modules, CALIB)
     ours = input_scales(bert / "dense", modules, bert / "calib.txt")
     for m in modules:
-        mean_abs = torch.cat(seen[m]).double().abs().mean(0)
+        mean_abs = seen[m].abs().mean(0)
         torch.testing.assert_close(ours[m], mean_abs.clamp_min(1e-6) ** 0.5, rtol=1e-6,
                                    atol=1e-9)
