@@ -11,6 +11,7 @@ and the report needs no JavaScript and no network; the template escapes every st
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 #: aligned / warning / error, chosen to stay apart for the common colour-vision deficiencies
@@ -406,17 +407,8 @@ def kept_chart(quality: dict) -> KeptChart:
     def sx(f: float) -> float:
         return left + (f - x_lo) / ((1.0 - x_lo) or 1) * KEPT_PLOT
 
-    rows = []
-    for i, k in enumerate(mats):
-        ranks = k["ranks"]
-        row = KeptRow(KEPT_TOP + KEPT_ROW * (i + 0.5), _short(k["module"], 46), k["module"],
-                      f"{ranks['input']} → {ranks['realigned']}")
-        for c in choices:
-            f = kept_fraction(k["kept"][c], k["energy"])
-            row.marks.append(KeptMark(sx(f), row.y + KEPT_DY[c], KEPT_STYLE[c][0], c, f,
-                                      f"{k['module']}: {c}: rank {ranks[c]}, keeps {f:.4%} of "
-                                      f"its energy, {k['params'][c]:,} parameters"))
-        rows.append(row)
+    rows = _rows(mats, choices, sx, lambda k, c: kept_fraction(k["kept"][c], k["energy"]),
+                 lambda k, c, f: f"keeps {f:.4%} of its energy, {k['params'][c]:,} parameters")
     return KeptChart(right + KEPT_GAP + KEPT_RANKS, height,
                      (left, KEPT_TOP, right, height - KEPT_BOTTOM),
                      [(sx(t), _percent(t, ticks)) for t in ticks if x_lo <= t <= 1.0],
@@ -452,22 +444,31 @@ def output_chart(quality: dict) -> KeptChart:
     def sx(e: float) -> float:
         return left + e / x_hi * KEPT_PLOT
 
+    rows = _rows(mats, choices, sx, lambda k, c: k["output_error"][c],
+                 lambda k, c, e: f"relative output error {e:.4g}")
+    return KeptChart(right + KEPT_GAP + KEPT_RANKS, height,
+                     (left, KEPT_TOP, right, height - KEPT_BOTTOM),
+                     [(sx(t), f"{t:g}") for t in ticks if t <= x_hi], rows,
+                     [KEPT_STYLE[c] for c in sorted(choices, key=CHOICE_ORDER.index)],
+                     right + KEPT_GAP)
+
+
+def _rows(mats: list[dict], choices: list[str], sx: Callable[[float], float],
+          value: Callable[[dict, str], float],
+          says: Callable[[dict, str, float], str]) -> list[KeptRow]:
+    """One row per matrix of a realign chart, one mark per choice at ``sx(value)``, titled
+    with the choice's rank and what ``says`` of its value."""
     rows = []
     for i, k in enumerate(mats):
         ranks = k["ranks"]
         row = KeptRow(KEPT_TOP + KEPT_ROW * (i + 0.5), _short(k["module"], 46), k["module"],
                       f"{ranks['input']} → {ranks['realigned']}")
         for c in choices:
-            e = k["output_error"][c]
-            row.marks.append(KeptMark(sx(e), row.y + KEPT_DY[c], KEPT_STYLE[c][0], c, e,
-                                      f"{k['module']}: {c}: rank {ranks[c]}, relative output "
-                                      f"error {e:.4g}"))
+            v = value(k, c)
+            row.marks.append(KeptMark(sx(v), row.y + KEPT_DY[c], KEPT_STYLE[c][0], c, v,
+                                      f"{k['module']}: {c}: rank {ranks[c]}, {says(k, c, v)}"))
         rows.append(row)
-    return KeptChart(right + KEPT_GAP + KEPT_RANKS, height,
-                     (left, KEPT_TOP, right, height - KEPT_BOTTOM),
-                     [(sx(t), f"{t:g}") for t in ticks if t <= x_hi], rows,
-                     [KEPT_STYLE[c] for c in sorted(choices, key=CHOICE_ORDER.index)],
-                     right + KEPT_GAP)
+    return rows
 
 
 def _percent(t: float, ticks: list[float]) -> str:
