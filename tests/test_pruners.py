@@ -140,3 +140,5 @@ def test_flap_repair_with_vllm_target_is_refused(tmp_path):
     run = helpers.gac(src, "--repair", tmp_path / "out", "--gpu", "h100", "--target", "vllm")
     assert run.returncode == 2
     assert "head count" in run.stderr and not (tmp_path / "out").exists()
+    # head counts cannot be padded: no --uniform is offered as if padding could serve it
+    assert "no padding changes that" in run.stderr and "--uniform" not in run.stderr
