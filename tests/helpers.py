@@ -85,6 +85,36 @@ def save_pretrained(model: nn.Module, root: Path) -> Path:
     return root
 
 
+def assert_padding_exact(got: torch.Tensor, want: torch.Tensor) -> None:
+    """``got`` (the padded model's output) equals ``want`` up to summation order.
+
+    Zero padding adds exact zero products, but a longer reduction is blocked differently by
+    the CPU's BLAS, so the sums may associate in another order: the bound is a few units in
+    the last place of the dtype, scaled by the output's magnitude (1e-5 in float32, 1e-12 in
+    float64), never 0, which holds on one CPU and fails on the next.
+    """
+    eps = 1e-12 if want.dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got, want, rtol=eps, atol=eps * want.abs().max().item())
+
+
+def assert_same_routing(want: list, got: list, top_k: int) -> None:
+    """Each MoE layer's router scores agree up to summation order (they are computed from
+    hidden states that passed through padded GEMMs) and the experts each token is sent to
+    are the same, exactly, wherever the k-th and next scores are not tied within that bound.
+    """
+    assert len(want) == len(got)
+    for w, g in zip(want, got, strict=True):
+        w, g = (w[0], g[0]) if isinstance(w, tuple) else (w, g)
+        assert_padding_exact(g, w)
+        eps = 1e-5 * max(w.abs().max().item(), 1.0)
+        top = w.float().topk(min(top_k + 1, w.shape[-1]), dim=-1)
+        decided = (top.values[..., top_k - 1] - top.values[..., -1] > 4 * eps
+                   if top_k < w.shape[-1] else torch.ones(w.shape[:-1], dtype=torch.bool))
+        chosen = [t.topk(top_k, dim=-1).indices.sort(dim=-1).values for t in (w, g)]
+        assert decided.any(), "every token's routing is a tie: the check compares nothing"
+        assert torch.equal(chosen[0][decided], chosen[1][decided])
+
+
 def check_json(model: Path, *args: object) -> dict:
     """The CLI's JSON document of ``model`` checked for an H100 (exit 0 or 1 expected)."""
     run = gac(model, "--gpu", "h100", "--format", "json", *args)

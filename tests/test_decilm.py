@@ -34,7 +34,7 @@ from tests.decilm_models import (
     modelopt_attention,
     write_decilm,
 )
-from tests.helpers import gac, tree_digest
+from tests.helpers import assert_padding_exact, gac, tree_digest
 
 #: One of each kind of layer: full/full, no-op attention, linear FFN, linear attention with no
 #: FFN, and a layer with no tensors at all.
@@ -186,7 +186,7 @@ def test_repair_writes_the_padded_width_into_intermediate_size(tmp_path: Path) -
     with torch.no_grad():
         want = decilm_model(root, {1: 200})(ids)
         got = decilm_model(out)(ids)  # widths from OUT's block_configs only
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_padding_exact(got, want)
     load = _json(out, "--gpu", "h100", "--target", "vllm")["summary"]["targets"]["vllm"]["load"]
     assert load["loads"], load
 
@@ -224,8 +224,7 @@ def test_a_modelopt_entry_is_read_but_no_engine_builds_its_attention(tmp_path: P
     assert cfg["block_configs"][0]["attention"] == MODELOPT[0]["attention"]
     ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(30))
     with torch.no_grad():
-        torch.testing.assert_close(decilm_model(tmp_path / "out")(ids), decilm_model(root)(ids),
-                                   rtol=0, atol=0)
+        assert_padding_exact(decilm_model(tmp_path / "out")(ids), decilm_model(root)(ids))
 
 
 def test_a_block_the_tensors_contradict_is_read_from_the_tensors(tmp_path: Path) -> None:
@@ -403,7 +402,7 @@ def test_repair_pads_each_layer_and_the_model_built_from_out_computes_the_same(
     with torch.no_grad():
         want = decilm_model(root, PADDED_WIDTHS)(ids)
         got = decilm_model(out)(ids)  # widths from OUT's block_configs only
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_padding_exact(got, want)
     recheck = gac_check.check(out, gpu="h100")
     assert not recheck.findings and not any(b.conflicts for b in recheck.format.blocks(
         recheck.checkpoint))
@@ -626,4 +625,4 @@ def test_a_pickled_decilm_checks_and_repairs_like_its_safetensors(
     monkeypatch.undo()
     with torch.no_grad():
         got = decilm_model(out)(ids)  # OUT's pickle, loaded strictly into OUT's config
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_padding_exact(got, want)

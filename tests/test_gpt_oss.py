@@ -19,7 +19,13 @@ from gac_check import api
 from gac_check.api.memory import from_module
 from gac_check.checkpoint.index import open_checkpoint
 from tests import helpers
-from tests.helpers import check_json, rewrite_safetensors, save_pretrained, sites_by_role
+from tests.helpers import (
+    assert_same_routing,
+    check_json,
+    rewrite_safetensors,
+    save_pretrained,
+    sites_by_role,
+)
 
 BLOCK = "model.layers.{}.mlp"
 MODULES_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router",
@@ -235,8 +241,7 @@ def test_repair_pads_the_interleaved_expert_width_exactly(tmp_path: Path, pruned
         got = after(ids, output_router_logits=True)
     torch.testing.assert_close(got.logits, ref.logits, rtol=1e-5,
                                atol=1e-5 * ref.logits.abs().max().item())
-    for r, g in zip(ref.router_logits, got.router_logits, strict=True):
-        torch.testing.assert_close(g, r, rtol=0, atol=0)
+    assert_same_routing(list(ref.router_logits), list(got.router_logits), top_k=2)
     recheck = api.check(out, "h100")
     assert {s.value for s in recheck.sites if s.role.value == "expert_intermediate"} == {48}
 
@@ -397,5 +402,4 @@ def test_uniform_pads_layers_of_different_expert_widths_to_one(tmp_path: Path) -
         got = after(ids, output_router_logits=True)
     torch.testing.assert_close(got.logits, ref.logits, rtol=1e-5,
                                atol=1e-5 * ref.logits.abs().max().item())
-    for r, g in zip(ref.router_logits, got.router_logits, strict=True):
-        torch.testing.assert_close(g, r, rtol=0, atol=0)
+    assert_same_routing(list(ref.router_logits), list(got.router_logits), top_k=2)

@@ -18,7 +18,13 @@ from gac_check.api.memory import from_module
 from gac_check.checkpoint.index import open_checkpoint
 from gac_check.formats import detect
 from tests import helpers, quantized_models
-from tests.helpers import check_json, rewrite_safetensors, save_pretrained, sites_by_role
+from tests.helpers import (
+    assert_same_routing,
+    check_json,
+    rewrite_safetensors,
+    save_pretrained,
+    sites_by_role,
+)
 
 MIXTRAL_BLOCK = "model.layers.{}.block_sparse_moe"
 QWEN_BLOCK = "model.layers.{}.mlp"
@@ -641,8 +647,7 @@ def test_repair_pads_expert_widths_exactly(tmp_path: Path, family: str) -> None:
     ids = torch.randint(0, 96, (3, 16), generator=torch.Generator().manual_seed(1))
     (ref, ref_route), (got, got_route) = _logits(before, ids), _logits(after, ids)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-    for r, g in zip(ref_route, got_route, strict=True):
-        torch.testing.assert_close(g, r, rtol=0, atol=0)
+    assert_same_routing(list(ref_route), list(got_route), top_k=2)
     recheck = api.check(out, "h100")
     assert {s.value for s in recheck.sites if s.role.value == "expert_intermediate"} == {48}
     assert detect(open_checkpoint(out)).name == "dense"
@@ -718,8 +723,7 @@ def test_uniform_pads_experts_of_different_widths_to_one(tmp_path: Path, family:
     ids = torch.randint(0, 96, (3, 16), generator=torch.Generator().manual_seed(1))
     (ref, ref_route), (got, got_route) = _logits(reference, ids), _logits(after, ids)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-    for r, g in zip(ref_route, got_route, strict=True):
-        torch.testing.assert_close(g, r, rtol=0, atol=0)
+    assert_same_routing(list(ref_route), list(got_route), top_k=2)
     doc = check_json(out, "--target", "vllm")
     assert doc["summary"]["targets"]["vllm"]["load"]["loads"]
     assert set(sites_by_role(doc, "expert_intermediate").values()) == {48}
