@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gac_check.checkpoint.files import open_regular
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.outdir import (
     atomic_output_dir,
@@ -24,6 +25,7 @@ from gac_check.checkpoint.outdir import (
     copy_side_files,
     weight_file_names,
 )
+from gac_check.checkpoint.safetensors_header import header_length, index_header
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
@@ -227,24 +229,47 @@ class _Entry:
     edit: TensorEdit | None
 
 
-def _read_header(path: Path) -> tuple[dict, int]:
-    with path.open("rb") as fh:
-        n = int.from_bytes(fh.read(8), "little")
-        return json.loads(fh.read(n)), 8 + n
+#: Said when a shard is not the file the check read: another process replaced or rewrote it
+#: while the repair ran (a pipeline's own download or compression step still writing).
+CHANGED = "changed while it was being repaired; nothing was written: run again once it is complete"
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    """What tells one file from its replacement (rename: another inode) or a rewrite in place
+    (another size or modification time)."""
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _read_header(path: Path, checked: dict[str, TensorInfo]) -> dict:
+    """The shard's header read again for what the writer copies (metadata, dtype names), under
+    the same bounds and rules as the check's read, and held to it: a file that no longer
+    describes the tensors the check read is refused in one line, never copied."""
+    with open_regular(path) as fh:
+        size = fh.seek(0, 2)
+        fh.seek(0)
+        raw = fh.read(header_length(fh.read(8), size, path))
+    if index_header(raw, size, path) != checked:
+        raise BadInput(CHANGED, path)
+    return json.loads(raw)  # index_header has validated every byte of it
 
 
 def _write_safetensors_shards(repair_plan: RepairPlan, ckpt: Checkpoint, tmp: Path,
                               progress: Progress) -> list[str]:
-    """Every shard rewritten under its own name; the index's sizes recomputed."""
+    """Every shard rewritten under its own name; the index's sizes recomputed. Each shard must
+    be the same file from its header to its last byte copied, or nothing is written."""
     files, sizes = [], {}
     for src in ckpt.files:
-        header, _ = _read_header(src)
+        before = _identity(src)
         infos = sorted((i for i in ckpt.tensors.values() if i.file == src),
                        key=lambda i: i.begin)
+        header = _read_header(src, {i.name: i for i in infos})
         entries = [_entry(i, header[i.name]["dtype"], repair_plan.edits.get(i.name))
                    for i in infos]
         sizes[src.name] = _write_file(tmp / src.name, entries, header.get("__metadata__"),
                                       progress)
+        if _identity(src) != before:
+            raise BadInput(CHANGED, src)
         files.append(src.name)
     index = ckpt.path / "model.safetensors.index.json"
     if index.exists():
