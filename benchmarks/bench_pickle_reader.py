@@ -58,7 +58,7 @@ def read_once(root: Path) -> int:
 
 def list_once(root: Path) -> int:
     """Only the listing: index the tensors of the pickle, nothing else (``--listing``)."""
-    from gac_check.checkpoint.torchzip import read_torch_zip
+    from gac_check.checkpoint.pickled.torchzip import read_torch_zip
 
     return len(read_torch_zip(root / "pytorch_model.bin"))
 

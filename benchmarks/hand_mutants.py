@@ -45,8 +45,8 @@ class Mutant:
 
 V = "tests/test_verdicts.py"
 STATS, BASELINES = "gac_check/bench/stats.py", "gac_check/bench/baselines.py"
-TZ, TZA = "gac_check/checkpoint/torchzip.py", "tests/test_torchzip_allowlist.py"
-AL = "gac_check/checkpoint/pickle_allowlist.py"
+TZ, TZA = "gac_check/checkpoint/pickled/torchzip.py", "tests/test_torchzip_allowlist.py"
+AL = "gac_check/checkpoint/pickled/allowlist.py"
 PLAN, WRITE, SITES = "gac_check/padding/plan.py", "gac_check/padding/write.py", "gac_check/sites.py"
 RS = "tests/test_repair_shards.py"
 PICKLED, TZW = "gac_check/padding/pickled.py", "gac_check/checkpoint/torchzip_write.py"

@@ -179,7 +179,7 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | No
     and, per deployment target (``vllm,tp=4,quant=awq``), the engine's kernel choices.
 
     An already indexed checkpoint is checked as it is: that is how a Hub model, indexed from
-    its headers by :func:`gac_check.checkpoint.remote.open_remote`, goes through the same
+    its headers by :func:`gac_check.checkpoint.hub.remote.open_remote`, goes through the same
     stages as a directory.
     """
     ckpt = model_dir if isinstance(model_dir, Checkpoint) else open_checkpoint(model_dir)

@@ -96,7 +96,7 @@ def test_cpu_profile_only_when_asked(models) -> None:
 
 def test_llm_pruner_odd_mlp_is_flagged(tmp_path: Path) -> None:
     """A pickled LLM-Pruner model: its 141-wide MLPs (like 8806) are errors on a GPU."""
-    pytest.importorskip("gac_check.checkpoint.torchzip")
+    pytest.importorskip("gac_check.checkpoint.pickled.torchzip")
     model = llm_pruner(range(1, 3), 0.2, drop_heads=1)
     save_llm_pruner(model, tmp_path)
     proc = gac(tmp_path, "--gpu", "a100", "--format", "json")
@@ -115,7 +115,7 @@ def test_llm_pruner_odd_mlp_is_flagged(tmp_path: Path) -> None:
 
 #: what a plain check of a safetensors directory must not import: torch costs more than the
 #: whole check (bench_check.py); the other readers and the targets are others' costs (issue 32)
-NOT_IMPORTED = ("torch", "transformers", "jinja2", "gac_check.checkpoint.pickle_model",
+NOT_IMPORTED = ("torch", "transformers", "jinja2", "gac_check.checkpoint.pickled.model",
                 "gac_check.checkpoint.gguf_header", "gac_check.targets.spec",
                 "gac_check.targets.packs", "gac_check.checkpoint.quantized",
                 "gac_check.checkpoint.quantized_layout", "gac_check.report.run",

@@ -276,7 +276,7 @@ def test_svd_llm_safetensors(tmp_path: Path) -> None:
 
 def test_svd_llm_pickled_whole_model(tmp_path: Path) -> None:
     """SVD-LLM's own output: torch.save({'model': model, 'tokenizer': ...}), no config.json."""
-    pytest.importorskip("gac_check.checkpoint.torchzip")
+    pytest.importorskip("gac_check.checkpoint.pickled.torchzip")
     model = svd_llm("llama", 0.6)
     torch.save({"model": model, "tokenizer": None}, tmp_path / "svdllm_0.6.pt")
     by = assert_svd_llm_sites(tmp_path, model)
@@ -291,7 +291,7 @@ def test_svd_llm_pickled_whole_model(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("with_config", [True, False])
 def test_llm_pruner(tmp_path: Path, with_config: bool) -> None:
-    pytest.importorskip("gac_check.checkpoint.torchzip")
+    pytest.importorskip("gac_check.checkpoint.pickled.torchzip")
     model = llm_pruner(range(1, 3), 0.2, drop_heads=1)
     assert model(torch.randint(0, 96, (1, 5))).logits.shape == (1, 5, 96)  # still runs
     save_llm_pruner(model, tmp_path, with_config)  # the config keeps the dense sizes
@@ -325,7 +325,7 @@ def test_llm_pruner_head_dim_from_gcd(tmp_path: Path) -> None:
 
 def test_dense_not_mistaken_for_llm_pruner(tmp_path: Path) -> None:
     """Uniform layers whose sizes match config.json are dense, whatever the container."""
-    pytest.importorskip("gac_check.checkpoint.torchzip")
+    pytest.importorskip("gac_check.checkpoint.pickled.torchzip")
     save_torch_state(tiny("llama"), tmp_path)
     assert check(tmp_path)[1].name == "dense"
 
@@ -344,7 +344,7 @@ def test_llm_pruner_detected_from_config_alone(tmp_path: Path) -> None:
 # orthogonal Qs, returning the sliced state dict and its slicing config.
 
 def write_slicegpt(path: Path, dims: dict[str, int], save_config: bool = True) -> dict:
-    pytest.importorskip("gac_check.checkpoint.torchzip")
+    pytest.importorskip("gac_check.checkpoint.pickled.torchzip")
     model = tiny("llama", num_hidden_layers=3)
     sd, conf = slicegpt(model, dims)
     torch.save(sd, path / "tiny-llama_0.3.pt")  # run_slicegpt.py: model.state_dict()

@@ -28,7 +28,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gac_check.checkpoint.pickle_machine import MAX_OPCODES
+from gac_check.checkpoint.pickled.machine import MAX_OPCODES
 from tests import helpers
 from tests.helpers import SEED_LLAMA, tiny_llama, tree_digest
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gac_check.checkpoint.torchzip import read_torch_zip
+from gac_check.checkpoint.pickled.torchzip import read_torch_zip
 from gac_check.errors import BadInput, PickleRefused
 
 # --- a small pickle assembler (protocol 2, the opcodes torch.save writes) --------------------
@@ -86,7 +86,7 @@ def test_the_assembler_writes_what_torch_save_writes(archive, tmp_path) -> None:
 
 
 CASES = {
-    # integers in shapes, strides and offsets (pickle_allowlist._ints, _tensor)
+    # integers in shapes, strides and offsets (pickled.allowlist._ints, _tensor)
     "negative dim": (state(("w", tensor(shape=tup(i(-2), i(2))))), "malformed shape"),
     "negative stride": (state(("w", tensor(stride=tup(i(-2), i(1))))), "malformed stride"),
     "negative offset": (state(("w", tensor(offset=i(-1)))), "malformed storage offset"),
@@ -103,7 +103,7 @@ CASES = {
                             "more elements than int64 holds"),
     "past its storage": (state(("w", tensor(offset=i(3)))), "is truncated: tensor 'w' needs"),
     "stride past storage": (state(("w", tensor(stride=tup(i(9), i(1))))), "is truncated"),
-    # storage records (pickle_allowlist: persistent ids)
+    # storage records (pickled.allowlist: persistent ids)
     "storage key an int": (state(("w", tensor(storage(key=i(0))))), "malformed key or size"),
     "storage size negative": (state(("w", tensor(storage(size=i(-4))))),
                               "malformed key or size"),
@@ -114,11 +114,11 @@ CASES = {
                              "unsupported storage type"),
     "storage record missing": (state(("w", tensor(storage(key=s("7"))))),
                                "storage record ok/data/7 is missing"),
-    # names (pickle_naming)
+    # names (pickled.naming)
     "two tensors, one name": (state(("a.b", tensor()), ("a", nested("a", s("b") + tensor()))),
                               "two tensors are both named 'a.b'"),
     "one unnamed tensor": (b"\x80\x02" + tensor() + b".", "single unnamed tensor"),
-    # the stream itself (pickle_machine)
+    # the stream itself (pickled.machine)
     "no STOP": (state(("w", tensor()))[:-1], "not a readable pickle (ValueError: pickle "
                                             "exhausted before seeing STOP)"),
     "odd dict items": (b"\x80\x02}(" + s("w") + b"u.", "odd number of items"),

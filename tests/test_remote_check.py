@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gac_check.checkpoint.remote import FIRST_READ
+from gac_check.checkpoint.hub.remote import FIRST_READ
 from tests import helpers
 from tests.helpers import gac_on_terminal, slicegpt
 from tests.hub_server import HubServer

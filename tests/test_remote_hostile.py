@@ -377,7 +377,7 @@ def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
 
     import httpx2
 
-    from gac_check.checkpoint.hub_io import retry_after
+    from gac_check.checkpoint.hub.transport import retry_after
 
     later = format_datetime(datetime.now(timezone.utc) + timedelta(hours=1), usegmt=True)
     assert retry_after(httpx2.Headers({"Retry-After": "3600"})) == 3600
@@ -390,9 +390,9 @@ def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
 
 PROBE = """
 import json, sys, time, tracemalloc
-from gac_check.checkpoint import hub_files, hub_headers, hub_listing
-from gac_check.checkpoint.hub_limits import Limits
-from gac_check.checkpoint.remote import open_remote
+from gac_check.checkpoint.hub import files, headers, listing
+from gac_check.checkpoint.hub.limits import Limits
+from gac_check.checkpoint.hub.remote import open_remote
 from gac_check.errors import BadInput
 limits = Limits(**json.loads(sys.argv[2]))
 slowest = 0.0
@@ -405,7 +405,7 @@ def timed(get):
         finally:
             slowest = max(slowest, time.monotonic() - start)
     return run
-for module in (hub_files, hub_headers, hub_listing):
+for module in (files, headers, listing):
     module.get = timed(module.get)
 tracemalloc.start()
 try:
@@ -419,7 +419,7 @@ print(json.dumps({"slowest": slowest, "peak": tracemalloc.get_traced_memory()[1]
 
 @dataclass
 class Probe:
-    slowest: float  # the longest one request took (a call of hub_io.get), imports excluded
+    slowest: float  # the longest one request took (a call of hub.transport.get), imports excluded
     peak: int  # the client's own peak of Python allocations while reading (tracemalloc)
     said: str  # the refusal, or ""
 
@@ -519,7 +519,7 @@ def test_a_zero_hub_limit_is_refused(hub, flag) -> None:
 
 @pytest.mark.parametrize("limit", ["timeout", "max_bytes", "max_requests"])
 def test_a_zero_limit_is_refused_by_the_api_too(limit) -> None:
-    from gac_check.checkpoint.hub_limits import Limits
+    from gac_check.checkpoint.hub.limits import Limits
     from gac_check.errors import BadInput
 
     with pytest.raises(BadInput, match="must be a positive number"):

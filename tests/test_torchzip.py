@@ -17,9 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from gac_check.checkpoint import pickle_naming, torchzip
 from gac_check.checkpoint.index import open_checkpoint
-from gac_check.checkpoint.torchzip import read_tensor, read_torch_zip
+from gac_check.checkpoint.pickled import naming, torchzip
+from gac_check.checkpoint.pickled.torchzip import read_tensor, read_torch_zip
 from gac_check.errors import BadInput, UnsafeCheckpoint
 from tests import helpers
 
@@ -346,7 +346,7 @@ def test_no_tensors(tmp_path: Path) -> None:
 def test_exponential_sharing_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """[[l, l], [l, l]] sixty levels deep is a tiny pickle naming 2**60 paths. (The budget is
     lowered only to keep the test fast; the default refuses the same file in ~5 s.)"""
-    monkeypatch.setattr(pickle_naming, "MAX_VISITS", 20_000)
+    monkeypatch.setattr(naming, "MAX_VISITS", 20_000)
     node: list = [torch.ones(1)]
     for _ in range(60):
         node = [node, node]

@@ -9,7 +9,7 @@ Python attribute, which torch pickles through ``_rebuild_from_type_v2`` as ``tor
 must still be read. Every archive is written by real ``torch.save``; the big-endian one only
 has its byte-order record rewritten, as a big-endian machine writes it.
 
-Each test was run against a mutant of pickle_allowlist.py and went red (benchmarks/hand_mutants.py,
+Each test was run against a mutant of pickled/allowlist.py and went red (benchmarks/hand_mutants.py,
 group "torchzip").
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 import torch
 
-from gac_check.checkpoint import pickle_allowlist
-from gac_check.checkpoint.torchzip import read_tensor, read_torch_zip
+from gac_check.checkpoint.pickled import allowlist
+from gac_check.checkpoint.pickled.torchzip import read_tensor, read_torch_zip
 from gac_check.errors import BadInput, UnsafeCheckpoint
 
 
@@ -85,7 +85,7 @@ def refused(path: Path, *words: str) -> str:
 ])
 def test_harmless_looking_calls_off_both_lists_are_refused(tmp_path, value, named):
     module = named.rsplit(".", 1)[0].split(".")[0]
-    assert module not in pickle_allowlist.DANGEROUS_MODULES  # the allow-list alone must refuse it
+    assert module not in allowlist.DANGEROUS_MODULES  # the allow-list alone must refuse it
     path = save({"w": torch.ones(2), "extra": value}, tmp_path / "m.pt")
     refused(path, named, "only torch's tensor-rebuilding calls are allowed")
 

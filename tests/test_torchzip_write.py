@@ -15,7 +15,7 @@ import torch
 
 from gac_check.api import repair
 from gac_check.checkpoint.index import open_checkpoint
-from gac_check.checkpoint.torchzip import read_torch_zip
+from gac_check.checkpoint.pickled.torchzip import read_torch_zip
 from gac_check.checkpoint.torchzip_write import plan_rewrite
 from gac_check.errors import BadInput, PickleRefused, UnsafeCheckpoint
 from tests.compressors import tiny_llama

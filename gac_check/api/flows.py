@@ -54,7 +54,7 @@ def check(model: object, gpu: str = "auto", dtype: str | None = None, target: Ta
     except BadInput as exc:
         if not is_remote_checkpoint(ckpt):
             raise
-        from gac_check.checkpoint.remote import renamed
+        from gac_check.checkpoint.hub.remote import renamed
 
         raise renamed(exc, ckpt) from None
 

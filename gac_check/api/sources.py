@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from gac_check.checkpoint.hub_limits import check_environment
+from gac_check.checkpoint.hub.limits import check_environment
 from gac_check.checkpoint.index import Checkpoint, open_checkpoint
 from gac_check.errors import BadInput
 
@@ -27,7 +27,7 @@ def is_remote(name: str) -> bool:
     if name.count("/") != 1 or name.startswith((".", "/")) or os.path.lexists(name):
         return False
     check_environment()  # before huggingface_hub is imported: a bad value crashes its import
-    from gac_check.checkpoint.hub_ref import looks_like_repo_id
+    from gac_check.checkpoint.hub.ref import looks_like_repo_id
 
     return looks_like_repo_id(name)
 
@@ -39,7 +39,7 @@ def is_remote_checkpoint(ckpt: Checkpoint) -> bool:
 
 def open_model(name: str | os.PathLike, limits=None) -> Checkpoint:
     """A directory's index, or a Hub model's from its headers, each request bounded by
-    ``limits`` (:class:`gac_check.checkpoint.hub_limits.Limits`; default: its defaults, the Hub's
+    ``limits`` (:class:`gac_check.checkpoint.hub.limits.Limits`; default: its defaults, the Hub's
     timeout variables for the seconds)."""
     if is_remote(str(name)):
         if str(name).endswith(".gguf") and not str(name).startswith(HF_SCHEME):
@@ -49,7 +49,7 @@ def open_model(name: str | os.PathLike, limits=None) -> Checkpoint:
                            "it (hf download ORG/NAME FILE.gguf --local-dir DIR) and check "
                            "DIR/FILE.gguf")
         check_environment()
-        from gac_check.checkpoint.remote import open_remote
+        from gac_check.checkpoint.hub.remote import open_remote
 
         return open_remote(str(name), limits)
     return open_checkpoint(name)

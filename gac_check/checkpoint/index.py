@@ -2,7 +2,7 @@
 
 Checking a 70B checkpoint must cost what reading its headers costs, so nothing here reads
 tensor data: safetensors headers give name, dtype, shape and byte range; torch zip archives are
-indexed by the pickle reader (:mod:`gac_check.checkpoint.torchzip`) without unpickling, and
+indexed by the pickle reader (:mod:`gac_check.checkpoint.pickled.torchzip`) without unpickling, and
 what a whole pickled model says about itself is kept beside its tensors. Every path the
 directory names must be a plain relative name, and every file (followed through symlinks) must
 stay inside the directory or, for a Hugging Face hub snapshot, its cache's blobs. Files are
@@ -31,7 +31,7 @@ from gac_check.errors import BadInput
 
 if TYPE_CHECKING:  # the pickle, GGUF and quantized readers are imported only where used
     from gac_check.checkpoint.gguf_header import GgufHeader
-    from gac_check.checkpoint.pickle_model import PickledModel
+    from gac_check.checkpoint.pickled.model import PickledModel
     from gac_check.checkpoint.quantization import Quantization
     from gac_check.checkpoint.quantized_layout import ByteReader
 
@@ -335,7 +335,7 @@ def _read_all(container: str, files: list[Path]) -> IndexedTensors:
         if container == "safetensors":
             found = read_safetensors_header(f)
         else:
-            from gac_check.checkpoint.torchzip import index_torch_zip
+            from gac_check.checkpoint.pickled.torchzip import index_torch_zip
 
             index = index_torch_zip(f)
             found = index.tensors

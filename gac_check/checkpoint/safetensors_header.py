@@ -74,7 +74,7 @@ def header_length(head: bytes, size: int, path: Path) -> int:
     """The header length the first 8 bytes of a ``size``-byte file claim, if it can be true.
 
     Split from the reading so a header fetched by HTTP range requests
-    (:mod:`gac_check.checkpoint.remote`) is held to exactly the same rules.
+    (:mod:`gac_check.checkpoint.hub.remote`) is held to exactly the same rules.
     """
     if len(head) < 8:
         raise BadInput("is truncated: shorter than the 8-byte header length", path)

@@ -19,7 +19,7 @@ def read_tensor(info: TensorInfo) -> torch.Tensor:
     """One tensor's data: its safetensors byte range, or its torch zip member (never
     unpickled)."""
     if info.storage is not None:
-        from gac_check.checkpoint.torchzip import read_tensor as read_zip_tensor
+        from gac_check.checkpoint.pickled.torchzip import read_tensor as read_zip_tensor
 
         return read_zip_tensor(info)
     buf = bytearray(info.end - info.begin)

@@ -6,7 +6,7 @@ must come out as the same pickled object: same classes, same tokenizer, same eve
 entry, only the padded tensors and the integers that describe them changed. Unpickling and
 re-pickling would do that by running the stranger's code, so instead:
 
-- the one pickle reader (:func:`gac_check.checkpoint.torchzip.read_archive`) reads
+- the one pickle reader (:func:`gac_check.checkpoint.pickled.torchzip.read_archive`) reads
   ``data.pkl`` into nodes that know where the opcode that pushed them starts, judged by the
   same allow-list and refused with the same error as when the checkpoint was listed;
 - each padded tensor's rebuild call gets new integers in place (shape, contiguous strides,
@@ -33,10 +33,10 @@ from pathlib import Path
 
 from gac_check.checkpoint.files import open_regular
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.checkpoint.pickle_machine import Node, PickleTree, refusals_of
-from gac_check.checkpoint.pickle_model import ModuleNode, module_index
-from gac_check.checkpoint.pickle_naming import name_tensors
-from gac_check.checkpoint.torchzip import read_archive, read_torch_zip
+from gac_check.checkpoint.pickled.machine import Node, PickleTree, refusals_of
+from gac_check.checkpoint.pickled.model import ModuleNode, module_index
+from gac_check.checkpoint.pickled.naming import name_tensors
+from gac_check.checkpoint.pickled.torchzip import read_archive, read_torch_zip
 from gac_check.errors import BadInput
 
 #: torch.save aligns every record's data to this many bytes (mmap loading relies on it).

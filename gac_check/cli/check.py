@@ -2,7 +2,7 @@
 
 A MODEL is a directory, or a model on the Hugging Face Hub (``hf://ORG/NAME[@REVISION]``, or
 ``ORG/NAME`` where no such directory exists, as transformers resolves names), checked from
-its JSON files and safetensors headers (:mod:`gac_check.checkpoint.remote`). One model prints
+its JSON files and safetensors headers (:mod:`gac_check.checkpoint.hub.remote`). One model prints
 and writes what it always did; several (``gac-check A B C``, ``--models-from FILE``) are
 checked first, then reported together: each summary, then the zoo table, or one run document
 with ``--format json``, one HTML with ``--report`` (:mod:`gac_check.report.zoo`).
@@ -21,7 +21,7 @@ from gac_check.api import sources
 from gac_check.api.flows import check
 from gac_check.api.sources import is_remote, is_remote_checkpoint, local_dir
 from gac_check.checkpoint.files import open_regular
-from gac_check.checkpoint.hub_limits import check_environment
+from gac_check.checkpoint.hub.limits import check_environment
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.cli.exits import exit_code
 from gac_check.errors import BadInput
@@ -104,7 +104,7 @@ def open_model(name: str, args: argparse.Namespace) -> Checkpoint:
     """A directory's index, or a Hub model's from its headers (bounded by the --hub-* limits)."""
     limits = None
     if is_remote(name):
-        from gac_check.checkpoint.hub_limits import Limits
+        from gac_check.checkpoint.hub.limits import Limits
 
         given = {k: getattr(args, f"hub_{k}", None) for k in ("timeout", "max_bytes",
                                                                "max_requests")}

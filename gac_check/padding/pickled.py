@@ -17,8 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.checkpoint.torchzip import DTYPE_ITEMSIZE
-from gac_check.checkpoint.torchzip_write import ArchiveRewrite, IntEdit, plan_rewrite, write_archive
+from gac_check.checkpoint.pickled.torchzip import DTYPE_ITEMSIZE
+from gac_check.checkpoint.torchzip_write import (
+    ArchiveRewrite,
+    IntEdit,
+    plan_rewrite,
+    write_archive,
+)
 from gac_check.padding.plan import RepairPlan
 from gac_check.sites import Role
 

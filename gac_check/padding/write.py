@@ -170,7 +170,7 @@ def _check_plan_fits(repair_plan: RepairPlan, ckpt: Checkpoint) -> None:
 
 
 def _nbytes(info: TensorInfo) -> int:
-    from gac_check.checkpoint.torchzip import DTYPE_ITEMSIZE
+    from gac_check.checkpoint.pickled.torchzip import DTYPE_ITEMSIZE
 
     return info.numel * DTYPE_ITEMSIZE.get(info.dtype, 1)
 

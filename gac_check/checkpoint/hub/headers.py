@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from gac_check.checkpoint.hub_files import HubCommit, about
-from gac_check.checkpoint.hub_io import content_size, get, over_budget, status_line
+from gac_check.checkpoint.hub.files import HubCommit, about
+from gac_check.checkpoint.hub.transport import content_size, get, over_budget, status_line
 from gac_check.checkpoint.safetensors_header import (
     header_length,
     index_header,

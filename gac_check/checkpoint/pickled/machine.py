@@ -6,9 +6,9 @@ module: it *is* the safety boundary. The stream is decoded opcode by opcode
 (:func:`pickletools.genops`) and every opcode only builds a node: a global is recorded as
 ``(module, name)`` and never imported, a call (REDUCE, INST, OBJ) or object construction
 (NEWOBJ) is recorded with its arguments and never made. Whether each call is allowed is the
-next pass's question (:mod:`gac_check.checkpoint.pickle_allowlist`); the tree is then read for
-tensor names (:mod:`~gac_check.checkpoint.pickle_naming`), for what a whole pickled model says
-about itself (:mod:`~gac_check.checkpoint.pickle_model`), and for the byte spans a rewrite edits
+next pass's question (:mod:`gac_check.checkpoint.pickled.allowlist`); the tree is then read for
+tensor names (:mod:`~gac_check.checkpoint.pickled.naming`), for what a whole pickled model says
+about itself (:mod:`~gac_check.checkpoint.pickled.model`), and for the byte spans a rewrite edits
 in place (:mod:`~gac_check.checkpoint.torchzip_write`).
 
 Work is bounded here, not only bytes (docs/security.md): at most :data:`MAX_OPCODES` opcodes,
@@ -128,7 +128,7 @@ def refusals_of(path: Path) -> Iterator[None]:
 
 def build_tree(data: bytes) -> PickleTree:
     """Run the opcode machine over ``data``; raises PickleRefused for anything malformed or
-    out of bounds. The tree is not yet judged: use ``pickle_allowlist.read_pickle``."""
+    out of bounds. The tree is not yet judged: use ``allowlist.read_pickle``."""
     try:
         with collector_paused():
             return _Machine(data).run()

@@ -1,4 +1,4 @@
-"""Talking to the Hugging Face Hub for :mod:`gac_check.checkpoint.remote`: bounded requests,
+"""Talking to the Hugging Face Hub for :mod:`gac_check.checkpoint.hub.remote`: bounded requests,
 what they cost, and a cache of what a commit holds.
 
 A Hub endpoint is as untrusted as a model directory: it can answer one byte a second, send a
@@ -7,10 +7,10 @@ hour's wait, or redirect forever. So every request goes through :func:`get`, whi
 (docs/security.md, "Hub models"):
 
 * **time**: a whole request, redirects included, ends at its deadline (the user's timeout,
-  :mod:`.hub_limits`: ``--hub-timeout`` or the Hub's own variables), however slowly its body
+  :mod:`.limits`: ``--hub-timeout`` or the Hub's own variables), however slowly its body
   trickles: what is left of it bounds the connect and the wait for the answer, and a watchdog
   shuts the socket when it passes mid-body; a whole model at most
-  :data:`~.hub_limits.MODEL_TIMEOUTS` times the timeout;
+  :data:`~.limits.MODEL_TIMEOUTS` times the timeout;
 * **bytes**: each body is streamed against a cap (its own kind's, the size the listing gave,
   and what is left of the model's :attr:`Limits.max_bytes`); compressed bodies are inflated
   with the same cap on the output, never whole;
@@ -46,7 +46,7 @@ from huggingface_hub.utils import build_hf_headers, cached_assets_path, get_sess
 
 from gac_check.checkpoint.atomic import write_atomic
 from gac_check.checkpoint.files import MAX_JSON_BYTES, open_regular
-from gac_check.checkpoint.hub_limits import MODEL_TIMEOUTS, Limits
+from gac_check.checkpoint.hub.limits import MODEL_TIMEOUTS, Limits
 from gac_check.checkpoint.safetensors_header import MAX_HEADER_BYTES
 from gac_check.errors import BadInput
 

@@ -2,9 +2,9 @@
 
 Choosing a compressed model, or publishing one, should not cost tens of gigabytes: a check
 needs names, dtypes and shapes, which a safetensors file keeps in a header at its start. So a
-Hub model is indexed from the file listing (:mod:`.hub_listing`), ``config.json``, the shard
-index and small sidecar JSON files (:mod:`.hub_files`) and, per shard, one HTTP range request
-for its header (:mod:`.hub_headers`); every request is one bounded GET of :mod:`.hub_io`, and
+Hub model is indexed from the file listing (:mod:`.listing`), ``config.json``, the shard
+index and small sidecar JSON files (:mod:`.files`) and, per shard, one HTTP range request
+for its header (:mod:`.headers`); every request is one bounded GET of :mod:`.transport`, and
 every field of every answer is checked before use. This module assembles them into the same
 :class:`Checkpoint` a directory gives, so a remote check and a local check of the same files
 agree.
@@ -26,17 +26,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from gac_check.checkpoint.hub_files import (
+from gac_check.checkpoint.hub.files import (
     MAX_CONFIG_BYTES,
     HubCommit,
     read_hub_json,
     sidecars,
     weight_files,
 )
-from gac_check.checkpoint.hub_headers import FIRST_READ, byte_range, hub_tensors
-from gac_check.checkpoint.hub_io import Fetch, Limits
-from gac_check.checkpoint.hub_listing import resolve
-from gac_check.checkpoint.hub_ref import HF_SCHEME, HubRef, looks_like_repo_id, parse_ref
+from gac_check.checkpoint.hub.headers import FIRST_READ, byte_range, hub_tensors
+from gac_check.checkpoint.hub.listing import resolve
+from gac_check.checkpoint.hub.ref import HF_SCHEME, HubRef, looks_like_repo_id, parse_ref
+from gac_check.checkpoint.hub.transport import Fetch, Limits
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.quantized import hub_reader, read_quantization
 from gac_check.errors import BadInput
@@ -66,7 +66,7 @@ class RemoteCheckpoint(Checkpoint):
 def open_remote(ref: HubRef | str, limits: Limits | None = None) -> RemoteCheckpoint:
     """Index a Hub model at one commit, reading kilobytes: listing, JSON files, headers.
 
-    Every request is bounded (:mod:`.hub_io`): ``limits`` are the seconds per step, and the
+    Every request is bounded (:mod:`.transport`): ``limits`` are the seconds per step, and the
     bytes and requests the whole model may cost.
     """
     ref = parse_ref(ref) if isinstance(ref, str) else ref

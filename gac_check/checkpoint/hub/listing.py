@@ -9,7 +9,8 @@ from urllib.parse import quote
 from huggingface_hub import constants
 
 from gac_check.checkpoint.files import name_problem, parse_json
-from gac_check.checkpoint.hub_io import (
+from gac_check.checkpoint.hub.ref import HubRef
+from gac_check.checkpoint.hub.transport import (
     COMMIT,
     Answer,
     Fetch,
@@ -19,7 +20,6 @@ from gac_check.checkpoint.hub_io import (
     get,
     status_line,
 )
-from gac_check.checkpoint.hub_ref import HubRef
 from gac_check.errors import BadInput
 
 #: The model listing (``?blobs=True``) is at most this long: ~300 bytes a file, so 10,000 files.

@@ -2,10 +2,10 @@
 
 A pickle runs code when it is loaded and checkpoints come from strangers, so ``torch.load`` is
 never called. The archive's ``data.pkl`` goes through the pickle reader
-(:mod:`~gac_check.checkpoint.pickle_machine` builds the tree,
-:mod:`~gac_check.checkpoint.pickle_allowlist` judges every call in it,
-:mod:`~gac_check.checkpoint.pickle_naming` names the tensors,
-:mod:`~gac_check.checkpoint.pickle_model` reads what a whole pickled model says about itself);
+(:mod:`~gac_check.checkpoint.pickled.machine` builds the tree,
+:mod:`~gac_check.checkpoint.pickled.allowlist` judges every call in it,
+:mod:`~gac_check.checkpoint.pickled.naming` names the tensors,
+:mod:`~gac_check.checkpoint.pickled.model` reads what a whole pickled model says about itself);
 this module only opens the zip, holds its records to torch's layout, and checks that every
 tensor's storage record is there and long enough. Tensor data is read from the storage member's
 byte range (:func:`read_tensor`), still without unpickling anything.
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from gac_check.checkpoint.files import open_regular
-from gac_check.checkpoint.pickle_allowlist import DTYPE_ITEMSIZE, Storage, TensorRef, read_pickle
-from gac_check.checkpoint.pickle_machine import PickleTree, collector_paused, refusals_of
-from gac_check.checkpoint.pickle_model import PickledModel, describe_model
-from gac_check.checkpoint.pickle_naming import name_tensors
+from gac_check.checkpoint.pickled.allowlist import DTYPE_ITEMSIZE, Storage, TensorRef, read_pickle
+from gac_check.checkpoint.pickled.machine import PickleTree, collector_paused, refusals_of
+from gac_check.checkpoint.pickled.model import PickledModel, describe_model
+from gac_check.checkpoint.pickled.naming import name_tensors
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.errors import BadInput
 

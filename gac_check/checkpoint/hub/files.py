@@ -11,9 +11,9 @@ from pathlib import Path, PurePosixPath
 from huggingface_hub import constants, hf_hub_url, try_to_load_from_cache
 
 from gac_check.checkpoint.files import name_problem, parse_json, read_json
-from gac_check.checkpoint.hub_io import Fetch, HubCache, get, status_line
-from gac_check.checkpoint.hub_listing import Listing, listed_name_problem
-from gac_check.checkpoint.hub_ref import HF_SCHEME, HubRef
+from gac_check.checkpoint.hub.listing import Listing, listed_name_problem
+from gac_check.checkpoint.hub.ref import HF_SCHEME, HubRef
+from gac_check.checkpoint.hub.transport import Fetch, HubCache, get, status_line
 from gac_check.checkpoint.index import MAX_SIDECAR_BYTES, TORCH_SUFFIXES, TRAINER_STATE_FILES
 from gac_check.errors import BadInput
 

@@ -1,6 +1,6 @@
 """The pickle reader's allow-list: a pass over the machine's tree that judges every call.
 
-:mod:`gac_check.checkpoint.pickle_machine` records calls and object constructions without
+:mod:`gac_check.checkpoint.pickled.machine` records calls and object constructions without
 making them; this pass visits each one in stream order and either resolves it into what
 ``torch.save``'s own unpickling would have built, as numbers and names only (a tensor's
 storage, offset, shape and stride; an OrderedDict; a set; an object of a class that is never
@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gac_check.checkpoint.pickle_machine import (
+from gac_check.checkpoint.pickled.machine import (
     MALFORMED,
     Node,
     PickleTree,

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gac_check.checkpoint.pickle_allowlist import TensorRef
-from gac_check.checkpoint.pickle_machine import MAX_DEPTH, Node
-from gac_check.checkpoint.pickle_naming import MAX_VISITS
+from gac_check.checkpoint.pickled.allowlist import TensorRef
+from gac_check.checkpoint.pickled.machine import MAX_DEPTH, Node
+from gac_check.checkpoint.pickled.naming import MAX_VISITS
 from gac_check.errors import PickleRefused
 
 

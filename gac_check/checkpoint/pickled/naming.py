@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gac_check.checkpoint.pickle_allowlist import TensorRef
-from gac_check.checkpoint.pickle_machine import MAX_DEPTH, Node
+from gac_check.checkpoint.pickled.allowlist import TensorRef
+from gac_check.checkpoint.pickled.machine import MAX_DEPTH, Node
 from gac_check.errors import PickleRefused
 
 #: Nodes visited while naming tensors; bounds DAG blow-ups (a list referencing itself twice,

@@ -1,0 +1,1 @@
+"""Models on the Hugging Face Hub read from their headers, every request bounded."""
