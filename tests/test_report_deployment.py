@@ -105,3 +105,32 @@ def test_the_fix_command_names_the_model_as_the_working_directory_does(tmp_path)
     assert run.returncode == 0, run.stderr
     [command] = Page(merged.read_text(encoding="utf-8")).texts("pre", "fixcmd")
     assert shlex.split(command)[1] == "models/pruned"
+
+
+def test_with_a_target_that_does_not_load_the_sites_read_as_the_hardware_judges_them(
+        lowrank, tmp_path):
+    """Ranks 123 and 184 (ratio 0.77) are misaligned on the H100 itself: the page with
+    ``--target vllm`` counts them as the check without a target does, and offers a repair
+    command that runs (``--repair --target vllm`` would be refused: vLLM loads no such model)."""
+    model = tmp_path / "lowrank-077"
+    made = gac("compress", lowrank.parent / "dense", model, "--ratio", "0.77")
+    assert made.returncode == 0, made.stderr
+    plain = json.loads(gac(model, "--gpu", "h100", "--dtype", "float16",
+                           "--format", "json").stdout)["summary"]
+    out = tmp_path / "mixed.html"
+    run = gac(model, "--gpu", "h100", "--dtype", "float16", "--target", "vllm",
+              "--fail-on", "never", "--report", out)
+    assert run.returncode == 0, run.stderr
+    page = Page(out.read_text(encoding="utf-8"))
+    [sites] = page.texts("div", "check-summary")
+    assert sites.startswith(f"sites: {plain['misaligned']} of 22 misaligned"), sites
+    assert f"{plain['errors']} error(s), {plain['warnings']} warning(s)" in \
+        page.texts("ul", "reasons")[0]
+    cells = [c for tag, c, _ in page.elements if tag == "g" and "cell" in c]
+    assert [sum(state in c for c in cells) for state in ("error", "warning")] == \
+        [plain["errors"], plain["warnings"]]
+    [command] = page.texts("pre", "fixcmd")
+    words = shlex.split(command)
+    assert "--target" not in words
+    fixed = gac(*words[1:], "--format", "json", cwd=tmp_path)
+    assert fixed.returncode in (0, 1) and fixed.stderr == "", fixed.stderr

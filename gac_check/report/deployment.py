@@ -49,6 +49,7 @@ def own_sites(check: dict) -> list[dict]:
     gone = blocked(check)
     if not gone:
         return check["sites"]
+    severity = {r["id"]: r.get("severity") for r in check.get("rules") or []}
     out = []
     for site in check["sites"]:
         s = copy.copy(site)
@@ -58,6 +59,10 @@ def own_sites(check: dict) -> list[dict]:
         if not site.get("aligned") and not s["rules"]:
             s.update(aligned=True, severity=None, repair_to=None, optimal_to=None,
                      slowdown=None, expected_slowdown=None, padding_params=0, refusal=None)
+        elif s["rules"] != site.get("rules") and all(r in severity for r in s["rules"]):
+            # only the hardware's rules are left: theirs is the site's severity
+            s["severity"] = "error" if any(severity[r] == "error" for r in s["rules"]) \
+                else "warning"
         out.append(s)
     return out
 
