@@ -160,8 +160,9 @@ def test_xdist_report_merges_on_the_controller(project, tmp_path):
     (project / "tests" / "test_bug.py").write_text(BUGGY_PROPERTY)
     try:
         command = failure["reproduce"].replace(" python ", f" {shlex.quote(sys.executable)} ")
+        assert str(project) not in command  # no path of the machine that ran it
         again = subprocess.run(command, shell=True, env=clean_env(project), capture_output=True,
-                               text=True, timeout=300)
+                               text=True, timeout=300, cwd=project)
     finally:
         (project / "tests" / "test_bug.py").unlink()
     assert again.returncode == 1 and "dim=3" in again.stdout, command
