@@ -20,10 +20,8 @@ class Outcome:
 
     spec: str
     loads: bool
-    verdict: str  # the worst over the sites: "fast" | "fallback" | "refused"
     why: str | None
     remedy: str | None
-    counts: dict[str, int]
 
 
 def outcomes(check: dict) -> list[Outcome]:
@@ -31,9 +29,7 @@ def outcomes(check: dict) -> list[Outcome]:
     out = []
     for spec, t in (check["summary"].get("targets") or {}).items():
         load = t.get("load") or {}
-        out.append(Outcome(spec, load.get("loads", True), t["verdict"], load.get("why"),
-                           load.get("remedy"),
-                           {k: t.get(k, 0) for k in ("fast", "fallback", "refused")}))
+        out.append(Outcome(spec, load.get("loads", True), load.get("why"), load.get("remedy")))
     return out
 
 
