@@ -134,3 +134,16 @@ def test_with_a_target_that_does_not_load_the_sites_read_as_the_hardware_judges_
     assert "--target" not in words
     fixed = gac(*words[1:], "--format", "json", cwd=tmp_path)
     assert fixed.returncode in (0, 1) and fixed.stderr == "", fixed.stderr
+
+
+@pytest.mark.parametrize(("path", "cwd", "expected"), [
+    ("/ci/work/repo/models/m", "/ci/work/repo", "models/m"),
+    ("/ci/work/repo", "/ci/work/repo", "."),
+    ("/elsewhere/m", "/ci/work/repo", "/elsewhere/m"),  # not under it: as the user gave it
+    ("/ci/work/repository/m", "/ci/work/repo", "/ci/work/repository/m"),  # a prefix, not a dir
+    ("models/m", "/ci/work/repo", "models/m"),
+    ("hf://org/name@0123abcd", "/ci/work/repo", "hf://org/name@0123abcd")])
+def test_a_path_is_shown_relative_to_the_working_directory_only_under_it(path, cwd, expected):
+    from gac_check.report.paths import shown
+
+    assert shown(path, cwd) == expected
