@@ -112,3 +112,53 @@ def test_chromium_draws_the_alignment_map(report, tmp_path):
     # A cell is CELL_H - 2 scanlines high; its number's glyphs break about half of them.
     assert cell_scanlines(image, COLOURS["error"]) >= 4 * (CELL_H // 3)
     assert cell_scanlines(image, COLOURS["aligned"]) >= 10 * (CELL_H // 3)
+
+
+#: A page that frames a report ``srcdoc`` (same origin: scripts may read it) at a phone's
+#: width (headless Chromium's window is never narrower than 500 px, a frame is) and writes
+#: what the report's root scrolls over, and what it shows, into its own DOM for --dump-dom.
+PROBE = """<!DOCTYPE html><html><body style="margin:0"><iframe style="width:{width}px;
+height:800px;border:0" srcdoc="{page}" onload="var r=this.contentDocument.documentElement;
+document.body.setAttribute('data-width', r.scrollWidth + ' ' + r.clientWidth)"></iframe>
+</body></html>"""
+
+
+def phone_width(report: Path, profile: Path, width: int = 390) -> tuple[int, int]:
+    """(scrollWidth, clientWidth) of the report's root in a frame ``width`` px wide: equal
+    when the page does not scroll sideways (clientWidth less any vertical scroll bar)."""
+    import html
+    import re
+
+    probe = profile.parent / "probe.html"
+    probe.write_text(PROBE.format(width=width, page=html.escape(report.read_text(
+        encoding="utf-8"), quote=True)), encoding="utf-8")
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                          "--disable-background-networking", "--disable-component-update",
+                          "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+                          "--window-size=800,900", "--dump-dom", probe.resolve().as_uri()],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    found = re.search(r'data-width="(\d+) (\d+)"', dom)
+    assert found, "the probe did not run: " + dom[-300:]
+    return int(found[1]), int(found[2])
+
+
+@pytest.fixture(scope="module")
+def wide_report(tmp_path_factory) -> Path:
+    """A report whose targets table has four engines' columns and its map 7 columns."""
+    root = tmp_path_factory.mktemp("phone")
+    tiny_llama(0, intermediate_size=170, num_hidden_layers=2, vocab_size=128,
+               num_key_value_heads=2).save_pretrained(root / "pruned-llama-with-a-long-name")
+    out = root / "wide.html"
+    proc = gac(root / "pruned-llama-with-a-long-name", "--gpu", "h100", "--dtype", "float16",
+               "--target", "vllm,tp=2,quant=awq", "--target", "sglang", "--target", "llamacpp",
+               "--target", "tensorrt-llm", "--fail-on", "never", "--report", out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_a_phone_does_not_scroll_the_page_sideways(wide_report, tmp_path):
+    scroll, client = phone_width(wide_report, tmp_path / "profile")
+    assert 300 < client <= 390 and scroll == client, (scroll, client)
+    # and the frame does measure overflow: the same page 120 px wide cannot fit its verdict card
+    scroll, client = phone_width(wide_report, tmp_path / "profile", width=120)
+    assert scroll > client, (scroll, client)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -159,9 +160,11 @@ def test_xdist_report_merges_on_the_controller(project, tmp_path):
 
     (project / "tests" / "test_bug.py").write_text(BUGGY_PROPERTY)
     try:
-        command = failure["reproduce"].replace(" python ", f" {shlex.quote(sys.executable)} ")
+        command = re.sub(r"(^| )python ", lambda m: f"{m[1]}{shlex.quote(sys.executable)} ",
+                         failure["reproduce"], count=1)
+        assert str(project) not in command  # no path of the machine that ran it
         again = subprocess.run(command, shell=True, env=clean_env(project), capture_output=True,
-                               text=True, timeout=300)
+                               text=True, timeout=300, cwd=project)
     finally:
         (project / "tests" / "test_bug.py").unlink()
     assert again.returncode == 1 and "dim=3" in again.stdout, command

@@ -216,7 +216,7 @@ def test_a_palu_realign_charts_each_group_in_its_whitened_basis(tmp_path):
 def test_axis_ticks_stay_apart_however_close_the_fractions_are(low):
     """Without --base every choice keeps 99.9-100% of the factors' own energy: the axis must
     still label its ticks differently, from the lowest fraction to 100%."""
-    from gac_check.report.charts import kept_chart
+    from gac_check.report.kept_charts import kept_chart
 
     choices = ["input", "realigned", "round down", "round up"]
     kept = dict(zip(choices, (1.0, (1 + low) / 2, low, 1.0), strict=True))

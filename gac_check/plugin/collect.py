@@ -121,20 +121,22 @@ def hypothesis_failure(text: str) -> dict | None:
 
 
 def reproduce_command(config: pytest.Config, nodeid: str, seed: str | None) -> str:
-    """The command that reruns one test the way this session ran it."""
+    """The command that reruns one test the way this session ran it, from pytest's rootdir
+    (node ids are relative to it; the report says so): paths relative to it, never the
+    absolute paths of the machine that ran the session."""
+    from gac_check.report.paths import shown
+
     words = ["python", "-m", "pytest", nodeid]
     gpu = config.getoption(OPTION_GPU)
     if gpu:
         words += [OPTION_GPU, gpu]
     for model in config.getoption(OPTION_MODEL):
-        words += [OPTION_MODEL, str(Path(model).resolve())]
+        words += [OPTION_MODEL, shown(str(Path(model).resolve()), str(config.rootpath))]
     if seed is not None:
         words.append(f"--hypothesis-seed={seed}")
     profile = _hypothesis_profile()
     env = f"HYPOTHESIS_PROFILE={shlex.quote(profile)} " if profile else ""
-    # node ids are relative to the rootdir, so the command starts there
-    return (f"cd {shlex.quote(str(config.rootpath))} && {env}"
-            + " ".join(shlex.quote(w) for w in words))
+    return env + " ".join(shlex.quote(w) for w in words)
 
 
 def _hypothesis_profile() -> str | None:

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from gac_check.report import charts
+from gac_check.contract.rules import TARGET_GATES
+from gac_check.report import charts, deployment, kept_charts
+from gac_check.report.paths import model_path, shown
 
 SEVERITY_ORDER = {"error": 0, "warning": 1}
 
@@ -63,6 +65,10 @@ class CheckView:
     cost_reason: str | None = None
     #: the same model on the same contract already drawn for an earlier run of a merge
     repeat_of: str | None = None
+    #: the targets that do not load the model at all (said once, in the verdict)
+    blocked: dict[str, deployment.Outcome] = field(default_factory=dict)
+    #: sites misaligned by their own rules (not only because a target refuses the model)
+    misaligned: int = 0
 
 
 @dataclass
@@ -94,9 +100,10 @@ def render_html(runs: list[dict], title: str | None = None) -> str:
                   if not rec.get("equivalence")],
         environment=_environment_rows(views),
         charts_layers=charts.layers_text,
-        kept_chart=charts.kept_chart,
-        kept_totals=charts.kept_totals,
-        output_chart=charts.output_chart,
+        kept_chart=kept_charts.kept_chart,
+        kept_totals=kept_charts.kept_totals,
+        output_chart=kept_charts.output_chart,
+        shown=shown,
     )
 
 
@@ -113,16 +120,24 @@ def _run_view(index: int, run: dict) -> RunView:
 
 
 def _check_view(label: str, check: dict) -> CheckView:
-    grid, wide = charts.alignment_grids(check["sites"])
+    """A check as the page draws it: sites by their own rules (a target that refuses the whole
+    model is said once, not on every site), the site x target matrix without those targets."""
+    sites = deployment.own_sites(check)
+    blocked = deployment.blocked(check)
+    grid, wide = charts.alignment_grids(sites)
     counts = {"aligned": 0, "warning": 0, "error": 0}
-    for s in check["sites"]:
+    for s in sites:
         counts[charts.site_state(s)] += 1
     model = model_name(check["model_dir"])
-    groups = _groups(check["sites"])
+    groups = _groups(sites)
     targets = check["summary"].get("targets") or {}
+    loading = [spec for spec in targets if spec not in blocked]
     return CheckView(label, model, check, grid, wide, groups, counts, targets,
-                     _matrix(check["sites"]), _target_lines(check["sites"], targets),
-                     fix_command(check), _cost_reason(check, groups))
+                     _matrix(check["sites"], loading),
+                     [deployment.outcome_line(o) for o in blocked.values()]
+                     + _target_lines(sites, {k: targets[k] for k in loading}),
+                     fix_command(check, sites), _cost_reason(check, groups), blocked=blocked,
+                     misaligned=counts["warning"] + counts["error"])
 
 
 def _mark_repeats(views: list[RunView]) -> None:
@@ -158,21 +173,26 @@ def _target_lines(sites: list[dict], targets: dict[str, dict]) -> list[str]:
     return lines
 
 
-def fix_command(check: dict) -> str | None:
+def fix_command(check: dict, sites: list[dict] | None = None) -> str | None:
     """The one command that fixes what zero padding can fix exactly, or None where nothing
-    misaligned is exactly repairable."""
-    fixable = [s for s in check["sites"] if not s.get("aligned") and not s.get("refusal")
+    misaligned is exactly repairable. It names the model as the user did (relative to the
+    working directory: never the absolute path of the machine that ran the check) and leaves
+    out a target that does not load the model (``--repair --target`` refuses it)."""
+    sites = check["sites"] if sites is None else sites
+    fixable = [s for s in sites if not s.get("aligned") and not s.get("refusal")
                and s.get("repair_to") and s["repair_to"] > s["value"]]
     if not fixable:
         return None
     hw = check["hardware"]
     model = check["model_dir"]
     out = model_name(model).split("@")[0].rsplit("/", 1)[-1] + "-repaired"
-    words = ["gac-check", model, "--repair", out, "--gpu", hw["profile"]]
+    words = ["gac-check", model_path(check), "--repair", out, "--gpu", hw["profile"]]
     if hw.get("dtype"):
         words += ["--dtype", hw["dtype"]]
+    blocked = deployment.blocked(check)
     for spec in check["summary"].get("targets") or {}:
-        words += ["--target", spec]
+        if spec not in blocked:
+            words += ["--target", spec]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -196,11 +216,13 @@ def _cost_reason(check: dict, groups: list[FindingGroup]) -> str | None:
             f"{g.repair_to}: {cell.get('why') or cell.get('cannot_pad') or ''})")
 
 
-def _matrix(sites: list[dict]) -> list[MatrixRow]:
-    """One row per site kind, value and verdicts (layers folded), one cell per target."""
+def _matrix(sites: list[dict], specs: list[str]) -> list[MatrixRow]:
+    """One row per site kind, value and verdicts (layers folded), one cell per target of
+    ``specs`` (those that load the model: the others refuse every site for one reason, which
+    the verdict says once)."""
     rows: dict[tuple, MatrixRow] = {}
     for s in sites:
-        cells = s.get("targets") or []
+        cells = [c for c in s.get("targets") or [] if c["target"] in specs]
         if not cells:
             continue
         kind = charts.site_kind(s)
@@ -265,14 +287,18 @@ def run_verdict(run: dict) -> tuple[str, list[str]]:
             "refused": (), "fallback": ()}[fail_on]  # the last two gate on targets alone
     reasons, failing = [], False
     for check in run["checks"]:
-        s = check["summary"]
-        errors, warnings = s.get("errors", 0), s.get("warnings", 0)
-        if errors or warnings:
-            model = check["model_dir"].rstrip("/").rsplit("/", 1)[-1]
-            reasons.append(f"{model}: {errors} error(s), {warnings} warning(s) on the "
+        model = check["model_dir"].rstrip("/").rsplit("/", 1)[-1]
+        reasons += [f"{model}: {spec} does not load the model"
+                    for spec in deployment.blocked(check)]
+        own = [s for s in deployment.own_sites(check) if not s.get("aligned")]
+        errors = sum(s.get("severity") == "error" for s in own)
+        if own:
+            reasons.append(f"{model}: {errors} error(s), {len(own) - errors} warning(s) on the "
                            f"{check['hardware']['profile']} contract")
         failing |= any(not site["aligned"] and site.get("severity") in gate
                        for site in check["sites"])
+        failing |= any(t.get("verdict") in TARGET_GATES.get(fail_on, ())
+                       for t in (check["summary"].get("targets") or {}).values())
     failed = run["tests"].get("counts", {}).get("failed", 0)
     if failed:
         reasons.append(f"{failed} test(s) failed")

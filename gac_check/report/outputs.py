@@ -144,6 +144,10 @@ def write(outputs: Outputs, check: dict, fail_on: str, fix: dict | None = None) 
         report = default_report_path(check)
         report.parent.mkdir(parents=True, exist_ok=True)
     if report is not None:
+        from gac_check.report.paths import shown
+
+        # the model as the working directory names it: the report's commands show this
+        check = {**check, "model_path": shown(check["model_dir"])}
         run = new_run([check], label=report.stem, fail_on=fail_on)
         if fix is not None:
             run["fix"] = fix

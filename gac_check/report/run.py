@@ -254,6 +254,7 @@ def _validate_check(check: dict, path: Path, where: str) -> None:
     _expect(check["hardware"], "profile", str, path, f"{where}hardware.")
     _expect(check, "sites", list, path, where)
     _expect(check, "summary", dict, path, where)
+    _optional(check, "model_path", (str,), path, where)
     for i, site in enumerate(check["sites"]):
         here = f"{where}sites[{i}]."
         if not isinstance(site, dict):
