@@ -33,8 +33,21 @@ def read_bitsandbytes(layout: Layout) -> Quantization:
 
 
 def _int8(layout: Layout, ignored: tuple[str, ...]) -> Quantization:
+    """LLM.int8(), as it runs: not weight-only. bitsandbytes 0.45.5
+    ``bitsandbytes/autograd/_functions.py`` ``MatMul8bitLt.forward`` quantizes each
+    activation row to int8 (``int8_vectorwise_quant`` of the float16 input), multiplies on
+    the int8 GEMM (``int8_linear_matmul``) and dequantizes with both scales
+    (``int8_mm_dequant``); only the input columns past ``llm_int8_threshold`` (6.0 by
+    default, transformers' ``BitsAndBytesConfig``) are multiplied in float16
+    (``output.addmm(subA, state.subB)``). So it is W8A8 with dynamic per-token int8
+    activations, judged in int8."""
     quant = Quantization("bitsandbytes", "int8", 8, "int", "channel", symmetric=True,
-                         ignored=ignored)
+                         activations="int8", activations_dynamic=True,
+                         activations_symmetric=True, ignored=ignored)
+    threshold = layout.qc.get("llm_int8_threshold", 6.0)
+    quant.notes.append(f"LLM.int8(): int8 GEMM on per-token int8 activations; input columns "
+                       f"with an activation above llm_int8_threshold ({threshold}) run in "
+                       "float16 beside it (not judged apart)")
     modules = sorted({*layout.modules(".SCB"), *layout.modules(".weight_format"),
                       *(n.removesuffix(".weight") for n, t in layout.ckpt.tensors.items()
                         if n.endswith(".weight") and t.dtype == "int8")})
