@@ -1,0 +1,64 @@
+"""A target's "not modelled" notes are those that apply to the model's own layout, scheme and
+targets, each once and short, the rest one line pointing to docs/targets.md (issue 39: every
+``--target vllm`` run printed about fifteen paragraphs, most about schemes and layouts the
+model did not have). Real tiny models, real CLI.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from gac_check.targets.packs import PACKS_DIR, PackError, parse_pack
+from gac_check.testing.models import build
+from tests import helpers
+from tests import quantized_models as qm
+
+POINTER = 'docs/targets.md, "Not modelled yet"'
+
+
+def screen_rows(text: str, columns: int = 100) -> int:
+    """The rows ``text`` takes on a terminal ``columns`` wide (long lines wrap)."""
+    return sum(max(1, math.ceil(len(line) / columns)) for line in text.splitlines())
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory):
+    model = build("llama", {**qm.BASE, "intermediate_size": 688}, dtype=torch.bfloat16)
+    return helpers.save_pretrained(model, tmp_path_factory.mktemp("bf16") / "llama")
+
+
+@pytest.mark.parametrize("target", ["vllm", "vllm,tp=2"])
+def test_a_dense_bf16_models_vllm_output_fits_on_one_screen(bf16, target):
+    run = helpers.gac(bf16, "--gpu", "h100", "--target", target)
+    assert run.returncode in (0, 1), run.stderr
+    assert screen_rows(run.stdout) <= 40, run.stdout
+    assert POINTER in run.stdout
+    for other in ("Mixture of experts", "MXFP4", "MLA", "fp8_block", "AWQ"):
+        assert other not in run.stdout.split("not modelled by")[1], run.stdout
+
+
+def test_a_note_is_printed_where_its_scheme_or_layout_applies(bf16, tmp_path):
+    """sglang's vocabulary-padding note is about tp > 1; vLLM's fp8_block note about a
+    block-FP8 checkpoint: each printed once, there and only there."""
+    one = helpers.gac(bf16, "--gpu", "h100", "--target", "sglang").stdout
+    two = helpers.gac(bf16, "--gpu", "h100", "--target", "sglang,tp=2",
+                      "--target", "sglang,tp=4").stdout
+    assert "Vocabulary: from v0.5.23" not in one
+    assert two.count("Vocabulary: from v0.5.23") == 1, two
+    fp8 = qm.block_fp8(tmp_path / "fp8", 688)
+    text = helpers.gac(fp8, "--gpu", "h100", "--target", "vllm").stdout
+    assert text.count("fp8_block is judged for loading only") == 1, text
+    assert "Mixture of experts" not in text and "MoE read" not in text
+
+
+def test_a_note_scope_that_starts_no_note_is_refused():
+    raw = json.loads((PACKS_DIR / "vllm.json").read_text())
+    raw["note_scope"].append({"starts": "A note nobody wrote", "applies": ["moe"]})
+    with pytest.raises(PackError, match="starts no note"):
+        parse_pack(raw, "vllm")
+    raw["note_scope"][-1] = {"starts": raw["notes"][0][:30], "applies": ["tensor_cores"]}
+    with pytest.raises(PackError, match="is not one of"):
+        parse_pack(raw, "vllm")
