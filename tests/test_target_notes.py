@@ -13,7 +13,7 @@ import torch
 
 from gac_check.targets.packs import PACKS_DIR, PackError, parse_pack
 from gac_check.testing.models import build
-from tests import helpers
+from tests import helpers, per_layer_models
 from tests import quantized_models as qm
 
 POINTER = 'docs/targets.md, "Not modelled yet"'
@@ -52,6 +52,17 @@ def test_a_note_is_printed_where_its_scheme_or_layout_applies(bf16, tmp_path):
     text = helpers.gac(fp8, "--gpu", "h100", "--target", "vllm").stdout
     assert text.count("fp8_block is judged for loading only") == 1, text
     assert "Mixture of experts" not in text and "MoE read" not in text
+
+
+def test_the_per_layer_note_is_printed_for_a_per_layer_model_only(bf16, tmp_path):
+    """vLLM's per-layer note: a model whose MLP widths differ by layer, not a uniform one
+    (whose query and key/value head counts differ: not a per-layer width)."""
+    note = "Per-layer widths: refused for the native model classes"
+    root = per_layer_models.write_per_layer(tmp_path / "per_layer")
+    varied = helpers.gac(root, "--gpu", "h100", "--target", "vllm").stdout
+    uniform = helpers.gac(bf16, "--gpu", "h100", "--target", "vllm").stdout
+    assert varied.count(note) == 1, varied
+    assert note not in uniform
 
 
 def test_a_note_scope_that_starts_no_note_is_refused():

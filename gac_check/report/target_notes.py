@@ -10,6 +10,7 @@ per-layer widths), the checkpoint's tensors (multi-head latent attention), each 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from gac_check.analysis import CheckResult
@@ -19,6 +20,9 @@ from gac_check.targets.spec import Target
 from gac_check.targets.verdicts import SM_OF_PROFILE
 
 MOE_ROLES = (Role.EXPERT, Role.SHARED_EXPERT, Role.EXPERTS)
+#: Widths a per-layer pruned model varies from layer to layer (the same site in each layer).
+PER_LAYER_ROLES = (Role.INTERMEDIATE, Role.EXPERT, Role.HEADS, Role.HEAD_DIM)
+LAYER_INDEX = re.compile(r"\.\d+\.")
 #: DeepSeek-V2/V3's compressed KV projection: only a multi-head latent attention model has it.
 MLA_TENSOR = "kv_a_proj_with_mqa.weight"
 
@@ -38,10 +42,10 @@ def _model_facts(result: CheckResult) -> set[str]:
         facts.add("moe")
     if any(n.endswith(MLA_TENSOR) for n in result.checkpoint.tensors):
         facts.add("mla")
-    widths: dict[Role, set[int]] = {}
+    widths: dict[str, set[int]] = {}  # one site name across layers: its values
     for s in result.sites:
-        if s.role in (Role.INTERMEDIATE, Role.EXPERT, Role.HEADS):
-            widths.setdefault(s.role, set()).add(s.value)
+        if s.layer is not None and s.role in PER_LAYER_ROLES:
+            widths.setdefault(LAYER_INDEX.sub(".*.", s.name), set()).add(s.value)
     if any(len(v) > 1 for v in widths.values()):
         facts.add("per_layer")
     return facts
