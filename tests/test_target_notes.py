@@ -65,6 +65,23 @@ def test_the_per_layer_note_is_printed_for_a_per_layer_model_only(bf16, tmp_path
     assert note not in uniform
 
 
+def test_the_moe_notes_are_printed_for_a_mixture_of_experts_only(bf16, tmp_path):
+    """A real Mixtral (transformers' own class, saved): vLLM's MoE note, short, once."""
+    import transformers
+
+    cfg = transformers.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=64,
+                                     num_hidden_layers=2, num_attention_heads=2,
+                                     num_key_value_heads=1, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    root = helpers.save_pretrained(transformers.MixtralForCausalLM(cfg).eval(),
+                                   tmp_path / "mixtral")
+    moe = helpers.gac(root, "--gpu", "h100", "--target", "vllm").stdout
+    dense = helpers.gac(bf16, "--gpu", "h100", "--target", "vllm").stdout
+    assert moe.count("MoE read at v0.33.0 only") == 1, moe
+    assert "MoE read at v0.33.0 only" not in dense
+
+
 def test_a_note_scope_that_starts_no_note_is_refused():
     raw = json.loads((PACKS_DIR / "vllm.json").read_text())
     raw["note_scope"].append({"starts": "A note nobody wrote", "applies": ["moe"]})
