@@ -230,9 +230,12 @@ def block_fp8_config(block: int = 128) -> dict:
 
 # --- bitsandbytes ---------------------------------------------------------------------------
 
-def bnb_nf4(root: Path, intermediate: int, blocksize: int = 64) -> Path:
+def bnb_nf4(root: Path, intermediate: int, blocksize: int = 64, nested: bool = False) -> Path:
     """``save_pretrained`` of a 4-bit model: weight uint8 [ceil(out*in/2), 1] and the
-    QuantState packed beside it (absmax, quant_map, the JSON state as uint8)."""
+    QuantState packed beside it (absmax, quant_map, the JSON state as uint8); ``nested``
+    (``bnb_4bit_use_double_quant``): absmax itself quantized, ``nested_absmax`` and
+    ``nested_quant_map`` beside it and ``nested_blocksize`` / ``nested_offset`` in the JSON
+    (``QuantState.as_dict``)."""
     m = model(intermediate)
     tensors = _dense_rest(m, linears(m))
     for name, w in linears(m).items():
@@ -242,11 +245,18 @@ def bnb_nf4(root: Path, intermediate: int, blocksize: int = 64) -> Path:
         tensors[f"{name}.weight.quant_map"] = torch.linspace(-1, 1, 16)
         state = {"quant_type": "nf4", "blocksize": blocksize, "dtype": "float16",
                  "shape": list(w.shape)}
+        if nested:
+            tensors[f"{name}.weight.absmax"] = torch.zeros(math.ceil(n / blocksize),
+                                                           dtype=torch.uint8)
+            tensors[f"{name}.weight.nested_absmax"] = torch.ones(1)
+            tensors[f"{name}.weight.nested_quant_map"] = torch.linspace(-1, 1, 256)
+            state.update(nested_blocksize=256, nested_dtype="float32", nested_offset=0.5)
         raw = json.dumps(state).encode()
         tensors[f"{name}.weight.quant_state.bitsandbytes__nf4"] = torch.tensor(list(raw),
                                                                                dtype=torch.uint8)
     cfg = {"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
-           "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "float16"}
+           "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "float16",
+           "bnb_4bit_use_double_quant": nested}
     return _write(root, tensors, _config(m, cfg))
 
 

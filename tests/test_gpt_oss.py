@@ -348,6 +348,7 @@ def test_vllm_judges_mxfp4_experts_as_its_backend_pads_them(tmp_path: Path, gpu:
     ("bytes", "model.layers.0.mlp.experts.down_proj_blocks is uint8 [4, 64, 3, 8], not"),
     ("orphan", "model.layers.0.mlp.experts.down_proj_scales has no "
                "model.layers.0.mlp.experts.down_proj_blocks"),
+    ("missing", "model.layers.0.mlp.experts.down_proj_scales is missing"),
 ])
 def test_a_misshapen_mxfp4_layout_is_refused(tmp_path: Path, damage: str, message: str) -> None:
     bf16 = save_pretrained(_gpt_oss(96, hidden=64), tmp_path / "bf16")
@@ -359,6 +360,8 @@ def test_a_misshapen_mxfp4_layout_is_refused(tmp_path: Path, damage: str, messag
             state[name + "_scales"] = state[name + "_scales"][..., :2].contiguous()
         elif damage == "bytes":
             state[name + "_blocks"] = state[name + "_blocks"][..., :8].contiguous()
+        elif damage == "missing":
+            del state[name + "_scales"]
         else:
             del state[name + "_blocks"]
 

@@ -8,6 +8,20 @@ import dataclasses
 from dataclasses import dataclass, field
 
 STRATEGIES = ("group", "channel", "block", "tensor")
+#: llm-compressor's preset schemes, as compressed-tensors 0.20.0 defines them
+#: (``compressed_tensors/quantization/quant_scheme.py``, ``PRESET_SCHEMES``): name -> (bits,
+#: weight type, strategy, group size, symmetric, block, activations as (type, dynamic,
+#: symmetric) or None). A hint names a preset only where it re-creates the checkpoint's
+#: scheme exactly (tests/test_quantized_presets.py holds this table to the package's own).
+PRESETS: dict[str, tuple] = {
+    "W4A16": (4, "int", "group", 128, True, None, None),
+    "W4A16_ASYM": (4, "int", "group", 128, False, None, None),
+    "W8A16": (8, "int", "group", 128, True, None, None),
+    "W8A8": (8, "int", "channel", None, True, None, ("int", True, True)),
+    "FP8": (8, "float", "tensor", None, True, None, ("float", False, True)),
+    "FP8_DYNAMIC": (8, "float", "channel", None, True, None, ("float", True, True)),
+    "FP8_BLOCK": (8, "float", "block", None, True, (128, 128), ("float", True, True)),
+}
 
 
 @dataclass
@@ -93,12 +107,36 @@ class Quantization:
                 "dequantization): repair the unquantized model, then quantize it again: "
                 f"gac-check BASE_DIR --repair FIXED, then {self.requantize()}")
 
+    def llm_compressor_scheme(self) -> str:
+        """The QuantizationModifier arguments that re-create this scheme: llm-compressor's
+        preset where one is exactly it (``scheme='FP8_DYNAMIC'``), else the one config group
+        (``W8A8-FP8`` and the like are gac-check's names, which llm-compressor rejects)."""
+        acts = None if self.activations is None else (
+            "float" if "float8" in self.activations else "int", bool(self.activations_dynamic),
+            self.activations_symmetric is not False)
+        mine = (self.bits, self.weight_type, self.strategy, self.group_size,
+                self.symmetric is not False, self.block, acts)
+        preset = next((name for name, p in PRESETS.items() if p == mine), None)
+        if preset:
+            return f"targets='Linear', scheme='{preset}'"
+        weights = {"num_bits": self.bits, "type": self.weight_type, "strategy": self.strategy,
+                   "symmetric": self.symmetric is not False}
+        if self.group_size:
+            weights["group_size"] = self.group_size
+        if self.block:
+            weights["block_structure"] = list(self.block)
+        group: dict = {"targets": ["Linear"], "weights": weights}
+        if acts:
+            group["input_activations"] = {"num_bits": 8, "type": acts[0], "dynamic": acts[1],
+                                          "strategy": "token" if acts[1] else "tensor",
+                                          "symmetric": acts[2]}
+        return f"config_groups={{'group_0': {group!r}}}"
+
     def requantize(self) -> str:
         """What re-creates this quantization from a repaired unquantized model (FIXED)."""
         if self.method == "compressed-tensors":
             return ("llmcompressor.oneshot(model=FIXED, recipe=QuantizationModifier("
-                    f"targets='Linear', scheme='{self.scheme}', ignore=['lm_head']), "
-                    "output_dir=OUT)")
+                    f"{self.llm_compressor_scheme()}, ignore=['lm_head']), output_dir=OUT)")
         if self.method == "gptq":
             return (f"GPTQModel.load(FIXED, QuantizeConfig(bits={self.bits}, group_size="
                     f"{self.group_size or -1}, desc_act={self.act_order})).quantize(calibration)"

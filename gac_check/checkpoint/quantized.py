@@ -55,8 +55,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from gac_check.checkpoint.files import parse_json
 from gac_check.checkpoint.quantization import STRATEGIES, Quantization
+from gac_check.checkpoint.quantized_bnb import read_bitsandbytes
+from gac_check.checkpoint.quantized_gptq import INT_DTYPE, read_awq, read_gptq
 from gac_check.checkpoint.quantized_layout import (
     MAX_DATA_BYTES,
     ByteReader,
@@ -69,7 +70,6 @@ from gac_check.checkpoint.quantized_layout import (
     local_bytes,
 )
 from gac_check.checkpoint.quantized_marks import (
-    BNB_STATE,
     METHODS,
     quantization_config,
     refuse_stray_packed,
@@ -82,7 +82,9 @@ CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quant
 #: Per-attention KV-cache scales (compressed-tensors ``initialize_module_for_quantization``
 #: registers ``self_attn.k_scale`` / ``v_scale`` for a ``kv_cache_scheme``).
 KV_SCALES = (".k_scale", ".v_scale", ".q_scale")
-_INT_DTYPE = {4: "int4", 8: "int8", 2: "int2", 3: "int3"}
+#: The dtypes a compressed-tensors int-/float-quantized or FP8 weight is stored in: such a
+#: ``.weight`` with no scale beside it is a linear that lost its scale, not a dense one.
+QUANTIZED_DTYPES = ("int8", "float8_e4m3fn", "float8_e5m2")
 
 
 def read_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Checkpoint:
@@ -161,10 +163,12 @@ def _compressed_tensors(layout: Layout) -> Quantization:
         activations_dynamic=None if act is None else bool(act.get("dynamic", False)),
         activations_symmetric=None if act is None else bool(act.get("symmetric", True)),
         ignored=tuple(str(x) for x in ignore) if isinstance(ignore, list) else ())
+    needs = _ct_needs(quant, w.get("actorder"), act)
     if fmt == "pack-quantized":
-        _ct_packed(layout, quant)
+        _ct_packed(layout, quant, needs)
     else:
-        _ct_unpacked(layout, quant)
+        _ct_unpacked(layout, quant, needs)
+    layout.consistent(list(quant.quantized), tuple("." + x for x in CT_AUX))
     return quant
 
 
@@ -175,15 +179,34 @@ CT_AUX = {"weight_scale": "quantization scale", "weight_zero_point": "quantizati
           "global activation scale", "output_scale": "output scale"}
 
 
-def _ct_packed(layout: Layout, quant: Quantization) -> None:
+def _ct_needs(quant: Quantization, actorder: object, act: dict | None) -> dict[str, str]:
+    """The auxiliary tensors every linear of this scheme stores, as compressed-tensors writes
+    them (``compressors/base.py`` ``BaseCompressor.compress`` drops a symmetric scheme's zero
+    points; ``quantization/lifecycle/initialize.py`` ``initialize_module_for_quantization``
+    registers ``weight_g_idx`` for ``actorder: group`` and ``input_scale`` for static
+    activations), each with why a linear without it cannot be read."""
+    needs = {".weight_scale": "the scale its weights are dequantized with"}
+    if quant.symmetric is False:
+        needs[".weight_zero_point"] = "the scheme is asymmetric and this is its zero point"
+    if actorder == "group":
+        needs[".weight_g_idx"] = "actorder is group, and this is the group of each input column"
+    if act is not None and not act.get("dynamic", False):
+        needs[".input_scale"] = "the activations are quantized with static scales"
+        if act.get("symmetric", True) is False:
+            needs[".input_zero_point"] = "the static activation scheme is asymmetric"
+    return needs
+
+
+def _ct_packed(layout: Layout, quant: Quantization, needs: dict[str, str]) -> None:
     modules = layout.modules(".weight_packed")
     layout.prefetch([m + ".weight_shape" for m in modules if layout.has(m + ".weight_shape")])
     for m in modules:
         packed = layout.t(m + ".weight_packed")
-        if not layout.has(m + ".weight_shape"):
-            raise layout.refuse(f"{m}.weight_packed has no {m}.weight_shape, the only record "
-                                "of its logical width")
+        layout.require(m + ".weight_shape", f"the only record of {m}.weight_packed's logical "
+                       "width")
         out, width = _shape_of(layout, m + ".weight_shape")
+        for suffix, why in needs.items():
+            layout.require(m + suffix, why)
         cols = math.ceil(width * quant.bits / 32)
         if packed.dtype != "int32" or packed.shape != (out, cols):
             raise layout.refuse(f"{m}.weight_packed is {packed.dtype} {list(packed.shape)}, but "
@@ -198,15 +221,18 @@ def _ct_packed(layout: Layout, quant: Quantization) -> None:
         layout.unknown_tensors(m, ("weight_packed", *CT_AUX))
         for suffix, what in CT_AUX.items():
             layout.aux(f"{m}.{suffix}", what)
-        dtype = _INT_DTYPE.get(quant.bits, f"int{quant.bits}")
+        dtype = INT_DTYPE.get(quant.bits, f"int{quant.bits}")
         layout.replace(m, (out, width), dtype, (m + ".weight_packed",))
     quant.quantized = tuple(modules)
 
 
-def _ct_unpacked(layout: Layout, quant: Quantization) -> None:
+def _ct_unpacked(layout: Layout, quant: Quantization, needs: dict[str, str]) -> None:
     """int-/float-/naive-quantized: ``weight`` keeps its logical shape beside its scale."""
     modules = layout.modules(".weight_scale")
+    layout.stray_weights(modules, QUANTIZED_DTYPES, ".weight_scale")
     for m in modules:
+        for suffix, why in needs.items():
+            layout.require(m + suffix, why)
         if not layout.has(m + ".weight"):
             raise layout.refuse(f"{m}.weight_scale has no {m}.weight beside it")
         w = layout.t(m + ".weight")
@@ -224,8 +250,6 @@ def _ct_unpacked(layout: Layout, quant: Quantization) -> None:
 def _ct_scale(layout: Layout, quant: Quantization, m: str, out: int, width: int) -> None:
     """``weight_scale``'s shape against the strategy: a scale that contradicts it means the
     scheme is not the one the config says."""
-    if not layout.has(m + ".weight_scale"):
-        raise layout.refuse(f"{m} has no {m}.weight_scale")
     shape = layout.t(m + ".weight_scale").shape
     if quant.strategy == "group":
         want: tuple[tuple[int, ...], ...] = ((out, math.ceil(width / quant.group_size)),)
@@ -257,110 +281,6 @@ def _shape_of(layout: Layout, name: str) -> tuple[int, int]:
     return out, width
 
 
-# --- GPTQ and AWQ --------------------------------------------------------------------------
-
-GPTQ_AUX = {"qzeros": "packed zero points", "scales": "group scales",
-            "g_idx": "group index per input column"}
-
-
-def _qweight(layout: Layout, m: str, whose: str, pack: int, packed: int,
-             out_axis: int) -> tuple[int, int]:
-    """``m``'s (out, in) once unpacked, from its int32 ``qweight``: GPTQ packs ``pack``
-    values per int32 along the input (axis 0, outputs on axis 1), AWQ GEMM along the output
-    (axis 1, outputs on axis 1), AWQ GEMV along the input (axis 1, outputs on axis 0)."""
-    q = layout.t(m + ".qweight")
-    if q.dtype != "int32" or len(q.shape) != 2:
-        names = ["in", "in"]
-        names[out_axis] = "out"
-        names[packed] += " * bits / 32"
-        raise layout.refuse(f"{m}.qweight is {q.dtype} {list(q.shape)}, not {whose} int32 "
-                            f"[{', '.join(names)}]")
-    dims = list(q.shape)
-    dims[packed] *= pack
-    return dims[out_axis], dims[1 - out_axis]
-
-
-def _gptq(layout: Layout) -> Quantization:
-    qc = layout.qc
-    fmt = qc.get("checkpoint_format", qc.get("format", "gptq"))  # GPTQModel: "format"
-    if fmt not in ("gptq", "gptq_v2"):
-        raise layout.refuse(f"config.json's GPTQ checkpoint_format {fmt!r} is not gptq or "
-                            "gptq_v2 (Marlin- or BitBLAS-repacked weights are not read)")
-    bits = config_bits(qc.get("bits"), layout, (2, 4, 8))
-    group = config_int(qc.get("group_size", 128), "group_size", layout, allow=(-1,))
-    quant = Quantization("gptq", fmt, bits, "int", "group" if group > 0 else "channel",
-                         group_size=group if group > 0 else None,
-                         symmetric=bool(qc.get("sym", True)),
-                         act_order=bool(qc.get("desc_act", False)),
-                         ignored=tuple(qc.get("modules_to_not_convert") or ()))
-    pack = 32 // bits
-    modules = layout.modules(".qweight")
-    for m in modules:
-        out, width = _qweight(layout, m, "GPTQ's", pack, packed=0, out_axis=1)
-        rows = width // pack
-        if layout.has(m + ".g_idx"):
-            g = layout.t(m + ".g_idx").shape
-            if len(g) != 1 or g[0] != width:
-                raise layout.refuse(f"{m}.g_idx is {list(g)}, but {m}.qweight [{rows}, {out}] "
-                                    f"packs {width} input columns")
-        groups = math.ceil(width / group) if group > 0 else 1
-        for name, shape in ((m + ".scales", (groups, out)),
-                            (m + ".qzeros", (groups, out // pack))):
-            if not layout.has(name):
-                raise layout.refuse(f"{m}.qweight has no {name}")
-            if layout.t(name).shape != shape:
-                raise layout.refuse(f"{name} is {list(layout.t(name).shape)}; GPTQ with group "
-                                    f"{group} on [{out}, {width}] stores {list(shape)}")
-        if out % pack:
-            raise layout.refuse(f"{m}: GPTQ cannot pack {out} output columns into qzeros "
-                                f"(not a multiple of {pack})")
-        group_note(quant, m, width, "input width")
-        layout.unknown_tensors(m, ("qweight", *GPTQ_AUX))
-        for suffix, what in GPTQ_AUX.items():
-            layout.aux(f"{m}.{suffix}", what)
-        layout.replace(m, (out, width), _INT_DTYPE[bits], (m + ".qweight",))
-    quant.quantized = tuple(modules)
-    return quant
-
-
-def _awq(layout: Layout) -> Quantization:
-    qc = layout.qc
-    version = str(qc.get("version", "gemm")).lower()
-    if version not in ("gemm", "gemv"):
-        raise layout.refuse(f"config.json's AWQ version {version!r} is not gemm or gemv "
-                            "(gemv_fast, marlin and exllama repackings are not read)")
-    bits = config_bits(qc.get("bits", qc.get("w_bit")), layout, (4,))
-    group = config_int(qc.get("group_size", qc.get("q_group_size")), "group_size", layout)
-    quant = Quantization("awq", version, bits, "int", "group", group_size=group,
-                         symmetric=not bool(qc.get("zero_point", True)),
-                         ignored=tuple(qc.get("modules_to_not_convert") or ()))
-    pack = 32 // bits
-    modules = layout.modules(".qweight")
-    for m in modules:
-        gemm = version == "gemm"  # qweight [in, out/8]; GEMV: [out, in/8]
-        out, width = _qweight(layout, m, f"AWQ {version.upper()}'s", pack, packed=1,
-                              out_axis=1 if gemm else 0)
-        if not layout.has(m + ".scales") or not layout.has(m + ".qzeros"):
-            raise layout.refuse(f"{m}.qweight has no {m}.scales or {m}.qzeros beside it")
-        scales = layout.t(m + ".scales").shape
-        if gemm:  # scales [in/group, out]
-            want = (width // group, out)
-            if scales != want:
-                raise layout.refuse(f"{m}.scales is {list(scales)}; AWQ GEMM with group {group} "
-                                    f"on [{out}, {width}] stores {list(want)}")
-        else:  # GEMV: scales [out, padded groups]
-            if len(scales) != 2 or scales[0] != out:
-                raise layout.refuse(f"{m}.scales is {list(scales)}; AWQ GEMV stores one row of "
-                                    f"scales per output ({out})")
-        group_note(quant, m, width, "input width")
-        layout.unknown_tensors(m, ("qweight", "qzeros", "scales"))
-        layout.aux(m + ".qzeros", "packed zero points")
-        layout.aux(m + ".scales", "group scales")
-        layout.replace(m, (out, width), _INT_DTYPE[bits], (m + ".qweight",))
-    quant.quantized = tuple(modules)
-    return quant
-
-
 # --- FP8 (fine-grained, DeepSeek / Qwen releases) ------------------------------------------
 
 def _fp8(layout: Layout) -> Quantization:
@@ -378,6 +298,8 @@ def _fp8(layout: Layout) -> Quantization:
                          ignored=tuple(qc.get("modules_to_not_convert") or ()))
     suffix = ".weight_scale_inv" if block else ".weight_scale"
     modules = layout.modules(suffix)
+    layout.stray_weights(modules, QUANTIZED_DTYPES, suffix)
+    layout.consistent(modules, (".input_scale", ".activation_scale"))
     for m in modules:
         w = layout.t(m + ".weight") if layout.has(m + ".weight") else None
         if w is None or len(w.shape) != 2:
@@ -406,87 +328,9 @@ def _fp8(layout: Layout) -> Quantization:
     return quant
 
 
-# --- bitsandbytes --------------------------------------------------------------------------
-
-BNB4_AUX = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
-
-
-def _bitsandbytes(layout: Layout) -> Quantization:
-    qc = layout.qc
-    four, eight = bool(qc.get("load_in_4bit")), bool(qc.get("load_in_8bit"))
-    if four == eight:
-        raise layout.refuse("config.json's bitsandbytes quantization_config sets neither (or "
-                            "both) of load_in_4bit and load_in_8bit")
-    ignored = tuple(qc.get("llm_int8_skip_modules") or ())
-    if eight:
-        quant = Quantization("bitsandbytes", "int8", 8, "int", "channel", symmetric=True,
-                             ignored=ignored)
-        modules = layout.modules(".SCB")
-        for m in modules:
-            w = layout.t(m + ".weight") if layout.has(m + ".weight") else None
-            if w is None or len(w.shape) != 2 or w.dtype != "int8" \
-                    or layout.t(m + ".SCB").shape != (w.shape[0],):
-                raise layout.refuse(f"{m}.SCB is not the [out] row scale of an int8 matrix "
-                                    f"{m}.weight")
-            layout.unknown_tensors(m, ("weight", "SCB", "weight_format"))
-            layout.aux(m + ".SCB", "int8 row scale")
-            layout.aux(m + ".weight_format", "int8 weight layout tag")
-            layout.backing[m + ".weight"] = (m + ".weight",)
-        quant.quantized = tuple(modules)
-        return quant
-    kind = str(qc.get("bnb_4bit_quant_type", "fp4"))
-    quant = Quantization("bitsandbytes", kind, 4, kind, "block", ignored=ignored)
-    states = sorted(n for n in layout.ckpt.tensors if BNB_STATE.search(n))
-    layout.prefetch(states)
-    for state in states:
-        m = state[: BNB_STATE.search(state).start()]
-        found = BNB_STATE.search(state).group(1)
-        if found not in ("nf4", "fp4"):
-            raise layout.refuse(f"{state}: bitsandbytes 4-bit type {found!r} is not nf4 or fp4")
-        doc = _bnb_state(layout, state)
-        shape = doc.get("shape")
-        if not (isinstance(shape, list) and len(shape) == 2
-                and all(type(x) is int and x > 0 for x in shape)):
-            raise layout.refuse(f"{state} holds shape {shape!r}, not a matrix's [out, in]")
-        w = layout.t(m + ".weight") if layout.has(m + ".weight") else None
-        stored = math.ceil(shape[0] * shape[1] / 2)
-        if w is None or w.dtype != "uint8" or w.numel != stored:
-            raise layout.refuse(f"{m}.weight is not the {stored} packed bytes of the "
-                                f"{shape} 4-bit matrix {state} describes")
-        if isinstance(doc.get("blocksize"), int):
-            quant.block = (1, doc["blocksize"])
-        quant.format = found
-        quant.weight_type = found
-        for aux in BNB4_AUX:
-            layout.aux(f"{m}.weight.{aux}", f"bitsandbytes 4-bit {aux.replace('_', ' ')}")
-        layout.aux(state, "bitsandbytes 4-bit quantization state (JSON)")
-        for name in layout.ckpt.tensors:
-            if name.startswith(m + ".weight.") and name not in layout.auxiliary:
-                raise layout.refuse(f"tensor {name!r} is not part of the bitsandbytes 4-bit "
-                                    "layout gac-check reads")
-        layout.replace(m, (shape[0], shape[1]), found, (m + ".weight",))
-    quant.quantized = tuple(n[: BNB_STATE.search(n).start()] for n in states)
-    return quant
-
-
-def _bnb_state(layout: Layout, name: str) -> dict:
-    info = layout.t(name)
-    if info.dtype != "uint8" or len(info.shape) != 1:
-        raise layout.refuse(f"{name} is {info.dtype} {list(info.shape)}, not the uint8 bytes "
-                            "of a JSON quantization state")
-    raw = layout.data(name)
-    try:
-        doc = parse_json(raw.decode("utf-8"), info.file, what=f"{name} ")
-    except UnicodeDecodeError:
-        raise layout.refuse(f"{name} is not UTF-8 JSON") from None
-    if not isinstance(doc, dict):
-        raise layout.refuse(f"{name} does not hold a JSON object")
-    return doc
-
-
 _READERS: dict[str, Callable[[Layout], Quantization]] = {
-    "compressed-tensors": _compressed_tensors, "gptq": _gptq, "awq": _awq, "fp8": _fp8,
-    "bitsandbytes": _bitsandbytes, "mxfp4": read_mxfp4,
+    "compressed-tensors": _compressed_tensors, "gptq": read_gptq, "awq": read_awq, "fp8": _fp8,
+    "bitsandbytes": read_bitsandbytes, "mxfp4": read_mxfp4,
 }
 
 __all__ = ["MAX_DATA_BYTES", "METHODS", "Quantization", "hub_reader", "local_bytes",

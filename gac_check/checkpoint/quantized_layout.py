@@ -146,6 +146,37 @@ class Layout:
             for info in span:
                 self.fetched[info.name] = raw[info.begin - start:info.end - start]
 
+    def require(self, name: str, why: str) -> None:
+        """Refuse a quantized linear without an auxiliary tensor its dequantization needs,
+        naming that tensor: without it the linear would be judged (or loaded) as something it
+        is not."""
+        if not self.has(name):
+            raise self.refuse(f"{name} is missing: {why}; refusing rather than judging that "
+                              "linear without it")
+
+    def consistent(self, modules: list[str], suffixes: tuple[str, ...]) -> None:
+        """An optional auxiliary tensor that some quantized linears store and one lacks: a
+        writer stores it for every linear or for none, so the one without it lost it."""
+        for suffix in suffixes:
+            holders = [m for m in modules if self.has(m + suffix)]
+            if holders and len(holders) < len(modules):
+                lost = next(m for m in modules if not self.has(m + suffix))
+                raise self.refuse(f"{lost}{suffix} is missing, though {len(holders)} other "
+                                  f"quantized linears store their {suffix[1:]}; refusing "
+                                  "rather than judging that linear without it")
+
+    def stray_weights(self, modules: list[str], dtypes: tuple[str, ...],
+                      missing: str) -> None:
+        """A ``.weight`` stored in a quantized dtype that no scale pairs with: read as dense it
+        would be judged unquantized (and no engine loads it)."""
+        known = set(modules)
+        for name, info in sorted(self.ckpt.tensors.items()):
+            m = name.removesuffix(".weight")
+            if name.endswith(".weight") and info.dtype in dtypes and m not in known:
+                raise self.refuse(f"{m}{missing} is missing: {name} is stored as {info.dtype} "
+                                  "with no scale to dequantize it; refusing rather than "
+                                  "judging that linear as unquantized")
+
     def unknown_tensors(self, module: str, known: tuple[str, ...]) -> None:
         """Refuse a tensor of a quantized module that its layout does not name."""
         for name in self.ckpt.tensors:

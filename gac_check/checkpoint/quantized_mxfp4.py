@@ -42,11 +42,12 @@ def read_mxfp4(layout: Layout) -> Quantization:
             raise layout.refuse(f"{x}_blocks is {blocks.dtype} {list(blocks.shape)}, not MXFP4's "
                                 f"uint8 [experts, rows, groups, {GROUP_BYTES}]")
         experts, rows, groups, _ = blocks.shape
-        scales = layout.t(x + "_scales") if layout.has(x + "_scales") else None
-        if scales is None or scales.dtype != "uint8" or scales.shape != (experts, rows, groups):
-            shown = "missing" if scales is None else f"{scales.dtype} {list(scales.shape)}"
-            raise layout.refuse(f"{x}_scales is {shown}; {x}_blocks {list(blocks.shape)} needs "
-                                f"one uint8 exponent per group: [{experts}, {rows}, {groups}]")
+        layout.require(x + "_scales", f"the E8M0 exponents {x}_blocks is dequantized with")
+        scales = layout.t(x + "_scales")
+        if scales.dtype != "uint8" or scales.shape != (experts, rows, groups):
+            raise layout.refuse(f"{x}_scales is {scales.dtype} {list(scales.shape)}; "
+                                f"{x}_blocks {list(blocks.shape)} needs one uint8 exponent "
+                                f"per group: [{experts}, {rows}, {groups}]")
         layout.aux(x + "_scales", "MXFP4 group exponents (E8M0, one per 32 values)")
         shape = (experts, groups * GROUP, rows)  # transformers' dequantized layout
         layout.logical[x] = TensorInfo(x, shape, "fp4", blocks.file, blocks.begin, blocks.end)

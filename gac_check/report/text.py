@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from gac_check.analysis import CheckResult
 from gac_check.contract.rules import Finding
+from gac_check.report.target_notes import target_notes
 
 
 def render_text(result: CheckResult) -> str:
@@ -76,9 +77,12 @@ def _targets_summary(result: CheckResult) -> list[str]:
                     f"    to serve it: {load.remedy}"]
         elif load is not None and load.why:  # a per-layer class: what it builds, per layer
             out.append(f"    loads: {load.why} [{load.source}]")
-    engines = {t.engine: t.pack for t in verdicts.targets}
-    out += ["", "not modelled by these verdicts (docs/targets.md, \"Not modelled yet\"):"]
-    out += [f"  {engine}: {note}" for engine, pack in engines.items() for note in pack.notes]
+    notes = target_notes(result)
+    out += ["", "not modelled by these verdicts, where they apply to this model and targets:"]
+    out += [f"  {engine}: {note}" for engine, note in notes.shown]
+    if notes.left:
+        out.append(f"  {notes.left} more about other schemes, layouts and GPUs, and where the "
+                   "rules were read: docs/targets.md, \"Not modelled yet\"")
     return out
 
 

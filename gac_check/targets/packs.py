@@ -150,6 +150,39 @@ class GgufType:
     source: Source
 
 
+#: What a pack note can say it applies to (``note_scope``): a model with experts, with
+#: multi-head latent attention or per-layer widths; a target with tp > 1, ep > 1 or a kv=;
+#: ``quant:P`` a target whose quant starts with P; ``gpu:smNN`` a GPU of that capability or
+#: newer; ``always``. ``a+b`` needs both. A note with no scope applies to none in particular.
+NOTE_FACTS = ("always", "moe", "mla", "per_layer", "tp", "ep", "kv")
+
+
+@dataclass(frozen=True)
+class NoteScope:
+    """When one of the pack's ``notes`` (the one starting with ``starts``) applies to a
+    check, and the line that says it short (else the note itself)."""
+
+    starts: str
+    applies: tuple[str, ...]
+    short: str = ""
+
+
+def _note_scopes(raw: dict, name: str, notes: tuple[str, ...]) -> tuple[NoteScope, ...]:
+    scopes = []
+    for entry in raw.get("note_scope") or ():
+        starts = entry.get("starts", "")
+        if sum(n.startswith(starts) for n in notes) != 1 or not starts:
+            raise PackError(f"{name}: note_scope {starts!r} starts no note or several")
+        for alt in entry.get("applies", ()):
+            for fact in alt.split("+"):
+                if fact not in NOTE_FACTS and not fact.startswith(("quant:", "gpu:sm")):
+                    raise PackError(f"{name}: note_scope fact {fact!r} is not one of "
+                                    f"{', '.join(NOTE_FACTS)}, quant:P, gpu:smNN")
+        scopes.append(NoteScope(starts, tuple(entry.get("applies", ())),
+                                entry.get("short", "")))
+    return tuple(scopes)
+
+
 @dataclass(frozen=True)
 class Pack:
     engine: str
@@ -163,6 +196,7 @@ class Pack:
     tp: dict = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    note_scope: tuple[NoteScope, ...] = ()
     gguf_types: dict[str, GgufType] = field(default_factory=dict)
     ftypes: dict[str, dict] = field(default_factory=dict)
     multi_gpu: bool = True
@@ -294,6 +328,7 @@ def parse_pack(raw: dict, name: str = "pack") -> Pack:
         versions=versions, quants=quants, default_quant=raw.get("default_quant", quants[0]),
         default_group=dict(raw.get("default_group") or {}), selections=tuple(selections),
         tp=tp, aliases=tuple(raw.get("aliases") or ()), notes=tuple(raw.get("notes") or ()),
+        note_scope=_note_scopes(raw, name, tuple(raw.get("notes") or ())),
         gguf_types=types, ftypes=ftypes, multi_gpu=bool(raw.get("multi_gpu", True)), gguf=gguf,
         expert_parallel=ep_source, expert_parallel_within_tp=bool(ep and ep.get("within_tp")))
 

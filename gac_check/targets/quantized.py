@@ -20,8 +20,9 @@ scheme the checkpoint's ``quantization_config`` declares (vLLM: ``fp8_w8a16`` we
 ``int8_static``, ``int8_asym``), that name is taken, else the coarse one; a ``quant=`` that
 gives the coarse name of the checkpoint's scheme agrees with it. MXFP4 (gpt-oss's experts) by
 ``mxfp4`` where the pack has it (vLLM).
-llama.cpp converts and re-quantizes whatever it is given, so its targets keep their own
-``quant`` (a GGUF type).
+llama.cpp converts and re-quantizes a checkpoint its converter reads, so its targets keep
+their own ``quant`` (a GGUF type); a checkpoint the converter does not read is refused
+(:func:`llama_cpp_refusal`).
 """
 from __future__ import annotations
 
@@ -43,6 +44,38 @@ MXFP4_NOT_JUDGED = (
     "not judged (--target vllm judges it: vLLM v0.33.0 pads each rank's expert width to its "
     "MXFP4 backend's multiple itself); check without --target for the GPU contract's findings"
 )
+
+
+#: Where llama.cpp's converter decides which quantized checkpoints it reads: the pinned
+#: llama.cpp (ggml-org/llama.cpp@0c1e57098, vendored in the llama-cpp-python 0.3.36 sdist).
+CONVERTER = "conversion/base.py ModelBase.dequant_model @ llama.cpp 0c1e57098"
+
+
+def llama_cpp_refusal(q: Quantization) -> str | None:
+    """Why convert_hf_to_gguf.py cannot turn this checkpoint into a GGUF, or None.
+    ``ModelBase.dequant_model`` dequantizes only quant_method bitnet, fp8 (``*_scale_inv``
+    scales), gptq (2/4/8-bit), compressed-tensors (one config group: ``pack-quantized`` only
+    with ``strategy: group``, int/float/naive-quantized only per channel or block) and
+    modelopt; any other method raises "Quant method is not yet supported"."""
+    method = q.method
+    if method not in ("fp8", "gptq", "compressed-tensors"):
+        return (f"llama.cpp's converter does not read {method} checkpoints ({CONVERTER} raises "
+                "'Quant method is not yet supported'); convert the unquantized model instead")
+    if method == "fp8" and q.block is None:
+        return ("llama.cpp's converter dequantizes FP8 only through weight_scale_inv "
+                f"(block-quantized FP8), not a per-tensor weight_scale ({CONVERTER})")
+    if method == "gptq" and q.bits == 3:
+        return f"llama.cpp's converter has no 3-bit GPTQ dequantization ({CONVERTER})"
+    if method == "compressed-tensors":
+        packed = q.format == "pack-quantized"
+        if packed and q.strategy != "group":
+            return (f"llama.cpp's converter reads compressed-tensors pack-quantized only with "
+                    f"strategy group, not {q.strategy} ({CONVERTER} asserts it); convert the "
+                    "unquantized model instead")
+        if not packed and q.strategy not in ("channel", "block"):
+            return (f"llama.cpp's converter reads compressed-tensors {q.format} only per "
+                    f"channel or block, not per {q.strategy} ({CONVERTER} asserts it)")
+    return None
 
 
 def pack_names(q: Quantization) -> tuple[str, ...]:
@@ -73,6 +106,9 @@ def pack_names(q: Quantization) -> tuple[str, ...]:
 def for_checkpoint(target: Target, q: Quantization | None) -> Target:
     """``target`` as it deploys a checkpoint quantized with ``q`` (unchanged when ``q`` is
     None: a prediction for an unquantized model, or llama.cpp)."""
+    if q is not None and target.engine == "llama.cpp" and (why := llama_cpp_refusal(q)):
+        raise BadInput(f"--target {target.spec}: the checkpoint is {q.method} {q.scheme}, "
+                       f"{q.granularity}; {why}")
     if q is None or target.engine in REQUANTIZING:
         return target
     names = pack_names(q)
