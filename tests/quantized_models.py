@@ -2,7 +2,7 @@
 transformers Llama: compressed-tensors ``pack-quantized`` (packed by compressed-tensors' own
 ``pack_to_int32``), ``float-quantized`` FP8, GPTQ (AutoGPTQ / GPTQModel's layout), AWQ GEMM,
 block FP8 (DeepSeek's), bitsandbytes NF4 and 8-bit as ``save_pretrained`` writes them, and a
-method nobody knows. The layouts and their sources: gac_check/checkpoint/quantized.py.
+method nobody knows. The layouts and their sources: gac_check/checkpoint/quantized/reader.py.
 
 The weights are quantized for real (symmetric round-to-nearest per group), so the packed
 integers are what the format's own unpacking turns back into a [out, in] matrix.

@@ -16,7 +16,7 @@ import pytest
 from compressed_tensors.quantization import QuantizationScheme
 from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES, preset_name_to_scheme
 
-from gac_check.checkpoint.quantization import PRESETS
+from gac_check.checkpoint.quantized.scheme import PRESETS
 from tests import helpers
 from tests import quantized_models as qm
 

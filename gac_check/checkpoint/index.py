@@ -20,7 +20,7 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
 from gac_check.checkpoint.files import MAX_JSON_BYTES, name_problem, os_reason, read_json
-from gac_check.checkpoint.quantized_marks import quantization_config, refuse_stray_packed
+from gac_check.checkpoint.quantized.marks import quantization_config, refuse_stray_packed
 from gac_check.checkpoint.safetensors_header import (
     MAX_HEADER_BYTES,
     SAFETENSORS_DTYPES,
@@ -32,8 +32,8 @@ from gac_check.errors import BadInput
 if TYPE_CHECKING:  # the pickle, GGUF and quantized readers are imported only where used
     from gac_check.checkpoint.gguf_header import GgufHeader
     from gac_check.checkpoint.pickled.model import PickledModel
-    from gac_check.checkpoint.quantization import Quantization
-    from gac_check.checkpoint.quantized_layout import ByteReader
+    from gac_check.checkpoint.quantized.layout import ByteReader
+    from gac_check.checkpoint.quantized.scheme import Quantization
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_JSON_BYTES", "SAFETENSORS_DTYPES", "Checkpoint",
            "inside", "link_target", "open_checkpoint", "read_json", "read_safetensors_header"]
@@ -79,8 +79,8 @@ class Checkpoint:
     auxiliary: dict[str, str] = field(default_factory=dict)
     #: A GGUF file's header (container ``gguf``): its metadata, and each tensor's ggml type
     gguf: GgufHeader | None = None
-    #: The checkpoint's own quantization scheme (:mod:`gac_check.checkpoint.quantized`), whose
-    #: linears ``tensors`` holds at their logical [out, in] shapes; None when not quantized.
+    #: The checkpoint's own quantization scheme (:mod:`gac_check.checkpoint.quantized.reader`),
+    #: whose linears ``tensors`` holds at their logical [out, in] shapes; None when not quantized.
     quantization: Quantization | None = None
     #: Where ``config`` was read (:data:`CONFIG_SOURCES`): reported once beside the container,
     #: while every note and dtype source calls it "the config", so the check of a module in
@@ -202,7 +202,7 @@ def with_quantization(ckpt: Checkpoint, read: ByteReader | None = None) -> Check
     if quantization_config(ckpt) is None:
         refuse_stray_packed(ckpt)
         return ckpt
-    from gac_check.checkpoint.quantized import read_quantization
+    from gac_check.checkpoint.quantized.reader import read_quantization
 
     return read_quantization(ckpt, read)
 

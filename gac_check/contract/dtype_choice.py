@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.checkpoint.quantization import Quantization
+from gac_check.checkpoint.quantized.scheme import Quantization
 from gac_check.checkpoint.tensorinfo import DTYPE_ITEMSIZE
 from gac_check.errors import BadInput
 

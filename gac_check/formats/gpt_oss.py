@@ -21,7 +21,7 @@ so the clamped SwiGLU gives ``(clamp(up) + 1) * gate * sigmoid(alpha * gate)`` =
 loads the padded checkpoint in transformers' class and compares logits).
 
 The released checkpoints store the experts in MXFP4; their reader
-(:mod:`gac_check.checkpoint.quantized_mxfp4`) gives those tensors these logical names and
+(:mod:`gac_check.checkpoint.quantized.mxfp4`) gives those tensors these logical names and
 shapes, so the sites here are the same.
 """
 from __future__ import annotations

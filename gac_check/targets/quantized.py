@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gac_check.checkpoint.quantization import Quantization
+from gac_check.checkpoint.quantized.scheme import Quantization
 from gac_check.errors import BadInput
 from gac_check.targets.spec import Target
 

@@ -38,7 +38,7 @@ from gac_check.checkpoint.hub.listing import resolve
 from gac_check.checkpoint.hub.ref import HF_SCHEME, HubRef, looks_like_repo_id, parse_ref
 from gac_check.checkpoint.hub.transport import Fetch, Limits
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.checkpoint.quantized import hub_reader, read_quantization
+from gac_check.checkpoint.quantized.reader import hub_reader, read_quantization
 from gac_check.errors import BadInput
 
 __all__ = ["FIRST_READ", "HF_SCHEME", "HubRef", "RemoteCheckpoint", "looks_like_repo_id",

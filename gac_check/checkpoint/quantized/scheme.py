@@ -1,5 +1,5 @@
 """The noun a quantized checkpoint's reader produces: its scheme, as its own config and tensors
-say (:mod:`gac_check.checkpoint.quantized` reads it), what reports print of it, and what
+say (:mod:`gac_check.checkpoint.quantized.reader` reads it), what reports print of it, and what
 re-creates it after a repair of the unquantized model.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """GPTQ and AWQ checkpoints (``quant_method: "gptq"`` / ``"awq"``): each linear's int32
 ``qweight`` read at its logical [out, in], beside the ``scales`` and ``qzeros`` (and GPTQ's
 ``g_idx``) that dequantize it. The layouts, as AutoGPTQ, GPTQModel and AutoAWQ write them, are
-described in :mod:`gac_check.checkpoint.quantized`, which dispatches here.
+described in :mod:`gac_check.checkpoint.quantized.reader`, which dispatches here.
 
 A linear without one of its auxiliary tensors is a refusal naming that tensor: ``scales`` and
 ``qzeros`` always (both writers register them for every linear: AutoGPTQ
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-from gac_check.checkpoint.quantization import Quantization
-from gac_check.checkpoint.quantized_layout import Layout, config_bits, config_int, group_note
+from gac_check.checkpoint.quantized.layout import Layout, config_bits, config_int, group_note
+from gac_check.checkpoint.quantized.scheme import Quantization
 
 INT_DTYPE = {4: "int4", 8: "int8", 2: "int2", 3: "int3"}
 GPTQ_AUX = {"qzeros": "packed zero points", "scales": "group scales",

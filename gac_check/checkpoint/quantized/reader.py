@@ -44,7 +44,7 @@ The layouts, as the libraries that write them define them:
   8-bit (``Linear8bitLt._save_to_state_dict``): ``weight`` int8 [out, in], ``SCB`` [out] and,
   in older releases, ``weight_format``.
 
-- MXFP4 (gpt-oss's experts): :mod:`gac_check.checkpoint.quantized_mxfp4`.
+- MXFP4 (gpt-oss's experts): :mod:`gac_check.checkpoint.quantized.mxfp4`.
 
 Only two layouts keep a logical width in tensor data (compressed-tensors' ``weight_shape``,
 bitsandbytes' quantization state): those few bytes are read through
@@ -55,10 +55,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from gac_check.checkpoint.quantization import STRATEGIES, Quantization
-from gac_check.checkpoint.quantized_bnb import read_bitsandbytes
-from gac_check.checkpoint.quantized_gptq import INT_DTYPE, read_awq, read_gptq
-from gac_check.checkpoint.quantized_layout import (
+from gac_check.checkpoint.quantized.bnb import read_bitsandbytes
+from gac_check.checkpoint.quantized.gptq import INT_DTYPE, read_awq, read_gptq
+from gac_check.checkpoint.quantized.layout import (
     MAX_DATA_BYTES,
     ByteReader,
     Checkpoint,
@@ -69,12 +68,13 @@ from gac_check.checkpoint.quantized_layout import (
     hub_reader,
     local_bytes,
 )
-from gac_check.checkpoint.quantized_marks import (
+from gac_check.checkpoint.quantized.marks import (
     METHODS,
     quantization_config,
     refuse_stray_packed,
 )
-from gac_check.checkpoint.quantized_mxfp4 import read_mxfp4
+from gac_check.checkpoint.quantized.mxfp4 import read_mxfp4
+from gac_check.checkpoint.quantized.scheme import STRATEGIES, Quantization
 from gac_check.checkpoint.tensorinfo import IN_MEMORY
 from gac_check.errors import BadInput
 

@@ -1,5 +1,5 @@
 """The tensors of one quantized checkpoint as its layout's reader
-(:mod:`gac_check.checkpoint.quantized`) sees them: regrouped per module, the logical weights
+(:mod:`gac_check.checkpoint.quantized.reader`) sees them: regrouped per module, the logical weights
 and auxiliary tensors it records, and the few bounded data reads two layouts need (a local
 file through :func:`gac_check.checkpoint.files.open_regular`, a Hub shard by range request).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from gac_check.checkpoint.files import open_regular
-from gac_check.checkpoint.quantization import Quantization
+from gac_check.checkpoint.quantized.scheme import Quantization
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.errors import BadInput
 

@@ -10,7 +10,7 @@ and everything else (attention, router, embeddings, the experts' biases) left in
 of the projection and the result is transposed, so ``X`` is [E, groups * 32, rows]:
 ``gate_up_proj`` [E, hidden, 2I] from blocks [E, 2I, hidden / 32, 16], ``down_proj``
 [E, I, hidden] from blocks [E, hidden, I / 32, 16]. Here each pair becomes that one logical
-``X`` (:class:`gac_check.checkpoint.quantized_layout.Layout`), so :mod:`gac_check.formats.gpt_oss`
+``X`` (:class:`gac_check.checkpoint.quantized.layout.Layout`), so :mod:`gac_check.formats.gpt_oss`
 reads the same sites as from a bf16 checkpoint, and the scales are auxiliary.
 
 A 4-D ``_blocks`` tensor with anything but 16 bytes per group, a missing or misshapen
@@ -18,8 +18,8 @@ A 4-D ``_blocks`` tensor with anything but 16 bytes per group, a missing or miss
 """
 from __future__ import annotations
 
-from gac_check.checkpoint.quantization import Quantization
-from gac_check.checkpoint.quantized_layout import Layout
+from gac_check.checkpoint.quantized.layout import Layout
+from gac_check.checkpoint.quantized.scheme import Quantization
 from gac_check.checkpoint.tensorinfo import TensorInfo
 
 #: FP4 values per group (one shared exponent), and the bytes that hold them.

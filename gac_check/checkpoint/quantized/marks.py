@@ -1,7 +1,7 @@
 """What says a checkpoint is quantized: ``config.json``'s ``quantization_config``, or tensor
 names only a packed layout has.
 
-Split from the packed-layout reader (:mod:`gac_check.checkpoint.quantized`) because every
+Split from the packed-layout reader (:mod:`gac_check.checkpoint.quantized.reader`) because every
 check asks the question and most models answer no: the reader, its layouts and their imports
 are loaded only for a model that says it is quantized. A model whose tensors are packed but
 whose config does not say how is refused here, on every path, before any format reads it.
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from gac_check.errors import BadInput
 
 if TYPE_CHECKING:
-    from gac_check.checkpoint.quantized_layout import Indexed
+    from gac_check.checkpoint.quantized.layout import Indexed
 
 METHODS = ("compressed-tensors", "gptq", "awq", "fp8", "bitsandbytes", "mxfp4")
 #: Tensor name endings that only a quantized checkpoint holds: without a

@@ -1,5 +1,5 @@
 """bitsandbytes checkpoints (``quant_method: "bitsandbytes"``) as ``save_pretrained`` writes
-them, read at their logical [out, in] (the layouts: :mod:`gac_check.checkpoint.quantized`).
+them, read at their logical [out, in] (the layouts: :mod:`gac_check.checkpoint.quantized.reader`).
 
 Every 4-bit linear needs its ``weight.quant_state.bitsandbytes__<type>`` (the JSON holding its
 shape), ``weight.absmax`` and ``weight.quant_map``, and ``weight.nested_absmax`` /
@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 
 from gac_check.checkpoint.files import parse_json
-from gac_check.checkpoint.quantization import Quantization
-from gac_check.checkpoint.quantized_layout import Layout
-from gac_check.checkpoint.quantized_marks import BNB_STATE
+from gac_check.checkpoint.quantized.layout import Layout
+from gac_check.checkpoint.quantized.marks import BNB_STATE
+from gac_check.checkpoint.quantized.scheme import Quantization
 
 BNB4_AUX = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 
