@@ -145,3 +145,15 @@ def test_the_cli_judges_a_named_gpu_by_its_own_rules(tmp_path: Path):
                     if s["role"] == "intermediate"}
     assert any("cutlass_scaled_mm" in (k or "") for k in out["l4"]), out
     assert not any("cutlass_scaled_mm" in (k or "") for k in out["a100"]), out
+
+
+def test_a_gpu_with_nothing_published_borrows_no_other_gpus_figure():
+    """The L4's expected slowdown for a misaligned GEMM width is "not measured", saying that
+    nothing is published for it, where the A100 quotes its own published sweep."""
+    from gac_check.contract.evidence import evidence_for
+
+    for profile, borrowed in (("l4", False), ("b200", False), ("a100", True)):
+        fig = evidence_for(profile).figure(Role.INTERMEDIATE, 4001, 4008, "float16",
+                                           lambda u: -(-u // 8) * 8)
+        assert ("nothing is published for this GPU" in (fig.note or "")) is not borrowed, fig
+        assert (fig.hardware is not None) is borrowed, (profile, fig)
