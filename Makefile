@@ -79,6 +79,13 @@ engine-sources: $(STAMP)
 vllm-oracle: $(STAMP)
 	$(PY) tests/vllm_oracle.py --setup .cache/vllm-oracle
 
+# The SGLang oracle (tests/test_targets_sglang_oracle.py, slow tier) runs SGLang's own
+# attention-backend choice and vocabulary padding on this CPU: five modules of the release
+# wheel (pip download --no-deps, only those files unpacked) under .cache/sglang-oracle.
+.PHONY: sglang-oracle
+sglang-oracle: $(STAMP)
+	$(PY) tests/sglang_oracle.py --setup .cache/sglang-oracle
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports

@@ -14,7 +14,14 @@ import re
 from dataclasses import dataclass
 
 from gac_check.errors import HardwareMissing
-from gac_check.profiles import GPU_PROFILES, cpu_name, cpu_profile_key, cuda_profile
+from gac_check.profiles import (
+    BY_SM,
+    GPU_PROFILES,
+    capability,
+    cpu_name,
+    cpu_profile_key,
+    cuda_profile,
+)
 
 
 @dataclass(frozen=True)
@@ -22,7 +29,7 @@ class Device:
     """A device measurements run on and the baseline file key for it."""
 
     kind: str  # "cuda" | "cpu": where torch runs the kernels
-    profile: str  # a100, h100, h200; gpu for a GPU without a profile of its own; cpu
+    profile: str  # a named GPU (a100, l4, b200, ...); sm86 etc. by capability; gpu; cpu
     key: str  # baseline file key: a100, gpu-nvidia-l40s, cpu-amd-avx2, ...
 
     @property
@@ -60,7 +67,8 @@ def present() -> Device:
 
 def measuring(requested: str | None) -> Device:
     """The device ``--gpu requested`` measures on: ``auto`` (or None) whatever is present,
-    ``cpu`` the CPU, ``gpu`` any CUDA device, a GPU profile only that GPU.
+    ``cpu`` the CPU, ``gpu`` any CUDA device, a GPU profile only that GPU, a capability
+    profile (``sm89``) any GPU of that capability.
 
     Raises HardwareMissing, naming what is present, where the device asked for is absent.
     """
@@ -69,6 +77,9 @@ def measuring(requested: str | None) -> Device:
         return cpu()
     here = present()
     if req == "auto" or (req == "gpu" and here.kind == "cuda") or req == here.profile:
+        return here
+    if req in BY_SM.values() and here.profile not in ("cpu", "gpu") and capability(
+            req) == capability(here.profile):
         return here
     have = ("no CUDA device" if here.kind == "cpu" else
             f"a {here.key}" if here.profile == "gpu" else f"a {here.profile.upper()}")

@@ -190,6 +190,8 @@ class Evidence:
         why = (f"no {kind.upper()} sweep in {dtype} or its class ({dtype_class(dtype)}) for "
                f"the {self.profile} profile")
         there = f"; there are {', '.join(have)}" if have else ""
+        if self.profile not in PUBLISHED_FOR and self.profile != "cpu":
+            there += "; nothing is published for this GPU and no other GPU's figure is borrowed"
         return Slowdown.not_measured(f"{why}{there}; {BENCH_HINT}")
 
     def _note(self, sweep: Sweep, dtype: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from gac_check.contract.slowdown import Slowdown
+from gac_check.profiles import GENERIC_SM, GPU_BY_KEY, capability
 from gac_check.sites import DimSite, Role
 from gac_check.targets.blocks import recordable
 
@@ -227,25 +228,50 @@ K_SWEEP_FOR = {"a100": "a100", "gpu": "a100", "h100": "h100", "h200": "h100"}
 
 def _k_sweep_figure(profile: str) -> str:
     """The published figure behind the 32-byte rule, from the profile's own GPU: an H100 check
-    must not quote the A100 (whose gain the H100 sweep does not show)."""
-    gpu = K_SWEEP_FOR.get(profile, "a100")
+    must not quote the A100 (whose gain the H100 sweep does not show), and a GPU no sweep was
+    published for quotes none."""
+    gpu = K_SWEEP_FOR.get(profile)
+    if gpu is None:
+        title = GPU_BY_KEY[profile].title if profile in GPU_BY_KEY else profile
+        return (f"no K sweep is published for {title}; the rule is the MMA instruction's "
+                "k-step (PTX ISA mma.sync k16 for 16-bit, k32 for 8-bit)")
     at16, at8 = PUBLISHED_K_SWEEP[gpu]
     return (f"published {gpu.upper()} fp16 K sweep: {at16:g} vs {at8:g} TFLOP/s at multiples "
             "of 16 vs 8" + ("; on this GPU the gain is within noise" if at16 < 1.02 * at8
                             else ""))
 
 
+#: TMA (sm90 and newer: Hopper, Blackwell) takes a tensor map whose global strides are
+#: multiples of 16 bytes (CUDA Driver API, cuTensorMapEncodeTiled: "globalStrides ... must be a
+#: multiple of 16"): a misaligned K is not a slower kernel there but no TMA kernel at all.
+TMA_FROM_SM = 90
+
+
+def attention_buckets(sm: int) -> tuple[tuple[int, ...], str] | None:
+    """The FlashAttention head_dim buckets published for a capability, with their source;
+    None where none are published (Blackwell: FlashAttention-2's README lists Ampere, Ada and
+    Hopper, FlashAttention-3's README Hopper only)."""
+    if sm == 90:
+        return FA3_BUCKETS, "FlashAttention-3 (hopper/, Hopper only) compiles"
+    if 80 <= sm < 90:
+        return FA2_BUCKETS, ("FlashAttention-2 (README: Ampere, Ada or Hopper, e.g. A100, "
+                             "RTX 3090, RTX 4090) compiles")
+    return None
+
+
 def gpu_rules(dtype: str, profile: str) -> list[Rule]:
-    """Published GPU rules (the evidence adds what each costs where a sweep shows it)."""
+    """Published GPU rules for the profile's compute capability (the evidence adds what each
+    costs where a sweep shows it); a rule nothing publishes for that GPU is left out."""
     align = elements_per_16_bytes(dtype)
-    hopper = profile in ("h100", "h200")
-    buckets = FA3_BUCKETS if hopper else FA2_BUCKETS
+    sm = capability(profile) or GENERIC_SM
+    tma = sm >= TMA_FROM_SM
+    buckets = attention_buckets(sm)
     attn_half = dtype in ("float16", "bfloat16")
     rules = [
         Rule("gemm-align-16B", GEMM_ROLES, ERROR,
              f"Tensor Core GEMMs need K/N multiples of 16 bytes ({align} x {dtype}); cuBLAS "
-             "silently takes a slower kernel" + ("; Hopper TMA requires it" if hopper else ""),
-             modulus=align),
+             "silently takes a slower kernel"
+             + (f"; TMA (sm_{sm}) requires it" if tma else ""), modulus=align),
         Rule("gemm-optimal-32B", GEMM_ROLES, WARNING,
              f"MMA tiles reduce in 32-byte steps: multiples of {2 * align} reach full "
              f"throughput ({_k_sweep_figure(profile)})", modulus=2 * align),
@@ -256,11 +282,12 @@ def gpu_rules(dtype: str, profile: str) -> list[Rule]:
              "FlashAttention and SDPA's flash backend take head_dim <= 256", max_value=256,
              modulus=1),
     ]
-    if attn_half:
+    if attn_half and buckets is not None:
+        sizes, who = buckets
         rules.append(Rule(
             "attn-head-dim-bucket", frozenset({Role.HEAD_DIM}), WARNING,
-            f"FlashAttention compiles head_dim {', '.join(map(str, buckets))}; other sizes run "
-            "the next bucket with predication", allowed=buckets))
+            f"{who} head_dim {', '.join(map(str, sizes))}; other sizes run the next bucket "
+            "with predication", allowed=sizes))
     return rules
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from gac_check.profiles import PROFILES, capability
 from gac_check.sites import DimSite, Role
 from gac_check.targets import gguf
 from gac_check.targets.loadability import Loadability, ModelKind, judge_load
@@ -25,8 +26,9 @@ from gac_check.targets.spec import Target
 
 FAST, FALLBACK, REFUSED = "fast", "fallback", "refused"
 RANK = {FAST: 0, FALLBACK: 1, REFUSED: 2}
-#: The generic profile is judged as the oldest GPU the published contract covers (an A100).
-SM_OF_PROFILE = {"a100": 80, "h100": 90, "h200": 90, "gpu": 80, "cpu": None}
+#: Each profile's compute capability, what every GPU-dependent engine rule reads
+#: (gac_check.profiles: the generic profile is judged as an A100's sm80).
+SM_OF_PROFILE = {key: capability(key) for key in PROFILES}
 #: How far above a value the fixer looks for a fast size (then: padding cannot help).
 SEARCH_SPAN = 4096
 
