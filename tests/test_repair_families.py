@@ -1,0 +1,141 @@
+"""Issue 38 item 2: ``--repair`` writes a dense checkpoint only of a family whose repair is
+proven in the family's own class, and that proof is here.
+
+Each family in gac_check.padding.families.PROVEN is built tiny from its own transformers
+config class with every MLP / expert width 173 (tests/family_models.py), saved with
+save_pretrained (safetensors), repaired by the real CLI (``gac-check DIR --repair OUT``),
+loaded strictly by ``AutoModelForCausalLM.from_pretrained(OUT)`` (no missing, unexpected or
+mismatched key) and compared with the original's logits in fp32: a zero-padded gate/up row
+and down column add act(0) * 0 = 0 to every output, so the only difference is the summation
+order of the wider GEMM (max abs <= 1e-5 on logits of order 1). Every family in REFUSED is
+refused in one line naming why, nothing written. The sweep over every causal-LM type
+transformers ships (slow) holds the invariant that matters most: no ``--repair`` exits 0
+with an OUT its own class cannot load, and the tables list every type it repairs.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gac_check.padding.families import PROVEN
+from tests import family_models
+from tests.helpers import gac
+
+#: proven on every run (the issue's bug reports); the rest of PROVEN in the slow tier
+FAST = ("opt", "phi", "phi3", "cohere2_moe", "llama")
+IDS = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 64], [4, 4, 100, 8, 0, 17, 3, 127]])
+ATOL = 1e-5
+
+
+def _logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+def _repaired(model_type: str, root: Path, **overrides: object):
+    """(original model, OUT loaded strictly, OUT's config.json) after ``--repair``."""
+    model = family_models.build(model_type, **overrides)
+    model.save_pretrained(root / "in")
+    run = gac(root / "in", "--gpu", "h100", "--repair", root / "out")
+    assert run.returncode == 0, run.stdout + run.stderr
+    config = json.loads((root / "out" / "config.json").read_text())
+    return model, family_models.load(root / "out"), config
+
+
+def _assert_exact(model_type: str, root: Path, **overrides: object) -> None:
+    model, out, config = _repaired(model_type, root, **overrides)
+    widths = {k: config[k] for k in family_models.WIDTH_KEYS if isinstance(config.get(k), int)}
+    assert widths and all(w % 8 == 0 for w in widths.values()), widths  # padded and recorded
+    diff = (_logits(out) - _logits(model)).abs().max().item()
+    assert diff <= ATOL, f"{model_type}: logits differ by {diff}"
+
+
+@pytest.mark.parametrize("model_type", FAST)
+def test_repair_is_exact_in_the_familys_own_class(tmp_path: Path, model_type: str) -> None:
+    _assert_exact(model_type, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(PROVEN - set(FAST)))
+def test_repair_is_exact_in_every_proven_familys_own_class(tmp_path: Path,
+                                                            model_type: str) -> None:
+    _assert_exact(model_type, tmp_path)
+
+
+def test_cohere2_moe_experts_padded_in_config_json_too(tmp_path: Path) -> None:
+    """The bug: experts padded 173 -> 176 with config.json's intermediate_size (Cohere2-MoE's
+    expert width key) left at 173, so its class refused OUT; now the key is rewritten."""
+    _, out, config = _repaired("cohere2_moe", tmp_path)
+    assert config["intermediate_size"] == 176 and "moe_intermediate_size" not in config
+    assert out.model.layers[0].mlp.experts.down_proj.shape[-1] == 176
+
+
+def test_a_padded_width_config_json_does_not_record_is_refused(tmp_path: Path) -> None:
+    """Qwen2-MoE's experts padded with no ``moe_intermediate_size`` in config.json: OUT's
+    class would build the old width, so --repair refuses that site, names the key, and writes
+    no expert wider than the input's."""
+    family_models.build("qwen2_moe").save_pretrained(tmp_path / "in")
+    path = tmp_path / "in" / "config.json"
+    config = json.loads(path.read_text())
+    del config["moe_intermediate_size"]
+    path.write_text(json.dumps(config))
+    run = gac(tmp_path / "in", "--gpu", "h100", "--repair", tmp_path / "out")
+    assert "config.json has no moe_intermediate_size" in run.stdout + run.stderr
+    from safetensors import safe_open
+
+    out = tmp_path / "out" / "model.safetensors"
+    if out.exists():  # the other sites may be repaired; the experts are not
+        with safe_open(out, "pt") as f:
+            assert f.get_slice("model.layers.0.mlp.experts.0.up_proj.weight").get_shape()[0] \
+                == 173
+
+
+def test_a_family_no_test_proves_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A Llama-named checkpoint whose config says another model_type: the layout is read,
+    but that type's class is not proven to load OUT, so --repair refuses, writing nothing."""
+    family_models.build("llama").save_pretrained(tmp_path / "in")
+    path = tmp_path / "in" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "model_type": "helium"}))
+    run = gac(tmp_path / "in", "--gpu", "h100", "--repair", tmp_path / "out")
+    assert run.returncode == 2, run.stdout
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model_type 'helium'; --repair refuses it" in lines[0], lines
+    assert "no test builds it in its own class" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_fast_families_are_proven() -> None:
+    assert set(FAST) <= PROVEN
+
+
+@pytest.mark.slow
+def test_no_repair_exits_0_with_an_output_its_class_cannot_load(tmp_path: Path) -> None:
+    """Every causal-LM type transformers ships, built tiny: each is repaired exactly (and in
+    PROVEN), refused in one line (exit 2, nothing written), or not built at the tiny sizes;
+    a repair that exits 0 loads strictly in its own class with equal logits."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    repaired, wrong = [], []
+    for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        root = tmp_path / model_type
+        try:
+            model = family_models.build(model_type)
+            model.save_pretrained(root / "in")
+        except Exception:  # a family its defaults do not build tiny
+            continue
+        run = gac(root / "in", "--gpu", "h100", "--repair", root / "out")
+        if run.returncode != 0:
+            if len(run.stderr.strip().splitlines()) != 1 or (root / "out").exists():
+                wrong.append((model_type, run.stderr[-300:]))
+            continue
+        try:
+            diff = (_logits(family_models.load(root / "out")) - _logits(model)).abs().max()
+            assert diff <= ATOL, diff
+        except Exception as err:  # the finding is what is reported
+            wrong.append((model_type, repr(err)[:300]))
+        repaired.append(model_type)
+    assert not wrong, wrong
+    assert set(repaired) <= PROVEN, sorted(set(repaired) - PROVEN)
