@@ -144,3 +144,23 @@ def test_no_repair_exits_0_with_an_output_its_class_cannot_load(tmp_path: Path) 
         repaired.append(model_type)
     assert not wrong, wrong
     assert set(repaired) <= PROVEN, sorted(set(repaired) - PROVEN)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma2"])
+def test_a_rope_head_dim_is_refused_with_why_and_the_rest_repaired(tmp_path: Path,
+                                                                   model_type: str) -> None:
+    """head_dim 20 under RoPE cannot be zero-padded exactly (the rotary frequencies derive
+    from head_dim): --repair names that, pads the MLPs anyway, and OUT loads strictly in its
+    own class with the original's logits; the exit code is the re-check's (head_dim still
+    misaligned)."""
+    model = family_models.build(model_type, head_dim=20)
+    model.save_pretrained(tmp_path / "in")
+    run = gac(tmp_path / "in", "--gpu", "h100", "--dtype", "bfloat16", "--repair",
+              tmp_path / "out")  # 20 x 2 bytes: no 16-byte multiple
+    assert run.returncode in (0, 1), run.stdout + run.stderr
+    assert "rotary frequencies" in run.stdout, run.stdout
+    out = family_models.load(tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["head_dim"] == 20 and config["intermediate_size"] == 176
+    diff = (_logits(out) - _logits(model)).abs().max().item()
+    assert diff <= ATOL, diff
