@@ -164,3 +164,21 @@ def test_a_rope_head_dim_is_refused_with_why_and_the_rest_repaired(tmp_path: Pat
     assert config["head_dim"] == 20 and config["intermediate_size"] == 176
     diff = (_logits(out) - _logits(model)).abs().max().item()
     assert diff <= ATOL, diff
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "minicpm3", "youtu",
+                                        "sarvam_mla"])
+def test_latent_attention_families_repair_exactly_in_their_own_class(
+        tmp_path: Path, model_type: str) -> None:
+    """The MLA types (the ``mla`` format: DeepSeek's module names) at one KV head per query
+    head, as their classes build: whatever --repair pads (the MLPs, v_head_dim), OUT loads
+    strictly in the type's own class with the original's logits; the exit code is the
+    re-check's (the latents and the q/k head are refused, with why)."""
+    model = family_models.build(model_type, num_key_value_heads=4)
+    model.save_pretrained(tmp_path / "in")
+    run = gac(tmp_path / "in", "--gpu", "h100", "--repair", tmp_path / "out")
+    assert run.returncode in (0, 1), run.stdout + run.stderr
+    assert "padded" in run.stdout, run.stdout
+    diff = (_logits(family_models.load(tmp_path / "out")) - _logits(model)).abs().max().item()
+    assert diff <= ATOL, diff
