@@ -41,7 +41,7 @@ PROVEN: frozenset[str] = frozenset({
     "arcee", "bert", "cohere", "cohere2", "cohere2_moe", "cwm", "ernie4_5", "exaone4", "gemma",
     "gemma2", "gemma3_text", "gpt_oss", "granite", "granite_swa", "internlm3", "iquestcoder",
     "jais2", "llama", "mellum", "ministral3", "mistral", "mixtral", "nemotron", "olmo", "opt",
-    "phi", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss", "smollm3",
+    "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss", "smollm3",
     "stablelm", "vaultgemma",
 })
 
