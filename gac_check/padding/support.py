@@ -5,6 +5,9 @@ do, because users trust exit 0. So a pair is repaired only where tests load the 
 the compressor's own loading call (tests/compressors.py, tests/slicegpt.py) or gac-check's
 stock-model loaders (the equivalence suites) and compare logits; every other pair is refused
 before anything is written. docs/formats.md has the same table with what each cell means.
+A dense checkpoint with a ``model_type`` is held to that type instead: repaired only where
+padding/families.py's ``PROVEN`` says its own class loads the output
+(tests/test_repair_families.py).
 """
 from __future__ import annotations
 
