@@ -290,3 +290,27 @@ def test_repair_for_sglang_pads_a_pruned_v_head_to_fa3s_tile(tmp_path: Path) -> 
     assert json.loads((out / "config.json").read_text())["v_head_dim"] == 128
     after = check(out, "--target", "sglang", "--gpu", "h100")
     assert _kernels(after)["v_head_dim"] == ("fast", "fa3 (MHA prefill)")
+
+
+def test_a_query_and_key_nope_width_that_disagree_name_each_from_its_tensor(
+        tmp_path: Path) -> None:
+    """Issue 38's arithmetic bug: with q_b_proj one row per head wider than qk_nope 12 +
+    rope 8, the refusal said "kv_b_proj makes 26 rows per head, not qk_nope_head_dim +
+    v_head_dim = 13 + 14", calling q's 13 the nope width; kv_b_proj's own is 26 - 14 = 12
+    (the config's). Each width is now named from the tensor it is read from."""
+    from tests.helpers import rewrite_safetensors
+
+    src = save(tmp_path / "m", {**TINY, "num_hidden_layers": 1, "first_k_dense_replace": 1})
+
+    def widen_q(state: dict) -> None:
+        name = "model.layers.0.self_attn.q_b_proj.weight"
+        state[name] = torch.cat([state[name], state[name][:4]])  # 80 -> 84 rows: 21 a head
+
+    rewrite_safetensors(src, widen_q)
+    run = gac(src, "--format", "json", "--fail-on", "never")
+    assert run.returncode == 2, run.stdout
+    line = run.stderr.strip()
+    assert "q_proj makes 21 rows per head, so qk_nope_head_dim = 21 - qk_rope_head_dim 8 = 13" \
+        in line, line
+    assert "kv_b_proj makes 26 per head, so qk_nope_head_dim = 26 - v_head_dim 14" in line
+    assert "= 12: the query and key nope widths disagree" in line

@@ -106,7 +106,7 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     if ckpt.quantization is not None:
         raise BadInput(ckpt.quantization.refuse_padding("--repair"), ckpt.path)
     why = (gguf_instead(before.gguf.ftype) if before.gguf is not None
-           else unsupported(before.format.name, before.family))
+           else unsupported(before.format.name, before.family, ckpt.config.get("model_type")))
     if why:
         raise BadInput(why, ckpt.path)
     from gac_check.checkpoint.outdir import check_output_dir  # a fix only

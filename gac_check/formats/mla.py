@@ -148,8 +148,14 @@ def _dims(ckpt: Checkpoint, module: str, lin: MLALinears) -> MLADims:
     v = o_in // heads
     nope = q_out // heads - rope
     if kv_out // heads != nope + v:
-        raise BadInput(f"{module}: kv_b_proj makes {kv_out // heads} rows per head, not "
-                       f"qk_nope_head_dim + v_head_dim = {nope} + {v}", ckpt.path)
+        # each size named from the tensor it is read from: q_proj's rows give the query's
+        # nope part, kv_b_proj's the key's, and they disagree
+        raise BadInput(f"{module}: q_proj makes {q_out // heads} rows per head, so "
+                       f"qk_nope_head_dim = {q_out // heads} - qk_rope_head_dim {rope} = "
+                       f"{nope}; kv_b_proj makes {kv_out // heads} per head, so "
+                       f"qk_nope_head_dim = {kv_out // heads} - v_head_dim {v} (o_proj's "
+                       f"columns per head) = {kv_out // heads - v}: the query and key nope "
+                       "widths disagree", ckpt.path)
     q_rank = lin.q_a.out_features if lin.q_a else None
     return MLADims(heads, latent, q_rank, nope, rope, v)
 

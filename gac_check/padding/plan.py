@@ -24,6 +24,7 @@ from gac_check.contract.rules import ERROR, WARNING, Contract
 from gac_check.errors import BadInput
 from gac_check.formats.accounting import site_axes
 from gac_check.formats.declared import unrecorded_head_dim
+from gac_check.padding.families import unrecorded, with_width_keys
 from gac_check.sites import AxisKind, DimSite, Role
 from gac_check.targets.blocks import FFN_MULT, ffn_mult_for
 
@@ -220,7 +221,7 @@ def plan(sites: Iterable[DimSite], contract: Contract, strategy: str = "minimal"
     """
     if strategy not in STRATEGIES:
         raise BadInput(f"--strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
-    sites = list(sites)
+    sites = list(sites) if config is None else with_width_keys(sites, config)
     severities = STRATEGIES[strategy]
     widths = dict(widths or {})
     repairs: list[SiteRepair] = []
@@ -229,7 +230,8 @@ def plan(sites: Iterable[DimSite], contract: Contract, strategy: str = "minimal"
         target = widths.get(site.name) or contract.target(site, severities)
         if target <= site.value:
             continue
-        reason = _refusal(site, shapes) or dearer_than_dense(site, target, shapes)
+        reason = (_refusal(site, shapes) or dearer_than_dense(site, target, shapes)
+                  or (config is not None and unrecorded(site, config)))
         if reason:
             refused.append(Refusal(site, target, reason))
         else:

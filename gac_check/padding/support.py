@@ -5,8 +5,13 @@ do, because users trust exit 0. So a pair is repaired only where tests load the 
 the compressor's own loading call (tests/compressors.py, tests/slicegpt.py) or gac-check's
 stock-model loaders (the equivalence suites) and compare logits; every other pair is refused
 before anything is written. docs/formats.md has the same table with what each cell means.
+A dense checkpoint with a ``model_type`` is held to that type instead: repaired only where
+padding/families.py's ``PROVEN`` says its own class loads the output
+(tests/test_repair_families.py).
 """
 from __future__ import annotations
+
+from gac_check.padding.families import PROVEN
 
 #: format -> families whose repaired output is loaded and compared in the tests. ``llama``
 #: covers every model with Llama's module names (Llama, Mistral, Qwen2); ``mixtral`` and
@@ -30,8 +35,14 @@ REPAIRABLE: dict[str, frozenset[str]] = {
 }
 
 
-def unsupported(fmt: str, family: str | None) -> str | None:
-    """Why ``--repair`` refuses this pair, or None when it is tested end to end."""
+def unsupported(fmt: str, family: str | None, model_type: object = None) -> str | None:
+    """Why ``--repair`` refuses this pair, or None when it is tested end to end.
+
+    A dense checkpoint is judged by its config's ``model_type``, where it has one: repaired
+    only where that type's repair is proven in its own class (padding/families.py), since
+    one module layout ("llama") covers types whose classes build differently."""
+    if fmt == "dense" and isinstance(model_type, str):
+        return _dense_unsupported(model_type)
     tested = REPAIRABLE.get(fmt, frozenset())
     if family in tested:
         return None
@@ -40,6 +51,16 @@ def unsupported(fmt: str, family: str | None) -> str | None:
             f"families whose repaired output is tested in the compressor's own loader "
             f"({', '.join(sorted(tested)) or 'none'}), so it refuses rather than write one "
             "that may not load (the check above still holds)")
+
+
+def _dense_unsupported(model_type: str) -> str | None:
+    if model_type in PROVEN:
+        return None
+    return (f"is a dense checkpoint of model_type {model_type!r}; --repair refuses it "
+            "rather than write a checkpoint its own class may not load: no test builds it in "
+            "its own class, repairs it and loads the output strictly with equal logits "
+            "(tests/test_repair_families.py; the check above still holds; docs/repair.md "
+            "lists the families --repair writes)")
 
 
 def gguf_instead(ftype: str) -> str:

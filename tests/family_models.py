@@ -1,0 +1,72 @@
+"""Tiny models of any transformers causal-LM family, built from the family's own config class
+with every MLP / expert width misaligned (173 by default): what tests/test_repair_families.py
+repairs and loads back in the same class.
+
+Only sizes are set, by the key each config class has (``hidden_size`` or ``n_embd`` or
+``d_model``, ``intermediate_size`` or ``ffn_dim`` or ``n_inner`` or ``moe_intermediate_size``
+...); everything else is the class's default, so the model is the family's as transformers
+builds it. Special token ids are cleared: the defaults point past a 128-token vocabulary.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+#: every config key that records an MLP or expert width in some family
+WIDTH_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "moe_intermediate_size", "d_ff",
+              "ffn_hidden_size", "shared_expert_intermediate_size", "decoder_ffn_dim",
+              "inner_hidden_size")
+#: the tiny sizes, under every name a family's config may give them
+SIZES = {"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+         "n_embd": 64, "n_layer": 2, "n_head": 4, "d_model": 64, "n_positions": 64,
+         "num_layers": 2, "num_heads": 4, "decoder_layers": 2, "decoder_attention_heads": 4,
+         "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
+         "num_experts_per_tok": 2, "tie_word_embeddings": False, "pad_token_id": None,
+         "bos_token_id": 1, "eos_token_id": 2}
+#: a model above this many parameters has a size key the table does not set: not built
+MAX_PARAMS = 12_000_000
+
+
+def config(model_type: str, width: int = 173, **overrides: object):
+    """``model_type``'s own config class with the tiny sizes it has keys for, each width key
+    it has set to ``width``, then ``overrides``."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    probe = cls()
+    kwargs = {k: v for k, v in SIZES.items() if hasattr(probe, k)}
+    kwargs.update({k: width for k in WIDTH_KEYS if isinstance(getattr(probe, k, None), int)})
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+
+def build(model_type: str, width: int = 173, seed: int = 0, **overrides: object):
+    """The family's causal LM from :func:`config`, seeded, in eval mode, with eager experts
+    (transformers' grouped GEMM refuses an expert width of 173: its strides are not 16-byte
+    multiples). Raises ValueError when the tiny config still builds a big model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = config(model_type, width, **overrides)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+    if n > MAX_PARAMS:
+        raise ValueError(f"{n:,} parameters at the tiny sizes: a size key SIZES lacks")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    if getattr(model, "_can_set_experts_implementation", lambda: False)():
+        model.set_experts_implementation("eager")
+    return model
+
+
+def load(path: Path):
+    """OUT loaded strictly by transformers' Auto class, eager experts; raises AssertionError
+    naming the keys when any is missing, unexpected or mismatched."""
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v}
+    assert not bad, f"{path} does not load strictly: {bad}"
+    if getattr(model, "_can_set_experts_implementation", lambda: False)():
+        model.set_experts_implementation("eager")
+    return model.eval()
