@@ -51,7 +51,13 @@ from gac_check.contract.rules import Contract, Finding
 from gac_check.errors import BadInput
 from gac_check.formats.palu import VT
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.factors import PROVENANCE, RealignReport, select_ranks, svd_of_product
+from gac_check.ranks.factors import (
+    PROVENANCE,
+    RealignReport,
+    keep_best,
+    select_ranks,
+    svd_of_product,
+)
 from gac_check.ranks.measured import Truncated, measure
 from gac_check.ranks.whitened import stored_components
 from gac_check.sites import DimSite, Role
@@ -202,7 +208,7 @@ def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                             "used to measure only (each group's output error against its rows "
                             "of the dense K/V projection); the ranks are still selected from "
                             "PaLU's own group factors")
-    _write(ckpt, state, groups, report, force, recheck)
+    _write(ckpt, state, groups, keep_best(report, menus), force, recheck)
     return report
 
 

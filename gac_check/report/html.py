@@ -96,6 +96,7 @@ def render_html(runs: list[dict], title: str | None = None) -> str:
         charts_layers=charts.layers_text,
         kept_chart=charts.kept_chart,
         kept_totals=charts.kept_totals,
+        kept_label=charts.kept_label,
         output_chart=charts.output_chart,
     )
 
