@@ -285,7 +285,13 @@ def dense_cost(site: DimSite, shapes: Mapping[str, tuple[int, ...]]) -> tuple[in
 def dearer_than_dense(site: DimSite, target: int,
                       shapes: Mapping[str, tuple[int, ...]]) -> str | None:
     """Why padding a rank to ``target`` is refused when the padded factors would hold more
-    parameters than the dense matrix they approximate (None when they hold no more)."""
+    parameters than the dense matrix they approximate (None when they hold no more).
+
+    A PaLU group's latent is costed as what it is, the width the KV cache holds per token for
+    that group (:func:`latent_too_wide`): padding it up to the group's dense width is never
+    dearer than the uncompressed cache, whatever the factors hold."""
+    if latent_width(site, shapes) is not None:
+        return latent_too_wide(site, target, shapes)
     cost = dense_cost(site, shapes)
     if cost is None:
         return None
@@ -293,10 +299,46 @@ def dearer_than_dense(site: DimSite, target: int,
     factors = target * per_unit
     if factors <= dense:
         return None
+    instead = ("store the product of the factors as one dense weight (exact), or pad less "
+               if dense_loadable(site) else "re-select aligned ranks within the budget "
+               "(--realign OUT), or pad less ")
     return (f"padding the {site.role.value} {site.value} -> {target} would store {factors:,} "
-            f"parameters in the two factors, more than the dense matrix's {dense:,}: store "
-            "the product of the factors as one dense weight (exact), or pad less (another "
-            "--target or none) and accept the slower kernel")
+            f"parameters in the two factors, more than the dense matrix's {dense:,}: "
+            f"{instead}(another --target or none) and accept the slower kernel")
+
+
+def dense_loadable(site: DimSite) -> bool:
+    """Whether the format loads a dense ``X.weight`` where this factor pair is: ASVD's layout
+    does (a module without a truncation rank is a plain Linear, as ``--realign`` writes
+    it); SVD-LLM's u/v modules, PaLU's VT/U and MLA's latent projections have no dense form."""
+    return all(ax.tensor.endswith((".ALinear.weight", ".BLinear.weight")) for ax in site.axes)
+
+
+def latent_width(site: DimSite, shapes: Mapping[str, tuple[int, ...]]) -> int | None:
+    """A PaLU group latent's dense width (its ``U.{g}``'s rows: the K/V width the group's heads
+    would cache uncompressed), None for any other site."""
+    if site.role is not Role.KV_LATENT:
+        return None
+    prod = [ax for ax in site.axes if ax.kind is AxisKind.PRODUCER]
+    cons = [ax for ax in site.axes if ax.kind is AxisKind.CONSUMER]
+    if (len(prod) != 1 or len(cons) != 1 or not prod[0].tensor.endswith(".VT.weight")
+            or cons[0].tensor not in shapes):
+        return None
+    return int(shapes[cons[0].tensor][0])
+
+
+def latent_too_wide(site: DimSite, target: int,
+                    shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why a PaLU latent is not padded to ``target``: past the group's dense width its cache
+    would hold more per token than the uncompressed model's (None up to that width)."""
+    width = latent_width(site, shapes)
+    if width is None or target <= width:
+        return None
+    return (f"padding the {site.role.value} {site.value} -> {target} would make the group's "
+            f"latent (what the KV cache holds per token) wider than its dense width {width}: "
+            "PaLU has no dense form of this group to store instead; pad less (--strategy "
+            "minimal, another --target or none) or re-compress the group at an aligned rank "
+            "(--realign OUT)")
 
 
 def _ffn_mult_edits(sites: list[DimSite], repairs: list[SiteRepair]) -> list[ConfigEdit]:
