@@ -13,7 +13,7 @@ import json
 
 from safetensors import safe_open
 
-from gac_check.padding.plan import dearer_than_dense, dense_cost
+from gac_check.padding.dense_cost import dearer_than_dense, dense_cost
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 from tests import helpers
 

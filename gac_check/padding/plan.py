@@ -24,6 +24,7 @@ from gac_check.contract.rules import ERROR, WARNING, Contract
 from gac_check.errors import BadInput
 from gac_check.formats.accounting import site_axes
 from gac_check.formats.declared import unrecorded_head_dim
+from gac_check.padding.dense_cost import dearer_than_dense
 from gac_check.sites import AxisKind, DimSite, Role
 from gac_check.targets.blocks import FFN_MULT, ffn_mult_for
 
@@ -266,79 +267,6 @@ def _refusal(site: DimSite, shapes: Mapping[str, tuple[int, ...]]) -> str | None
             return (f"{ax.tensor} axis {ax.axis} has {shape[ax.axis]} entries but the site "
                     f"spans {end}; tensors and site disagree")
     return None
-
-
-def dense_cost(site: DimSite, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, int] | None:
-    """For a low-rank rank or latent: the dense matrix's parameters (out x in) and what one
-    unit of rank costs in the two factors (in + out); None for any other site."""
-    if site.role not in (Role.RANK, Role.KV_LATENT):
-        return None
-    prod = [ax for ax in site.axes if ax.kind is AxisKind.PRODUCER]
-    cons = [ax for ax in site.axes if ax.kind is AxisKind.CONSUMER]
-    if len(prod) != 1 or len(cons) != 1 or any(ax.tensor not in shapes for ax in prod + cons):
-        return None
-    n_in = math.prod(n for i, n in enumerate(shapes[prod[0].tensor]) if i != prod[0].axis)
-    n_out = math.prod(n for i, n in enumerate(shapes[cons[0].tensor]) if i != cons[0].axis)
-    return n_out * n_in, n_in + n_out
-
-
-def dearer_than_dense(site: DimSite, target: int,
-                      shapes: Mapping[str, tuple[int, ...]]) -> str | None:
-    """Why padding a rank to ``target`` is refused when the padded factors would hold more
-    parameters than the dense matrix they approximate (None when they hold no more).
-
-    A PaLU group's latent is costed as what it is, the width the KV cache holds per token for
-    that group (:func:`latent_too_wide`): padding it up to the group's dense width is never
-    dearer than the uncompressed cache, whatever the factors hold."""
-    if latent_width(site, shapes) is not None:
-        return latent_too_wide(site, target, shapes)
-    cost = dense_cost(site, shapes)
-    if cost is None:
-        return None
-    dense, per_unit = cost
-    factors = target * per_unit
-    if factors <= dense:
-        return None
-    instead = ("store the product of the factors as one dense weight (exact), or pad less "
-               if dense_loadable(site) else "re-select aligned ranks within the budget "
-               "(--realign OUT), or pad less ")
-    return (f"padding the {site.role.value} {site.value} -> {target} would store {factors:,} "
-            f"parameters in the two factors, more than the dense matrix's {dense:,}: "
-            f"{instead}(another --target or none) and accept the slower kernel")
-
-
-def dense_loadable(site: DimSite) -> bool:
-    """Whether the format loads a dense ``X.weight`` where this factor pair is: ASVD's layout
-    does (a module without a truncation rank is a plain Linear, as ``--realign`` writes
-    it); SVD-LLM's u/v modules, PaLU's VT/U and MLA's latent projections have no dense form."""
-    return all(ax.tensor.endswith((".ALinear.weight", ".BLinear.weight")) for ax in site.axes)
-
-
-def latent_width(site: DimSite, shapes: Mapping[str, tuple[int, ...]]) -> int | None:
-    """A PaLU group latent's dense width (its ``U.{g}``'s rows: the K/V width the group's heads
-    would cache uncompressed), None for any other site."""
-    if site.role is not Role.KV_LATENT:
-        return None
-    prod = [ax for ax in site.axes if ax.kind is AxisKind.PRODUCER]
-    cons = [ax for ax in site.axes if ax.kind is AxisKind.CONSUMER]
-    if (len(prod) != 1 or len(cons) != 1 or not prod[0].tensor.endswith(".VT.weight")
-            or cons[0].tensor not in shapes):
-        return None
-    return int(shapes[cons[0].tensor][0])
-
-
-def latent_too_wide(site: DimSite, target: int,
-                    shapes: Mapping[str, tuple[int, ...]]) -> str | None:
-    """Why a PaLU latent is not padded to ``target``: past the group's dense width its cache
-    would hold more per token than the uncompressed model's (None up to that width)."""
-    width = latent_width(site, shapes)
-    if width is None or target <= width:
-        return None
-    return (f"padding the {site.role.value} {site.value} -> {target} would make the group's "
-            f"latent (what the KV cache holds per token) wider than its dense width {width}: "
-            "PaLU has no dense form of this group to store instead; pad less (--strategy "
-            "minimal, another --target or none) or re-compress the group at an aligned rank "
-            "(--realign OUT)")
 
 
 def _ffn_mult_edits(sites: list[DimSite], repairs: list[SiteRepair]) -> list[ConfigEdit]:
