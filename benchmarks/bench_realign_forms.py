@@ -1,4 +1,4 @@
-"""Realign quality on a real model compressed SVD-LLM's way and PaLU's way (issue 31).
+"""Realign quality on a real model compressed ASVD's, SVD-LLM's and PaLU's way (issues 31, 40).
 
 Dense all-MiniLM-L6-v2 (the bundled real model) is compressed as each compressor does it:
 
@@ -13,31 +13,47 @@ Dense all-MiniLM-L6-v2 (the bundled real model) is compressed as each compressor
   grouped-head decomposition), every group ``W_g`` factorised the same whitened way at a rank
   keeping ``ratio`` of its parameters.
 
+- **ASVD** (hahnyuan/ASVD4LLM, ``act_aware``, alpha 0.5): every layer matrix scaled by its
+  inputs' ``mean|x|^0.5`` per channel before the SVD, truncated at the same ratio's rank, the
+  scaling undone in the right factor (what ``--realign --base --calib`` re-truncates: the
+  components of ``svd(W diag(s))``, valued by their squared singular values).
+
 Then each form's ranks are made fast (multiples of the default profile's float16 rank rule)
 three ways under the compressor's own parameter budget, each chosen by gac-check's code:
 
 - ``round down`` / ``round up``: every rank to the nearest rank on its menu below / above
   (:func:`gac_check.ranks.kept.rounded`; up is over the budget);
-- ``knapsack``: ``--realign``'s choice (:func:`gac_check.ranks.factors.select_ranks` over
+- ``round nearest``: each rank to the nearer of the two while the budget lasts
+  (:func:`gac_check.ranks.guarantee.nearest_within`);
+- ``knapsack``: the knapsack's plan (:func:`gac_check.ranks.factors.select_ranks` over
   the menus ``--realign`` offers without ``--base``: aligned ranks within each factor pair's
   own and the next one above, zero-padded; components valued by
   :func:`gac_check.ranks.whitened.stored_components`, ``||u[:, i]||^2``, the whitened singular
-  values), which is what ``gac-check SVDLLM|PALU --realign OUT`` runs on a Llama.
+  values; each rank at most one menu step below its own rounded down,
+  :func:`gac_check.ranks.guarantee.bounded`), which is what ``gac-check SVDLLM|PALU --realign
+  OUT`` runs on a Llama;
+- ``--realign (written)``: what ``--realign --base --calib`` writes: the best of knapsack,
+  round nearest and round down on the whole model's mean token cosine to dense on the first
+  16 calibration lines (``model_output.MODEL_LINES``; :func:`gac_check.ranks.guarantee.choose`).
+  The held-out sentences below never enter that choice.
 
 The CLI refuses these forms on a BERT (its SVD-LLM and PaLU writers are tested only in Llama
 loaders), so the variants are evaluated in memory: each compressed linear's weight replaced by
 its factors' product (or the groups' products stacked), truncated to the chosen rank as the
 realign writes it (the leading stored components; zero padding up is exact). Measured against
-the dense model on real English sentences (other docstrings than the calibration text): mean
+the dense model on held-out real English sentences (other modules' docstrings than the
+calibration text, which the choice never saw): mean
 and minimum cosine of mean-pooled embeddings, the relative error of the last hidden states, and
 the fraction of the whitened energy kept (the knapsack's objective).
 
     python benchmarks/bench_realign_forms.py [--ratios 0.8 0.6 0.4] [--sentences 128]
+                                             [--forms asvd svd-llm palu]
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -56,11 +72,14 @@ from gac_check.models.compress import layer_linears
 from gac_check.models.loaders import load_model
 from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.factors import rank_alignment, select_ranks
-from gac_check.ranks.kept import DOWN, INPUT, REALIGNED, UP
+from gac_check.ranks.guarantee import WRITABLE, choose
+from gac_check.ranks.kept import DOWN, INPUT, NEAREST, REALIGNED, UP
+from gac_check.ranks.model_output import MODEL_LINES
 from gac_check.ranks.whitened import stored_components
 
-VARIANTS = {INPUT: "compressed (misaligned)", DOWN: "round down", UP: "round up",
-            REALIGNED: "knapsack (--realign)"}
+VARIANTS = {INPUT: "compressed (misaligned)", DOWN: "round down", NEAREST: "round nearest",
+            UP: "round up", REALIGNED: "knapsack"}
+WRITTEN = "--realign (written)"
 #: The linears PaLU factorises (BERT's names for K and V).
 KV = ("attention.self.key", "attention.self.value")
 
@@ -75,10 +94,12 @@ class Pair:
     u: torch.Tensor  # [rows, r]: U_r sqrt(Sigma_r), columns orthogonal
     v: torch.Tensor  # [r, in]
     energy: float  # the whole whitened spectrum's sum Sigma^2, the dense matrix's
+    #: the compressor's rank where the factors hold more components (ASVD with its dense base)
+    own: int | None = None
 
     @property
     def rank(self) -> int:
-        return self.u.shape[1]
+        return self.own if self.own is not None else self.u.shape[1]
 
     def product(self, rank: int) -> torch.Tensor:
         """The pair at ``rank``: its leading components, or all of them zero-padded above."""
@@ -100,6 +121,7 @@ class Row:
     mean_cos: float
     min_cos: float
     rel_error: float
+    calib_cos: float = float("nan")  # mean token cosine on the calibration lines (the choice's)
 
 
 def input_grams(model: nn.Module, batch: dict, mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -142,6 +164,48 @@ def whitened_pair(w: torch.Tensor, s: torch.Tensor, rank: int
     return u[:, :rank] * root, root[:, None] * right, float(sigma.square().sum())
 
 
+def asvd_pairs(weights: dict[str, torch.Tensor], absmean: dict[str, torch.Tensor],
+               ratio: float) -> list[Pair]:
+    """ASVD's factors (``act_aware``, alpha 0.5): ``svd(W diag(s))``, ``s = mean|x|^0.5``,
+    split as ``U sqrt(S)`` and ``sqrt(S) Vh / s`` so ``||u[:, i]||^2`` is the scaled singular
+    value the knapsack values, at SVD-LLM's rank formula for the ratio."""
+    pairs = []
+    for name, w in weights.items():
+        s = absmean[name].clamp_min(1e-6).sqrt()
+        u, sigma, vt = torch.linalg.svd(w.double() * s, full_matrices=False)
+        root = sigma.sqrt()
+        pairs.append(Pair(name, name, slice(0, w.shape[0]), u * root, root[:, None] * vt / s,
+                          float(sigma.square().sum()), svd_rank(*w.shape, ratio)))
+    return pairs
+
+
+def input_absmean(model: nn.Module, batch: dict, mask: torch.Tensor
+                  ) -> dict[str, torch.Tensor]:
+    """Each layer linear's mean |x| per input channel over real tokens (ASVD's scaling)."""
+    sums: dict[str, torch.Tensor] = {}
+    keep = mask.reshape(-1).bool()
+    hooks = []
+    for name, lin in layer_linears(model).items():
+        def hook(_, args, _out, name=name):
+            x = args[0].reshape(-1, args[0].shape[-1])[keep].double()
+            sums[name] = sums.get(name, 0) + x.abs().sum(0)
+        hooks.append(lin.register_forward_hook(hook))
+    with torch.no_grad():
+        model(**batch)
+    for h in hooks:
+        h.remove()
+    return {n: v / int(keep.sum()) for n, v in sums.items()}
+
+
+def token_cosine(embedder: Embedder, model: nn.Module) -> float:
+    """Mean over real tokens of the last hidden state's cosine to dense (model_output's
+    figure, which --realign --base --calib chooses by)."""
+    hidden = embedder._hidden(model)
+    keep = embedder.mask.squeeze(-1).bool()
+    return float(nn.functional.cosine_similarity(hidden[keep], embedder.hidden[keep],
+                                                 dim=-1).mean())
+
+
 def svd_rank(m: int, n: int, ratio: float) -> int:
     """The rank keeping ``ratio`` of an [m, n] matrix's parameters (SVD-LLM's formula)."""
     return max(1, int(m * n * ratio / (m + n)))
@@ -174,6 +238,10 @@ def menu(pair: Pair, align: int) -> RankMenu:
     ``rank_menus(pad_up=True)``, ranks.grouped ``group_menus``): the aligned ranks within its
     own, and the next aligned one above it, zero-padded; no dense."""
     m, n = pair.u.shape[0], pair.v.shape[1]
+    if pair.own is not None:  # --base: any aligned rank below the break-even (dense not
+        top = min(m, n, (m * n - 1) // (m + n))  # evaluated here)
+        return RankMenu(pair.site, m, n, pair.rank, tuple(range(align, top + 1, align)), "",
+                        "")
     up = min(-(-pair.rank // align) * align, m, n)
     ranks = tuple(range(align, max(pair.rank, up, align) + 1, align))
     return RankMenu(pair.site, m, n, pair.rank, ranks, "", "", True)
@@ -207,7 +275,7 @@ def realised(dense: nn.Module, pairs: list[Pair], ranks: dict[str, int]) -> nn.M
 
 
 def compare(dense_dir: Path, ratios: Sequence[float], texts: list[str], calib: list[str],
-            forms: Sequence[str] = ("svd-llm", "palu"), group_heads: int = 4,
+            forms: Sequence[str] = ("asvd", "svd-llm", "palu"), group_heads: int = 4,
             max_length: int = 128, gpu: str = "auto", dtype: str = "float16") -> list[Row]:
     """Every form's variants at every ratio, measured against ``dense_dir``."""
     from transformers import AutoTokenizer
@@ -219,40 +287,52 @@ def compare(dense_dir: Path, ratios: Sequence[float], texts: list[str], calib: l
                 return_tensors="pt")
     scales = {n: whitening(g) for n, g in
               input_grams(dense, batch, batch["attention_mask"]).items()}
+    absmean = input_absmean(dense, batch, batch["attention_mask"])
     weights = {n: lin.weight.detach() for n, lin in layer_linears(dense).items()}
     embedder = Embedder(dense_dir, texts, max_length)
+    chooser = Embedder(dense_dir, calib[:MODEL_LINES], max_length)
     groups = dense.config.num_attention_heads // group_heads
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for form in forms:
             for ratio in ratios:
                 pairs = (svdllm_pairs(weights, scales, ratio) if form == "svd-llm"
+                         else asvd_pairs(weights, absmean, ratio) if form == "asvd"
                          else palu_pairs(weights, scales, ratio, groups))
                 ranks, kept, budget = plans(pairs, align, Path(tmp))
                 dense_params = sum(p.u.shape[0] * p.v.shape[1] for p in pairs)
+                got = {}
                 for variant, label in VARIANTS.items():
                     r = ranks[variant]
                     model = realised(dense, pairs, r)
                     _, mean_cos, min_cos, rel = embedder.distance_of(model)
-                    rows.append(Row(form, ratio, label,
-                                    sum(r[p.site] * (p.u.shape[0] + p.v.shape[1])
-                                        for p in pairs),
-                                    budget, dense_params,
-                                    sum(r[p.site] % align != 0 for p in pairs),
-                                    kept[variant], mean_cos, min_cos, rel))
+                    got[variant] = Row(form, ratio, label,
+                                       sum(r[p.site] * (p.u.shape[0] + p.v.shape[1])
+                                           for p in pairs),
+                                       budget, dense_params,
+                                       sum(r[p.site] % align != 0 for p in pairs),
+                                       kept[variant], mean_cos, min_cos, rel,
+                                       token_cosine(chooser, model))
+                verdict = choose({c: got[c].calib_cos for c in WRITABLE},
+                                 {c: got[c].params <= budget for c in WRITABLE},
+                                 "calibration lines", True)
+                written = dataclasses.replace(got[verdict.written],
+                                              variant=f"{WRITTEN}: {verdict.written}")
+                rows += [*got.values(), written]
     return rows
 
 
 def table(rows: list[Row]) -> str:
     lines = ["| form | keep | variant | params (% of the compressed matrices) | within budget "
-             "| misaligned ranks | whitened energy kept (of dense) | mean cos | min cos "
-             "| rel. output error |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| misaligned ranks | energy kept (of dense) | calib token cos | held-out mean "
+             "cos | held-out min cos | held-out rel. output error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r.form} | {r.ratio:.0%} | {r.variant} | {r.params:,} "
             f"({r.params / r.dense_params:.1%}) | {'yes' if r.params <= r.budget else '**no**'} "
-            f"| {r.misaligned} | {r.kept:.4%} | {r.mean_cos:.4f} | {r.min_cos:.4f} "
-            f"| {r.rel_error:.4f} |")
+            f"| {r.misaligned} | {r.kept:.4%} | {r.calib_cos:.4f} | {r.mean_cos:.4f} "
+            f"| {r.min_cos:.4f} | {r.rel_error:.4f} |")
     return "\n".join(lines)
 
 
@@ -261,8 +341,8 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("--ratios", type=float, nargs="+", default=[0.8, 0.6, 0.4])
-    p.add_argument("--forms", nargs="+", default=["svd-llm", "palu"],
-                   choices=["svd-llm", "palu"])
+    p.add_argument("--forms", nargs="+", default=["asvd", "svd-llm", "palu"],
+                   choices=["asvd", "svd-llm", "palu"])
     p.add_argument("--sentences", type=int, default=128)
     p.add_argument("--calib-lines", type=int, default=128)
     p.add_argument("--group-heads", type=int, default=4, help="PaLU's heads per group")

@@ -98,8 +98,9 @@ def menu(m: int, n: int) -> list[int]:
 def expected(dense, ranks: dict[str, int], root: Path) -> dict[str, dict]:
     """Per matrix, from first principles: each choice's rank, parameters and kept fraction."""
     factors = load_file(str(root / "compressed" / "model.safetensors"))
-    plan = {c["name"]: c["rank"] for c in
-            json.loads((root / "out" / "gac-realign.json").read_text())["plan"]["choices"]}
+    record = json.loads((root / "out" / "gac-realign.json").read_text())
+    plan = {k["module"]: k["ranks"]["realigned"] for k in record["quality"]["matrices"]}
+    written = {c["name"]: c["rank"] for c in record["plan"]["choices"]}
     out = {}
     for name, lin in layer_linears(dense).items():
         w = lin.weight.detach().double()
@@ -113,12 +114,42 @@ def expected(dense, ranks: dict[str, int], root: Path) -> dict[str, dict]:
         choice = {"input": r, "realigned": plan[name],
                   "round down": max([c for c in cands if c <= r], default=cands[0]),
                   "round up": min([c for c in cands if c >= r], default="dense")}
+        out[name] = {"ranks": choice, "w": w, "s2": s2, "energy": energy, "a": a, "b": b}
+    nearest = nearest_within({n: (o["w"].shape, o["ranks"]) for n, o in out.items()})
+    for name, o in out.items():
+        choice, (m, n), s2, energy = o["ranks"], o["w"].shape, o["s2"], o["energy"]
+        choice["round nearest"] = nearest[name]
+        w, a, b = o["w"], o["a"], o["b"]
         fractions = {c: 1.0 if k == "dense" else float(s2[:k].sum()) / energy
                      for c, k in choice.items()}
         fractions["input"] = 1 - float(((w - a @ b) ** 2).sum()) / energy
         out[name] = {"ranks": choice, "fraction": fractions, "energy": energy,
                      "params": {c: m * n if k == "dense" else k * (m + n)
                                 for c, k in choice.items()}}
+    # what was written is one of the plans compared (the best measured of them)
+    assert any(written == {n: o["ranks"][c] for n, o in out.items()}
+               for c in ("realigned", "round nearest", "round down"))
+    return out
+
+
+def nearest_within(rows: dict[str, tuple]) -> dict[str, object]:
+    """Each rank rounded to the nearer aligned rank in parameters; where that spends more than
+    the input's own budget, the matrices farthest above their own rank go back down first."""
+    def params(shape, k):
+        return shape[0] * shape[1] if k == "dense" else k * (shape[0] + shape[1])
+
+    out = {n: r["round down"] for n, (_, r) in rows.items()}
+    budget = sum(params(shape, r["input"]) for shape, r in rows.values())
+    spent = sum(params(shape, out[n]) for n, (shape, _) in rows.items())
+    ups = sorted((params(shape, r["round up"]) - params(shape, r["input"]), n)
+                 for n, (shape, r) in rows.items()
+                 if params(shape, r["round up"]) - params(shape, r["input"])
+                 < params(shape, r["input"]) - params(shape, r["round down"]))
+    for _dist, n in ups:
+        shape, r = rows[n]
+        extra = params(shape, r["round up"]) - params(shape, out[n])
+        if spent + extra <= budget:
+            out[n], spent = r["round up"], spent + extra
     return out
 
 
@@ -141,7 +172,8 @@ def test_the_totals_weigh_each_matrix_by_its_energy_and_judge_the_budget(realign
     want = expected(dense, ranks, root)
     energy = sum(w["energy"] for w in want.values())
     budget = sum(w["params"]["input"] for w in want.values())
-    assert list(chart.totals) == ["input", "realigned", "round down", "round up"]
+    assert list(chart.totals) == ["input", "realigned", "round down", "round nearest",
+                                  "round up"]
     for choice, cells in chart.totals.items():
         _label, params, within, fraction, shown = cells
         kept = sum(w["fraction"][choice] * w["energy"] for w in want.values()) / energy
@@ -157,7 +189,8 @@ def test_the_totals_weigh_each_matrix_by_its_energy_and_judge_the_budget(realign
     share = {c: f"{float(cells[3]):.2%} ({'within' if cells[2] == 'yes' else 'over'} the "
                 "budget)" for c, cells in chart.totals.items()}
     assert (f"  energy kept: input {share['input']}, realigned {share['realigned']}; each rank "
-            f"rounded down {share['round down']}, rounded up {share['round up']}\n"
+            f"rounded down {share['round down']}, to the nearest {share['round nearest']}, "
+            f"up {share['round up']}\n"
             in (root / "summary.txt").read_text())
 
 
@@ -198,14 +231,25 @@ def test_a_palu_realign_charts_each_group_in_its_whitened_basis(tmp_path):
     plan = {c["name"]: c["rank"] for c in
             json.loads((tmp_path / "out" / "gac-realign.json").read_text())["plan"]["choices"]}
     assert set(chart.marks) == set(plan) and len(plan) == 8  # 2 layers x k, v x 2 groups
+    rows = {}
+    for name in chart.marks:
+        module, _, g = name.rpartition(":group")
+        u, vt = state[f"{module}.U.{g}.weight"], state[f"{module}.VT.weight"]
+        rank = u.shape[1]
+        rows[name] = ((u.shape[0], vt.shape[1]),
+                      {"input": rank, "round down": rank // ALIGN * ALIGN,
+                       "round up": -(-rank // ALIGN) * ALIGN})
+    nearest = nearest_within(rows)
     for name, marks in chart.marks.items():
         module, _, g = name.rpartition(":group")
         u = state[f"{module}.U.{g}.weight"].double()
         energy = u.square().sum(0).sort(descending=True).values.square()
         rank = u.shape[1]
         down, up = rank // ALIGN * ALIGN, -(-rank // ALIGN) * ALIGN
+        near = nearest[name]
         want = {"input": 1.0, "round up": 1.0,
                 "round down": float(energy[:down].sum() / energy.sum()),
+                "round nearest": float(energy[:near].sum() / energy.sum()),
                 "realigned": float(energy[:plan[name]].sum() / energy.sum())}
         assert marks == pytest.approx(want, abs=2e-6), name
         assert chart.rank_text[name] == f"{rank} → {plan[name]}"

@@ -13,7 +13,7 @@ import json
 
 from safetensors import safe_open
 
-from gac_check.padding.plan import dearer_than_dense, dense_cost
+from gac_check.padding.dense_cost import dearer_than_dense, dense_cost
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 from tests import helpers
 
@@ -39,18 +39,56 @@ def test_the_issues_asvd_lm_head_rank_81_to_256():
     assert why is not None and "321,536" in why and "256,000" in why
 
 
-def test_a_palu_group_latent_is_judged_against_its_groups_dense_width():
-    """Group 1 of a VT [64 + 64, 4096] whose U.1 is [128, 64]: the dense width per group is
-    128 x 4096; 124 is the last latent whose factors cost no more, and the issue's 256 is
-    refused."""
-    shapes = {"k.VT.weight": (128, 4096), "k.U.1.weight": (128, 64)}
-    axes = [TensorAxis("k.VT.weight", 0, AxisKind.PRODUCER, start=64),
+def palu_group(rank: int, width: int, n_in: int, start: int = 0) -> tuple[DimSite, dict]:
+    shapes = {"k.VT.weight": (start + rank, n_in), "k.U.1.weight": (width, rank)}
+    axes = [TensorAxis("k.VT.weight", 0, AxisKind.PRODUCER, start=start),
             TensorAxis("k.U.1.weight", 1, AxisKind.CONSUMER)]
-    site = DimSite("k:group1", Role.KV_LATENT, 64, axes)
-    assert dense_cost(site, shapes) == (128 * 4096, 4096 + 128)
-    assert dearer_than_dense(site, 124, shapes) is None
-    assert dearer_than_dense(site, 125, shapes) is not None
-    assert "1,081,344" in dearer_than_dense(site, 256, shapes)  # type: ignore[operator]
+    return DimSite("k:group1", Role.KV_LATENT, rank, axes), shapes
+
+
+def test_a_palu_group_latent_is_costed_as_the_kv_cache_width_it_is():
+    """Issue 40: a latent is what the KV cache holds per token. The issue's group (64 rows of
+    K/V from a 256-wide input) pads 57 -> 64 although its factors then hold 20,480 parameters
+    against the dense 16,384: 64 is the group's dense width, the cache no wider than dense.
+    One past it is refused, with no dense product offered (PaLU's module has none)."""
+    site, shapes = palu_group(57, 64, 256)
+    assert dearer_than_dense(site, 64, shapes) is None
+    why = dearer_than_dense(site, 65, shapes)
+    assert why is not None and "dense width 64" in why and "KV cache" in why
+    assert "dense weight" not in why and "no dense form" in why
+    site, shapes = palu_group(64, 128, 4096, start=64)  # a wide group: up to 128, not 124
+    assert dearer_than_dense(site, 128, shapes) is None
+    assert dearer_than_dense(site, 129, shapes) is not None
+
+
+def test_the_dense_product_is_offered_only_where_the_format_loads_one():
+    site, shapes = asvd_rank(46, 64, 176)  # ASVD: a module without a rank is a plain Linear
+    assert "one dense weight" in dearer_than_dense(site, 48, shapes)  # type: ignore[operator]
+    shapes = {"x_v_proj.weight": (46, 64), "x_u_proj.weight": (176, 46)}  # SVD-LLM's pair
+    axes = [TensorAxis("x_v_proj.weight", 0, AxisKind.PRODUCER),
+            TensorAxis("x_u_proj.weight", 1, AxisKind.CONSUMER)]
+    why = dearer_than_dense(DimSite("x:rank", Role.RANK, 46, axes), 48, shapes)
+    assert why is not None and "dense weight" not in why and "--realign" in why
+
+
+def test_repair_pads_a_palu_latent_to_its_groups_width_and_reports_a_full_one(tmp_path):
+    """PaLU's own layout (tests/compressors.py): group 0 at 29 of 32 rows pads to 32 (its
+    factors then hold 3,072 parameters, more than the dense 2,048: allowed, the cache is no
+    wider than dense); group 1 at 32 of 32 compresses nothing, and the check says so."""
+    from tests import compressors as C
+
+    built = C.build_palu(tmp_path / "palu", (29, 32))
+    check = helpers.gac(built.path, "--gpu", "gpu", "--dtype", "float16")
+    assert "rank 32 of a 32 x 64 group is at or above its dense width 32" in check.stdout
+    assert "re-run PaLU with a lower rank" in check.stdout
+    proc = helpers.gac(built.path, "--gpu", "gpu", "--dtype", "float16", "--repair",
+                       tmp_path / "out", "--format", "json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert not report["refused"]
+    repaired = {r["name"]: r["to"] for r in report["repaired"]}
+    assert repaired["model.layers.0.self_attn.k_proj:group0"] == 32
+    C.assert_loads_same(built, tmp_path / "out")
 
 
 def test_other_roles_have_no_dense_cost():

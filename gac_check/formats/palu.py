@@ -50,6 +50,19 @@ class PaLU(Format):
         return sites
 
 
+#: What marks a group that compresses nothing (a note, not a disagreement of config and tensors).
+FULL_WIDTH = "at or above its dense width"
+
+
+def full_width(rank: int, width: int, n_in: int) -> str:
+    """A group whose latent is as wide as the K/V rows it rebuilds: its cache holds as much per
+    token as the dense model's and its factors more parameters, so nothing is compressed."""
+    return (f"rank {rank} of a {width} x {n_in} group is {FULL_WIDTH} {width}: nothing is "
+            "compressed there (its latent cache is as wide as the dense K/V rows); re-run "
+            "PaLU with a lower rank for this group, or give its budget to the others "
+            "(--realign OUT --budget FLOAT)")
+
+
 def _group_weights(shapes: dict[str, tuple[int, ...]], module: str) -> list[str]:
     """``X.U.0.weight``, ``X.U.1.weight``, ... in group order, stopping at the first gap."""
     out = []
@@ -73,6 +86,9 @@ def _group_sites(shapes: dict[str, tuple[int, ...]], module: str,
                        module=module,
                        config_field=("head_wise_ranks", module) if ranks is not None else None,
                        attrs={"group": g, "start": start, "groups": len(groups)})
+        width = shapes[u][0]
+        if r >= width:
+            site.notes.append(full_width(r, width, shapes[vt][1]))
         if ranks is not None and g < len(ranks) and ranks[g] != r:
             site.notes.append(f"head_wise_ranks says {ranks[g]}, tensors have {r}")
         sites.append(site)

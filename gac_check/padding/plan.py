@@ -24,6 +24,7 @@ from gac_check.contract.rules import ERROR, WARNING, Contract
 from gac_check.errors import BadInput
 from gac_check.formats.accounting import site_axes
 from gac_check.formats.declared import unrecorded_head_dim
+from gac_check.padding.dense_cost import dearer_than_dense
 from gac_check.padding.families import unrecorded, with_width_keys
 from gac_check.sites import AxisKind, DimSite, Role
 from gac_check.targets.blocks import FFN_MULT, ffn_mult_for
@@ -268,37 +269,6 @@ def _refusal(site: DimSite, shapes: Mapping[str, tuple[int, ...]]) -> str | None
             return (f"{ax.tensor} axis {ax.axis} has {shape[ax.axis]} entries but the site "
                     f"spans {end}; tensors and site disagree")
     return None
-
-
-def dense_cost(site: DimSite, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, int] | None:
-    """For a low-rank rank or latent: the dense matrix's parameters (out x in) and what one
-    unit of rank costs in the two factors (in + out); None for any other site."""
-    if site.role not in (Role.RANK, Role.KV_LATENT):
-        return None
-    prod = [ax for ax in site.axes if ax.kind is AxisKind.PRODUCER]
-    cons = [ax for ax in site.axes if ax.kind is AxisKind.CONSUMER]
-    if len(prod) != 1 or len(cons) != 1 or any(ax.tensor not in shapes for ax in prod + cons):
-        return None
-    n_in = math.prod(n for i, n in enumerate(shapes[prod[0].tensor]) if i != prod[0].axis)
-    n_out = math.prod(n for i, n in enumerate(shapes[cons[0].tensor]) if i != cons[0].axis)
-    return n_out * n_in, n_in + n_out
-
-
-def dearer_than_dense(site: DimSite, target: int,
-                      shapes: Mapping[str, tuple[int, ...]]) -> str | None:
-    """Why padding a rank to ``target`` is refused when the padded factors would hold more
-    parameters than the dense matrix they approximate (None when they hold no more)."""
-    cost = dense_cost(site, shapes)
-    if cost is None:
-        return None
-    dense, per_unit = cost
-    factors = target * per_unit
-    if factors <= dense:
-        return None
-    return (f"padding the {site.role.value} {site.value} -> {target} would store {factors:,} "
-            f"parameters in the two factors, more than the dense matrix's {dense:,}: store "
-            "the product of the factors as one dense weight (exact), or pad less (another "
-            "--target or none) and accept the slower kernel")
 
 
 def _ffn_mult_edits(sites: list[DimSite], repairs: list[SiteRepair]) -> list[ConfigEdit]:

@@ -29,7 +29,8 @@ from gac_check.errors import BadInput
 from gac_check.progress import steps
 from gac_check.ranks.calibration import Activations, activations
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.kept import CHOICES, INPUT, Kept, kept
+from gac_check.ranks.guarantee import Verdict, bounded, choose, plan_of
+from gac_check.ranks.kept import CHOICES, INPUT, REALIGNED, Kept, kept
 from gac_check.ranks.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
 from gac_check.ranks.model_output import Operator, model_output
 from gac_check.ranks.output_error import (
@@ -85,6 +86,12 @@ class RealignReport:
     error_name: str = "weight-space error (sum of discarded s^2)"
     #: what the plan and rounding each rank down/up keep, per matrix (the report's chart)
     kept: Kept | None = None
+    #: which plan was written and how it measured against the others (:func:`keep_best`)
+    verdict: Verdict | None = None
+    #: which menus the knapsack chose from (bounded near the input's ranks, or all)
+    menus_note: str = ""
+    #: the knapsack's instance, so a rounding can be written in its plan's place
+    instance: list[Matrix] = field(default_factory=list, repr=False)
 
     def matrices(self) -> list[dict]:
         """Each matrix's rank before and after, and why: the report's per-matrix table."""
@@ -98,7 +105,8 @@ class RealignReport:
                 "old_ranks": self.old_ranks, "old_params": self.old_params,
                 "old_error": self.old_error, "plan": self.plan.as_dict(), "notes": self.notes,
                 "matrices": self.matrices(), "remaining": counts,
-                "quality": self.kept.to_json() if self.kept else None}
+                "quality": self.kept.to_json() if self.kept else None,
+                "written": self.verdict.to_json() if self.verdict else None}
 
 
 def rank_alignment(contract: Contract, strategy: str = "minimal") -> int:
@@ -205,7 +213,7 @@ def realign(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
         report.notes.append("no --base given: only the existing factors were available (ranks "
                             "go down within them, up only to the alignment by zero padding); "
                             "the error shown is relative to the compressed model")
-    _write(ckpt, state, srcs, report, force, recheck)
+    _write(ckpt, state, srcs, keep_best(report, menus), force, recheck)
     return report
 
 
@@ -255,15 +263,55 @@ def select_ranks(menus: list[RankMenu], spectra: list[torch.Tensor], out: Path, 
     matrices = [Matrix(menu.module, menu.m, menu.n, sv=sv.numpy())
                 for menu, sv in zip(menus, spectra, strict=True)]
     old = {menu.module: menu.rank for menu in menus}
-    plan = realign_plan(matrices, budget_from_spec(budget, matrices, old), align,
-                        {m.module: m.candidates for m in menus}, allow_dense=allow_dense)
+    limit = budget_from_spec(budget, matrices, old)
+    near = {m.module: bounded(m) for m in menus}
+    wide = limit < sum(min(m.params(r) for r in near[m.module]) for m in menus)
+    plan = realign_plan(matrices, limit, align,
+                        {m.module: m.candidates if wide else near[m.module] for m in menus},
+                        allow_dense=allow_dense)
     report = RealignReport(Path(out), plan, align, old,
                            sum(old[m.name] * (m.m + m.n) for m in matrices),
                            math.fsum((old_errors or {}).values()), with_base,
-                           why={m.module: m.why(plan.ranks[m.module]) for m in menus})
+                           why={m.module: m.why(plan.ranks[m.module]) for m in menus},
+                           instance=matrices)
+    report.menus_note = (
+        "the budget is below what ranks near the input's can meet: every aligned rank was "
+        "offered" if wide else "each rank was offered at most one menu step below its own "
+        "rounded down (the input's allocation is the starting point: a larger cut is not "
+        "offered to pay for another matrix)")
     if error_name:
         report.error_name = error_name
     report.kept = kept(menus, matrices, plan, report.error_name, old_errors)
+    return report
+
+
+def keep_best(report: RealignReport, menus: list[RankMenu]) -> RealignReport:
+    """Write the best measured of the knapsack's plan, each rank rounded to the nearest within
+    the budget and each rounded down (:mod:`gac_check.ranks.guarantee`): on the whole model's
+    output with ``--calib``, else each matrix's mean output error with ``--base``; unmeasured,
+    the knapsack's plan (over bounded menus) stays."""
+    k = report.kept
+    if k is None:
+        return report
+    totals = k.totals()
+    within = {c: t["params"] <= k.budget for c, t in totals.items()}
+    if k.model is not None:
+        verdict = choose(k.model.cosine, within, "the whole model's mean cosine to dense on "
+                         + k.model.inputs, True)
+    elif k.output is not None:
+        verdict = choose(k.output.means(CHOICES), within, "the matrices' mean relative error "
+                         "against the dense weights (X: " + k.output.inputs + ")", False)
+    else:
+        verdict = choose({REALIGNED: 0.0}, {REALIGNED: True}, "", True)
+    report.verdict = verdict
+    report.kept = dataclasses.replace(k, written=verdict.to_json())
+    if verdict.written != REALIGNED:
+        ranks = {row.module: row.ranks[verdict.written] for row in k.matrices}
+        report.plan = plan_of(report.instance, ranks, report.plan.budget, verdict.written)
+        report.why = {m.module: f"{m.problem + '; ' if m.problem else ''}each rank "
+                      f"{verdict.written.removeprefix('round ')}: measured better than the "
+                      "knapsack's plan" for m in menus}
+    report.notes += [n for n in (report.menus_note, verdict.sentence()) if n]
     return report
 
 

@@ -49,9 +49,15 @@ from gac_check.checkpoint.outdir import atomic_output_dir, copy_side_files, weig
 from gac_check.checkpoint.tensors import read_state
 from gac_check.contract.rules import Contract, Finding
 from gac_check.errors import BadInput
-from gac_check.formats.palu import VT
+from gac_check.formats.palu import FULL_WIDTH, VT
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.factors import PROVENANCE, RealignReport, select_ranks, svd_of_product
+from gac_check.ranks.factors import (
+    PROVENANCE,
+    RealignReport,
+    keep_best,
+    select_ranks,
+    svd_of_product,
+)
 from gac_check.ranks.measured import Truncated, measure
 from gac_check.ranks.whitened import stored_components
 from gac_check.sites import DimSite, Role
@@ -128,8 +134,9 @@ def require_rewritable(ckpt: Checkpoint, family: str | None, sites: list[DimSite
                        f"PaLU's own loader ({', '.join(sorted(FAMILIES))})", ckpt.path)
     declared = ckpt.config.get("head_wise_ranks")
     for site in sites:
-        if site.role is Role.KV_LATENT and site.notes:
-            raise BadInput(f"{site.module}: {site.notes[0]}; --realign rewrites head_wise_ranks "
+        disagree = [n for n in site.notes if FULL_WIDTH not in n]
+        if site.role is Role.KV_LATENT and disagree:
+            raise BadInput(f"{site.module}: {disagree[0]}; --realign rewrites head_wise_ranks "
                            "from the tensors and will not guess which is right", ckpt.path)
     if not isinstance(declared, dict):
         raise BadInput("config.json has no head_wise_ranks: PaLU's loader could not build OUT",
@@ -202,7 +209,7 @@ def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                             "used to measure only (each group's output error against its rows "
                             "of the dense K/V projection); the ranks are still selected from "
                             "PaLU's own group factors")
-    _write(ckpt, state, groups, report, force, recheck)
+    _write(ckpt, state, groups, keep_best(report, menus), force, recheck)
     return report
 
 

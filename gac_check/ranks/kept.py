@@ -2,7 +2,8 @@
 down or up on the same menus, per matrix and in all (the HTML report's quality chart).
 
 A reviewer of a ``--realign`` wants to know whether the re-selection was worth it: rounding
-every rank to the nearest fast one below (or above) is what anyone would do by hand. The value
+every rank to the nearest fast one below (or above, or the nearer of the two while the budget
+lasts: "round nearest") is what anyone would do by hand. The value
 compared is the knapsack's own objective, the energy ``sum s^2`` a rank keeps of its matrix's
 spectrum (the dense weights' with ``--base``, activation-scaled with ``--calib``, SVD-LLM's
 whitened values, PaLU's group values), so the figure shows what the choice was made for. With
@@ -17,29 +18,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.knapsack import DENSE, Matrix, Rank, RankPlan
+from gac_check.ranks.guarantee import nearest_within, rounded
+from gac_check.ranks.knapsack import Matrix, Rank, RankPlan
 from gac_check.ranks.model_output import ModelOutput
 from gac_check.ranks.output_error import OutputError
 
 #: The choices compared, in the order the report draws them.
-INPUT, REALIGNED, DOWN, UP = "input", "realigned", "round down", "round up"
-CHOICES = (INPUT, REALIGNED, DOWN, UP)
+INPUT, REALIGNED, DOWN, NEAREST, UP = ("input", "realigned", "round down", "round nearest",
+                                       "round up")
+CHOICES = (INPUT, REALIGNED, DOWN, NEAREST, UP)
 
-
-def rounded(menu: RankMenu, how: str) -> Rank:
-    """The input's rank rounded to its menu: the largest rank on it at or below (``down``;
-    the smallest on the menu when none is), or the smallest at or above (``up``; dense when
-    none is and dense is offered, else the largest)."""
-    ranks = sorted(int(r) for r in menu.candidates if r != DENSE)
-    if not ranks:
-        return DENSE
-    if how == "down":
-        below = [r for r in ranks if r <= menu.rank]
-        return below[-1] if below else ranks[0]
-    above = [r for r in ranks if r >= menu.rank]
-    if above:
-        return above[0]
-    return DENSE if DENSE in menu.candidates else ranks[-1]
+__all__ = ["CHOICES", "DOWN", "INPUT", "NEAREST", "REALIGNED", "UP", "Kept", "MatrixKept",
+           "kept", "rounded"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +60,8 @@ class Kept:
     output: OutputError | None = field(default=None)
     #: the whole model's last hidden state per choice against dense (with --calib)
     model: ModelOutput | None = field(default=None)
+    #: which plan was written and each writable plan's measured figure (guarantee.Verdict)
+    written: dict | None = field(default=None)
 
     def totals(self) -> dict[str, dict]:
         """Per choice: parameters, energy kept, and the whole energy (kept / energy is the
@@ -89,6 +81,8 @@ class Kept:
                 row["output_error"] = self.output.errors[row["module"]]
         if self.model is not None:
             out["model_output"] = self.model.to_json()
+        if self.written is not None:
+            out["written"] = self.written
         return out
 
 
@@ -99,9 +93,11 @@ def kept(menus: Sequence[RankMenu], matrices: Sequence[Matrix], plan: RankPlan,
     not a truncation of the spectrum (an ASVD model against its dense ``--base``); else the
     spectrum truncated at the input's rank."""
     rows = []
+    nearest = nearest_within(menus, plan.budget)
     for menu, mat in zip(menus, matrices, strict=True):
         ranks = {INPUT: menu.rank, REALIGNED: plan.ranks[menu.module],
-                 DOWN: rounded(menu, "down"), UP: rounded(menu, "up")}
+                 DOWN: rounded(menu, "down"), NEAREST: nearest[menu.module],
+                 UP: rounded(menu, "up")}
         errors = {c: mat.error(r) for c, r in ranks.items()}
         if old_errors is not None:
             errors[INPUT] = old_errors[menu.module]

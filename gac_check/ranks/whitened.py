@@ -35,7 +35,7 @@ from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
 from gac_check.formats.svdllm import U_SUFFIX, V_SUFFIX
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.factors import PROVENANCE, RealignReport, select_ranks
+from gac_check.ranks.factors import PROVENANCE, RealignReport, keep_best, select_ranks
 from gac_check.ranks.knapsack import DENSE
 from gac_check.ranks.measured import Truncated, measure
 
@@ -168,7 +168,7 @@ def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: in
                             "used to measure only (each choice's output error against the "
                             "dense weights); the ranks are still selected from SVD-LLM's own "
                             "whitened factors")
-    _write(ckpt, pairs, report, force, recheck)
+    _write(ckpt, pairs, keep_best(report, menus), force, recheck)
     return report
 
 

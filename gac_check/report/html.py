@@ -102,6 +102,7 @@ def render_html(runs: list[dict], title: str | None = None) -> str:
         charts_layers=charts.layers_text,
         kept_chart=kept_charts.kept_chart,
         kept_totals=kept_charts.kept_totals,
+        kept_label=kept_charts.kept_label,
         output_chart=kept_charts.output_chart,
         shown=shown,
     )

@@ -18,13 +18,15 @@ from gac_check.report.charts import nice_ticks
 KEPT_STYLE = {"input": ("#8a93a3", "input's ranks (misaligned)"),
               "realigned": ("#2f6fb5", "--realign (knapsack)"),
               "round down": ("#b85c00", "each rank rounded down"),
+              "round nearest": ("#2a8a57", "each rank rounded to the nearest within the budget"),
               "round up": ("#8e44ad", "each rank rounded up")}
 KEPT_ROW, KEPT_LABEL, KEPT_PLOT, KEPT_RANKS, KEPT_TOP, KEPT_BOTTOM = 20, 300, 380, 150, 30, 8
 CHOICE_ORDER = list(KEPT_STYLE)
 KEPT_GAP = 28  # between the plot's 100% and the rank column
 #: Each choice's vertical offset in its row, so equal fractions stay apart: the knapsack's
 #: large mark on the line, drawn first, the others small above, on and below it.
-KEPT_DY = {"realigned": 0.0, "input": -5.0, "round down": 0.0, "round up": 5.0}
+KEPT_DY = {"realigned": 0.0, "input": -5.0, "round down": 0.0, "round nearest": 2.5,
+           "round up": 5.0}
 
 
 @dataclass
@@ -86,6 +88,11 @@ def kept_chart(quality: dict) -> KeptChart:
                      [(sx(t), _percent(t, ticks)) for t in ticks if x_lo <= t <= 1.0],
                      rows, [KEPT_STYLE[c] for c in sorted(choices, key=CHOICE_ORDER.index)],
                      right + KEPT_GAP)
+
+
+def kept_label(choice: str) -> str:
+    """What the legend calls ``choice`` (the knapsack's plan, a rounding)."""
+    return KEPT_STYLE.get(choice, (None, choice))[1]
 
 
 def kept_totals(quality: dict) -> list[dict]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from gac_check.contract.rules import ERROR
 from gac_check.ranks.factors import PROVENANCE, RealignReport
-from gac_check.ranks.kept import DOWN, INPUT, REALIGNED, UP, Kept
+from gac_check.ranks.kept import DOWN, INPUT, NEAREST, REALIGNED, UP, Kept
 from gac_check.ranks.knapsack import DENSE, RankPlan
 
 
@@ -51,16 +51,17 @@ def _kept_line(kept: Kept) -> str:
         return f"{t['kept'] / t['energy']:.2%} ({fits} the budget)" if t["energy"] else "-"
 
     return (f"  energy kept: input {share(INPUT)}, realigned {share(REALIGNED)}; each rank "
-            f"rounded down {share(DOWN)}, rounded up {share(UP)}")
+            f"rounded down {share(DOWN)}, to the nearest {share(NEAREST)}, up {share(UP)}")
 
 
 def _output_line(kept: Kept) -> str:
     """Each choice's mean relative output error over the matrices, and on what inputs."""
     assert kept.output is not None
-    mean = kept.output.means((INPUT, REALIGNED, DOWN, UP))
+    mean = kept.output.means((INPUT, REALIGNED, DOWN, NEAREST, UP))
     return (f"  output error (mean over matrices of ||X(W - W_r)||/||XW||): input "
             f"{mean[INPUT]:.4f}, realigned {mean[REALIGNED]:.4f}; each rank rounded down "
-            f"{mean[DOWN]:.4f}, rounded up {mean[UP]:.4f}; X: {kept.output.inputs}")
+            f"{mean[DOWN]:.4f}, to the nearest {mean[NEAREST]:.4f}, up {mean[UP]:.4f}; "
+            f"X: {kept.output.inputs}")
 
 
 def _model_line(kept: Kept) -> str:
@@ -73,7 +74,8 @@ def _model_line(kept: Kept) -> str:
 
     return (f"  model output (last hidden state against dense on {mo.lines} calibration lines, "
             f"{mo.tokens} tokens; mean cosine (relative error)): input {fig(INPUT)}, realigned "
-            f"{fig(REALIGNED)}; each rank rounded down {fig(DOWN)}, rounded up {fig(UP)}")
+            f"{fig(REALIGNED)}; each rank rounded down {fig(DOWN)}, to the nearest "
+            f"{fig(NEAREST)}, up {fig(UP)}")
 
 
 def _matrix_lines(report: RealignReport) -> list[str]:

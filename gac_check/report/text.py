@@ -36,7 +36,8 @@ def render_text(result: CheckResult) -> str:
         lines += _findings_table(result)
     notes = [(s.name, n) for s in result.sites for n in s.notes]
     if notes:
-        lines += ["", "notes (where the config and the tensors disagree, the tensors win):"]
+        lines += ["", "notes (where the config and the tensors disagree, the tensors win; where "
+                  "a site compresses nothing, what to do):"]
         lines += [f"  {name}: {note}" for name, note in notes[:20]]
         if len(notes) > 20:
             lines.append(f"  ... and {len(notes) - 20} more")

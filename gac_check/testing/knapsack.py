@@ -31,10 +31,10 @@ from gac_check.ranks.knapsack import (
     budget_from_ranks,
     build_options,
     check_budget,
-    cost_unit,
     options_for,
     plan_from_picks,
 )
+from gac_check.ranks.knapsack_solver import cost_unit
 
 SPECTRA = ("random", "flat", "power", "steep", "lowrank")
 #: What makes a rank re-selection hard for a bound-and-DP solver (issue 13): "flat" spectra (all
