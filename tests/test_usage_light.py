@@ -46,7 +46,7 @@ def asvd(tmp_path_factory):
 
 @pytest.mark.parametrize("argv", [["--help"], ["report", "--help"], ["baseline", "--help"],
                                   ["compress", "--help"], ["demo", "--help"],
-                                  ["evidence", "--help"], ["init", "--help"]],
+                                  ["evidence", "--help"]],
                          ids=" ".join)
 def test_help_imports_no_torch(argv):
     result, _ = probe(*argv)
