@@ -10,7 +10,7 @@ WHEELS := .cache/wheels
 ORACLE := tests/test_targets_llamacpp_oracle.py
 DEMO_DIR ?= demo-out
 
-.PHONY: demo test test-slow lint bench clean llamacpp-wheel engine-sources vllm-oracle evidence
+.PHONY: demo test test-slow lint bench clean dist llamacpp-wheel engine-sources vllm-oracle evidence
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,14 @@ vllm-oracle: $(STAMP)
 .PHONY: sglang-oracle
 sglang-oracle: $(STAMP)
 	$(PY) tests/sglang_oracle.py --setup .cache/sglang-oracle
+
+# The release artifacts: sdist and wheel into dist/, what a publish step uploads
+# (docs/examples/release.yml runs this on a tag vX.Y.Z and refuses a tag that is not
+# pyproject.toml's version). `build` is in the dev extra; build/ is removed first because a
+# stale one left by `pip install .` can put files that are no longer in the tree into the wheel.
+dist: $(STAMP)
+	rm -rf build dist
+	$(PY) -m build --sdist --wheel --outdir dist .
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -202,3 +202,21 @@ def test_for_hardware_uses_a_measured_sweep_and_falls_back(tmp_path, monkeypatch
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert for_hardware("h100", "bfloat16").source == "published"  # no bf16 sweep
+
+
+def test_a_cpu_baseline_from_another_cpu_model_says_why_and_what_to_do(tmp_path):
+    """A CPU baseline committed from a laptop meets the next hosted runner: same file name
+    (vendor and ISA), another CPU model. The refusal says timings do not travel, and what to
+    do instead (issue 41)."""
+    laptop = Fingerprint("cpu", "AMD Ryzen 7 5800U", isa=("avx2", "fma"), torch="2.13.0")
+    runner = Fingerprint("cpu", "AMD EPYC 7763 64-Core Processor", isa=("avx2", "fma"),
+                         torch="2.13.0")
+    path = tmp_path / "cpu-amd-avx2.json"
+    baselines.update(path, "cpu-amd-avx2", laptop, [meas("k/a=1", 1.0)])
+    with pytest.raises(BadInput, match="different device") as info:
+        baselines.check_fingerprint(baselines.load(path), runner)
+    said = str(info.value)
+    assert "not portable across CPU models" in said and "-m 'not perf'" in said
+    with pytest.raises(BadInput) as gpu:
+        baselines.check_fingerprint(baselines.load(path), Fingerprint("cuda", "H100", "9.0"))
+    assert "CPU models" not in str(gpu.value)

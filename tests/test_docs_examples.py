@@ -120,7 +120,12 @@ class Setup:
     slow: bool = False
 
 
-SETUPS = {"tiny-llama": Setup(tiny_llama_dir), "llama-8b-pruned": Setup(llama_8b_pruned),
+def empty_dir(cwd: Path, cache: Path) -> None:
+    """Nothing: the example writes everything it uses itself (as a reader runs it)."""
+
+
+SETUPS = {"empty": Setup(empty_dir), "tiny-llama": Setup(tiny_llama_dir),
+          "llama-8b-pruned": Setup(llama_8b_pruned),
           "gguf-pruned": Setup(gguf_pruned), "deepseek-mla": Setup(deepseek_mla),
           "minilm-asvd": Setup(minilm_asvd, slow=True)}
 
@@ -193,7 +198,7 @@ def examples() -> list[Example]:
 
 
 # ----------------------------------------------------------------------- comparing
-DURATION = re.compile(r"\b\d+\.\d+s\b")
+DURATION = re.compile(r"\b\d+\.\d+s\b( \(\d+:\d\d:\d\d\))?")  # pytest adds (H:MM:SS) past 60 s
 
 
 def installed_version() -> str:
@@ -326,3 +331,21 @@ def test_the_screenshot_caption_quotes_only_what_the_report_shows(tmp_path: Path
     (report,) = tmp_path.glob("*.html")
     shown = set(FIGURE.findall(visible_text(report.read_text(encoding="utf-8"))))
     assert figures(caption()) - shown == set(), caption()
+
+
+# ----------------------------------------------------------- the README's Python example
+PYTHON_BLOCK = re.compile(r"<!--\s*doctest:\s*python\s*-->\n```python\n(.*?)^```", re.S | re.M)
+
+
+def test_the_readme_python_examples_run_as_written(tmp_path: Path):
+    """Each ```python block the README marks ``<!-- doctest: python -->`` runs as written, as a
+    script in an empty directory (a name it uses and does not define is a NameError here)."""
+    blocks = PYTHON_BLOCK.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert any("gac_check.check(" in block for block in blocks), "section 4 is not marked"
+    for block in blocks:
+        script = tmp_path / "example.py"
+        script.write_text(block)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GAC_"))}
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
+        assert done.returncode == 0, done.stderr[-2000:]

@@ -30,7 +30,10 @@ WORKFLOW = ROOT / "docs" / "examples" / "alignment-gate.yml"
 ADOPTION = ROOT / "docs" / "plugin-and-ci.md"
 #: The one install line that needs the network; the same torch release comes from this
 #: machine's configured index instead.
-TORCH_FROM_ITS_INDEX = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH_FROM_ITS_INDEX = "pip install {pin} --index-url https://download.pytorch.org/whl/cpu"
+#: The torch the README and the Makefile pin, which the workflow must install too.
+DOCUMENTED_PIN = re.search(r"^TORCH_PIN \?= (\S+)$", (ROOT / "Makefile").read_text(),
+                           re.M).group(1)
 #: The `if:` conditions the workflow may use, and whether each runs after a failed step.
 RUNS_AFTER_FAILURE = {None: False, "success() || failure()": True, "always()": True}
 #: The step keys this emulation honours; any other (``env``, ``shell``, ...) fails the test.
@@ -168,8 +171,10 @@ def wheel(tmp_path_factory) -> Path:
 def substitute_torch(workflow: dict) -> None:
     """The CPU torch line, pinned and from this machine's index (no network here)."""
     install = workflow["jobs"]["structure-and-equivalence"]["steps"][2]
-    assert TORCH_FROM_ITS_INDEX in install["run"], install
-    install["run"] = install["run"].replace(TORCH_FROM_ITS_INDEX, f"pip install {TORCH_PIN}")
+    line = TORCH_FROM_ITS_INDEX.format(pin=DOCUMENTED_PIN)
+    assert line in install["run"], (install, "the workflow's torch is not the README's pin")
+    assert f"pip install {DOCUMENTED_PIN}" in (ROOT / "README.md").read_text()
+    install["run"] = install["run"].replace(line, f"pip install {TORCH_PIN}")
 
 
 def test_an_unset_gac_check_stops_the_install_in_one_line(tmp_path):
@@ -200,15 +205,20 @@ def test_a_fresh_repository_runs_the_example_workflow(wheel, tmp_path):
     cpu = Runner(fresh_venv(tmp_path / "cpu-python"), artifacts, variables)
     run_job(jobs["structure-and-equivalence"], workflow, repo, cpu, tmp_path / "cpu")
     shown = "\n".join(f"--- {s.name}: {s.rc}\n{s.output[-3000:]}" for s in cpu.steps)
-    assert [s.rc for s in cpu.steps] == [0, 0, 0, 0, 1, 0, 0, None], shown
+    assert [s.rc for s in cpu.steps] == [0, 0, 0, 0, 1, 1, 0, 0, 0, None], shown
     # the gate fails on the misaligned width, naming it; the suite proves the repair exact
     junit = (tmp_path / "cpu" / "workspace" / "reports" / "structure.xml").read_text()
     assert MISALIGNED_SITE in junit and "<failure" in junit
-    equivalence = cpu.steps[5].output
+    # the deployment gate is red on its own: vLLM's AWQ kernels refuse the MLP width 172
+    deployment = cpu.steps[5]
+    assert deployment.name.startswith("Deployment gate") and "refused" in deployment.output
+    targets = (tmp_path / "cpu" / "workspace" / "reports" / "targets.xml").read_text()
+    assert "<failure" in targets and "awq" in targets, targets[:2000]
+    equivalence = cpu.steps[6].output
     assert "1 passed" in equivalence, shown
     assert sorted(p.name for p in (artifacts / "cpu-reports").iterdir()) == [
         "cpu.html", "cpu.json", "pytest-cpu.xml", "structure.html", "structure.json",
-        "structure.xml"]
+        "structure.xml", "targets.xml"]
     assert not (artifacts / "model").exists()  # a red gate uploads no model
     status = subprocess.run(["git", "status", "--porcelain"], cwd=tmp_path / "cpu" / "workspace",
                             capture_output=True, text=True, check=True).stdout

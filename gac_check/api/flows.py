@@ -141,10 +141,9 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     """
     from gac_check.api.refusals import require_feasible, require_loadable, require_realignable
     from gac_check.ranks.candidates import rank_menus
-    from gac_check.ranks.factors import rank_alignment  # torch: only for a realign
-    from gac_check.ranks.factors import realign as write_realigned
 
     gpu, dtype = _names(gpu, dtype)
+    realign_usage(budget, base, calib)
     model_dir = local_dir(model_dir, "--realign")
     base_dir = Path(base) if base is not None else None
     from gac_check.checkpoint.outdir import check_output_dir
@@ -154,9 +153,12 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     if before.checkpoint.quantization is not None:
         raise BadInput(before.checkpoint.quantization.refuse_padding("--realign"),
                        before.checkpoint.path)
-    align = rank_alignment(before.contract, strategy)
     require_realignable(before)
     require_loadable(before)
+    from gac_check.ranks.factors import rank_alignment  # torch: only once a realign is due
+    from gac_check.ranks.factors import realign as write_realigned
+
+    align = rank_alignment(before.contract, strategy)
     whitened = before.format.name == "svd-llm"
     grouped = before.format.name == "palu"
     if grouped:
@@ -194,6 +196,17 @@ def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = No
     if before.dtype_choice and before.dtype_choice.note:
         report.notes.insert(0, before.dtype_choice.note)
     return FixResult(before, report, recheck.moved_to(report.out))
+
+
+def realign_usage(budget: str, base: Path | str | None, calib: Path | str | None) -> None:
+    """Refuse what the options alone make impossible, before torch is imported (seconds of
+    CPU that a typo should not cost): a ``budget`` that is no fraction, ``calib`` without
+    ``base``."""
+    from gac_check.ranks.knapsack import budget_fraction
+
+    budget_fraction(budget)
+    if calib is not None and base is None:
+        raise BadInput("--calib needs --base: activations come from the dense model")
 
 
 class Recheck:

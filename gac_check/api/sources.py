@@ -51,7 +51,16 @@ def open_model(name: str | os.PathLike, limits=None) -> Checkpoint:
         check_environment()
         from gac_check.checkpoint.hub.remote import open_remote
 
-        return open_remote(str(name), limits)
+        if str(name).startswith(HF_SCHEME):
+            return open_remote(str(name), limits)
+        try:
+            return open_remote(str(name), limits)
+        except BadInput as exc:  # most often build/model, which a failed step never wrote
+            if "no such directory" in str(exc):  # the Hub said so already
+                raise
+            raise BadInput(f"{name}: no such directory here (did the step that writes it "
+                           f"fail?); read as the Hub model {HF_SCHEME}{name} instead: "
+                           f"{str(exc).removeprefix(f'{name}: ')}") from None
     return open_checkpoint(name)
 
 
@@ -82,6 +91,9 @@ def local_dir(model: object, job: str) -> Path:
     if not isinstance(model, str | os.PathLike):
         raise BadInput(f"{job} rewrites a model directory, not a {type(model).__name__}: "
                        "save the model (save_pretrained) and pass its directory")
+    if is_remote(str(model)) and not str(model).startswith(HF_SCHEME):
+        raise BadInput(f"no such directory here (did the step that writes it fail?); {job} "
+                       "rewrites a local model directory", model)
     if is_remote(str(model)):
         raise BadInput(f"{model}: {job} needs the weights, which a remote check never "
                        "downloads; download the model (hf download ORG/NAME --local-dir DIR) "

@@ -177,6 +177,16 @@ def _flash_attn_version() -> str | None:
         return None
 
 
+#: Why a CPU baseline only speaks for its CPU model, and what a team does instead: its file
+#: is named by vendor and ISA (cpu-amd-avx2), but CPU times move with the model, cache and
+#: clock, and hosted runners of one label are handed different CPU models run to run.
+CPU_NOT_PORTABLE = (" (CPU timings are not portable across CPU models: a hosted runner label "
+                    "gets different ones from run to run, so a CPU baseline committed from a "
+                    "laptop or one runner does not gate the next; gate perf on a runner whose "
+                    "CPU is fixed (self-hosted, or a GPU runner), and on hosted CPU runners run "
+                    "-m 'not perf'; docs/measuring.md, 'CPU baselines')")
+
+
 def check_fingerprint(baseline: Baseline, present: Fingerprint) -> list[str]:
     """Refuse a baseline from another device; warn (and return) stack drift."""
     where = baseline.path or baseline.profile
@@ -186,7 +196,8 @@ def check_fingerprint(baseline: Baseline, present: Fingerprint) -> list[str]:
     device = baseline.fingerprint.differences(present, fields)
     if device:
         raise BadInput(f"baseline was recorded on a different device ({'; '.join(device)}); "
-                       "record one for this device with --gac-update-baselines", where)
+                       "record one for this device with --gac-update-baselines"
+                       f"{CPU_NOT_PORTABLE if present.kind == 'cpu' else ''}", where)
     drift = baseline.fingerprint.differences(present, STACK_FIELDS)
     if drift:
         warnings.warn(f"{where}: software stack differs from the baseline's: "

@@ -13,7 +13,7 @@ from importlib import import_module
 from pathlib import Path
 
 from gac_check.cli.exits import EXIT_BAD_INPUT, EXIT_INTERNAL
-from gac_check.contract.dtype_choice import DTYPES
+from gac_check.contract.dtype_choice import DTYPES, dtype_name
 from gac_check.contract.rules import FAIL_ON
 from gac_check.errors import BadInput
 from gac_check.plugin.options import add_gpu_option, add_target_option
@@ -58,6 +58,15 @@ def _version() -> str:
         return version("gac-check")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "(not installed)"
+
+
+def _dtype(text: str) -> str:
+    """``--dtype``: one of DTYPES or an alias (fp16, bf16, ...), the spelling every front end
+    takes, by its canonical name."""
+    try:
+        return dtype_name(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _bytes(text: str) -> int:
@@ -106,9 +115,10 @@ tree.""")
                    help="say what reading each model cost on stderr (bytes fetched, "
                    "requests and seconds for a Hub model)")
     add_gpu_option(p.add_argument, "--gpu", default="auto", dest="gpu")
-    p.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="dtype the model will be served in (default: config.json's dtype, "
-                   "else the weights')")
+    p.add_argument("--dtype", type=_dtype, default=None, metavar="DTYPE",
+                   help=f"dtype the model will be served in: {', '.join(DTYPES)}, or a short "
+                   "name such as fp16 or bf16, as --gac-dtype and the Python API take them "
+                   "(default: config.json's dtype, else the weights')")
     add_target_option(p.add_argument, "--target", dest="targets")
     p.add_argument("--format", choices=("text", "json"), default="text", dest="output",
                    help="text: the site table for a person (default); json: one gac-check/1 "

@@ -141,6 +141,18 @@ def gac_contract(gac_profile: str):
     return lambda dtype="float16": for_hardware(gac_profile, dtype)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A test that fails on bad input (a ``--model`` its pipeline never wrote, or wrote half)
+    says so in one line, as the CLI does, not in a traceback through gac-check's reader;
+    ``pytest.raises(BadInput)`` in a test still sees the exception itself."""
+    outcome = yield
+    from gac_check.errors import BadInput
+
+    if call.excinfo is not None and call.excinfo.errisinstance(BadInput):
+        outcome.get_result().longrepr = str(call.excinfo.value)
+
+
 # ------------------------------------------------------------ perf: gac_check/plugin/perf.py
 _PERF = pytest.StashKey["object"]()
 
