@@ -157,6 +157,7 @@ def _compressed_tensors(layout: Layout) -> Quantization:
         block=tuple(block) if strategy == "block" and isinstance(block, list) else None,
         symmetric=bool(w.get("symmetric", True)),
         act_order=w.get("actorder") not in (None, False),
+        group_act_order=w.get("actorder") in ("group", "dynamic", True),
         activations=activations,
         activations_dynamic=None if act is None else bool(act.get("dynamic", False)),
         activations_symmetric=None if act is None else bool(act.get("symmetric", True)),
@@ -292,6 +293,7 @@ def _gptq(layout: Layout) -> Quantization:
                          group_size=group if group > 0 else None,
                          symmetric=bool(qc.get("sym", True)),
                          act_order=bool(qc.get("desc_act", False)),
+                         group_act_order=bool(qc.get("desc_act", False)) and group > 0,
                          ignored=tuple(qc.get("modules_to_not_convert") or ()))
     pack = 32 // bits
     modules = layout.modules(".qweight")
