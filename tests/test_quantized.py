@@ -420,3 +420,26 @@ def test_a_hub_w4a16_is_read_like_the_local_copy(made, tmp_path):
     start, end = (int(x) for x in ranges[1].removeprefix("bytes=").split("-"))
     assert end + 1 - start == 14 * 16
     assert sent < (made["ct640"] / "model.safetensors").stat().st_size / 10
+
+
+@pytest.mark.parametrize(("name", "edit", "words"), [
+    ("gptq688", lambda qc: qc.update(desc_act=True), "desc_act=True"),
+    ("ct640", lambda qc: qc["config_groups"]["group_0"]["weights"].update(actorder="group"),
+     "actorder='group'")])
+def test_group_activation_ordering_is_refused_by_vllm(made, tmp_path, name, edit, words):
+    """Issue 39: a GPTQ checkpoint with desc_act and a group size (most community GPTQ
+    checkpoints), or compressed-tensors' actorder: group, is refused by vLLM v0.33.0 at load;
+    the same checkpoint without it is judged as before."""
+    root = tmp_path / name
+    root.mkdir()
+    for f in made[name].iterdir():
+        (root / f.name).write_bytes(f.read_bytes())
+    config = json.loads((root / "config.json").read_text())
+    edit(config["quantization_config"])
+    (root / "config.json").write_text(json.dumps(config))
+    _, doc = run_json(root, "--gpu", "h100", "--target", "vllm")
+    mlp = next(s for s in doc["sites"] if s["role"] == "intermediate")["targets"][0]
+    assert mlp["verdict"] == "refused" and words in mlp["why"], mlp["why"]
+    _, plain = run_json(made[name], "--gpu", "h100", "--target", "vllm")
+    mlp = next(s for s in plain["sites"] if s["role"] == "intermediate")["targets"][0]
+    assert "no longer supported" not in (mlp["why"] or "")

@@ -174,8 +174,7 @@ def wna16_quant(case: dict) -> str:
     compressed-tensors' ``actorder: group`` are the ``*_act_order`` names (GPTQ's act-order is
     a no-op without groups: ``normalize_and_validate_gptq_desc_act``)."""
     quant = case["quant"]
-    if case.get("act_order") and quant == "wna16" or quant == "gptq" and case.get(
-            "act_order") and case["group"] > 0:
+    if case.get("act_order") and (quant == "wna16" or (quant == "gptq" and case["group"] > 0)):
         return f"{quant}_act_order"
     return quant
 
@@ -223,7 +222,12 @@ def pack_answer(case: dict) -> dict:
         outs = judge_uses(target, [Use("linear", "down_proj", lambda v: q)], 0, sm)
     refused = worst(outs) == REFUSED
     kernel = next((o.kernel for o in outs if not o.gate and o.kernel), None)
-    return {"refused": refused, "kernel": None if refused else kernel}
+    return {"refused": refused, "kernel": None if refused else kernel, "why": _why(outs)}
+
+
+def _why(outs: list) -> str:
+    """The first refusal's reason (what an excuse is matched on)."""
+    return next((o.why for o in outs if o.verdict == REFUSED), "")
 
 
 def moe_pack_answer(case: dict, sm: int) -> dict:
@@ -241,10 +245,11 @@ def moe_pack_answer(case: dict, sm: int) -> dict:
     for role, value in ((Role.EXPERT, case["width"]), (Role.EXPERTS, case["experts"])):
         site = DimSite(f"experts:{role.value}", role, value, [], layer=0)
         outs = judge_uses(target, site_uses(site, shape, target), value, sm)
-        out[role] = (worst(outs), next((o.kernel for o in outs if not o.gate and o.kernel), None))
-    verdict, kernel = out[Role.EXPERT]
+        out[role] = (worst(outs), next((o.kernel for o in outs if not o.gate and o.kernel), None),
+                     _why(outs))
+    verdict, kernel, why = out[Role.EXPERT]
     return {"refused": verdict == REFUSED, "kernel": None if verdict == REFUSED else kernel,
-            "even": out[Role.EXPERTS][0] == "fast"}
+            "even": out[Role.EXPERTS][0] == "fast", "why": why or out[Role.EXPERTS][2]}
 
 
 def moe_disagreement(case: dict, pack: dict) -> str | None:
@@ -371,11 +376,28 @@ def drawn(seed: int, per_cap: int = 40) -> list[dict]:
 #: the cases the pack may answer otherwise than vLLM's code, each named with why (none may be
 #: a verdict the pack gets wrong: each is a case vLLM's Python does not decide alone, or one
 #: the pack declines to judge and says so)
-EXCUSED: dict[str, str] = {}
+EXCUSED: dict[str, str] = {
+    "not read at this capability": (
+        "the pack refuses saying 'not judged' where vLLM's backends for the component were "
+        "read for other capabilities only (fused MoE on sm100/sm120: FlashInfer TRT-LLM and "
+        "the Blackwell backends come first; issue 39 item 2, branch gpus39, owns the "
+        "capability rules): a refusal that says it does not know, never a kernel claimed"),
+    "FlashInfer FP8 GEMM from sm100": (
+        "FlashInferFP8ScaledMMLinearKernel heads _POSSIBLE_FP8_KERNELS and takes per-tensor "
+        "FP8 from compute capability 100 (vllm/model_executor/kernels/linear/scaled_mm/"
+        "flashinfer.py, is_supported); the pack names CUTLASS there: a capability rule of "
+        "issue 39 item 2 (branch gpus39), not a load verdict (both load)"),
+}
 
 
 def excused(case: dict, pack: dict) -> str | None:
     """The name of the :data:`EXCUSED` entry that covers this disagreement, else None."""
+    blackwell = SM_ALL[case["cap"]] >= 100
+    if blackwell and pack.get("refused") and "not judged" in pack.get("why", ""):
+        return "not read at this capability"
+    if (blackwell and case["kind"] == "w8a8" and not vllm_refuses(case)
+            and case["kernel"] == "FlashInferFP8ScaledMMLinearKernel"):
+        return "FlashInfer FP8 GEMM from sm100"
     return None
 
 
