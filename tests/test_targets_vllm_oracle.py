@@ -3,9 +3,12 @@ held to llama.cpp's quantizer.
 
 vLLM's newest release wheel runs on this CPU (tests/vllm_oracle.py: the wheel's own Python
 code, stand-ins only for its compiled extensions, GPU packages and a platform reporting
-compute capability 8.0 or 9.0). A seeded grid of more than 500 combinations (head sizes;
+the compute capability drawn: 8.0-12.0). A seeded grid of more than 500 combinations (head sizes;
 GPTQ and AWQ linears of drawn widths per shard, TP sizes, group sizes and activation dtypes;
-vocabularies and TP sizes) goes to it and to the pack; every disagreement fails, listed.
+vocabularies and TP sizes) goes to it and to the pack; every disagreement fails, listed. A
+second test draws a fresh seed each run (issue 39: every capability sm80-sm120, act-order,
+compressed-tensors W4A16, each route's own ``create_weights``); excused cases are the named
+list ``EXCUSED``.
 ``make vllm-oracle`` caches the wheel and its pure-Python dependencies under
 ``.cache/vllm-oracle`` (CI does, before the slow tier); without the cache the test skips,
 saying so. FP8 and INT8 go through vLLM's own quantization methods for a checkpoint's

@@ -8,7 +8,7 @@ What a CPU cannot provide is stood in for, here and nowhere in vLLM's code: the 
 extension modules (``vllm._C*``, FlashAttention's ``_vllm_fa2_C``/``_vllm_fa3_C``), the GPU
 packages vLLM depends on (flashinfer, humming: present in every vLLM install) and a handful of
 server-side imports the selection code never calls, and a platform that reports compute
-capability CAP (8.0 or 9.0). Then vLLM's own code answers: ``CudaPlatformBase.get_valid_backends``
+capability CAP (8.0 to 12.0). Then vLLM's own code answers: ``CudaPlatformBase.get_valid_backends``
 for the attention backend (``validate_configuration`` of each backend), the AWQ route
 (``check_marlin_supports_layer``, then ``choose_mp_linear_kernel``; a layer it sends to
 ``AutoAWQLinearMethod`` is checked as ``BaseAWQLinearMethod.create_weights`` checks it),
