@@ -154,8 +154,8 @@ def test_bnb_nf4_is_dense_not_llm_pruner(made):
 # --- what the check says -------------------------------------------------------------------
 
 @pytest.mark.parametrize(("name", "base", "quant", "summary"), [
-    ("ct688", "dense688", "gptq", "compressed-tensors W4A16"),
-    ("ct640", "dense640", "gptq", "compressed-tensors W4A16"),
+    ("ct688", "dense688", "wna16", "compressed-tensors W4A16"),
+    ("ct640", "dense640", "wna16", "compressed-tensors W4A16"),
     ("gptq688", "dense688", "gptq", "gptq W4A16"),
     ("awq640", "dense640", "awq", "awq W4A16")])
 def test_w4a16_target_agrees_with_the_prediction_on_the_unquantized_model(made, name, base,
@@ -163,8 +163,9 @@ def test_w4a16_target_agrees_with_the_prediction_on_the_unquantized_model(made, 
     """The issue's "done when": vllm,tp=2 on the W4A16 checkpoint is judged as that W4A16
     (the pack's quant for the scheme, group 128 from the checkpoint), site by site as
     vllm,tp=2,quant=... judges the unquantized model; at tp=2 both widths put a 128-group
-    across the shard: GPTQ falls back to a kernel that reads misaligned scales (Machete,
-    ExLlama, Humming), AWQ is refused; neither is fast, as the dense reading said."""
+    across the shard: refused for every scheme (vLLM v0.33.0: compressed-tensors raises in
+    verify_group_size_divides_partition, GPTQ loads misaligned scales and computes wrong
+    outputs, AWQ raises), as the dense reading said (issue 39)."""
     code_q, doc_q = run_json(made[name], "--gpu", "h100", "--target", "vllm,tp=2")
     code_d, doc_d = run_json(made[base], "--gpu", "h100", "--target", f"vllm,tp=2,quant={quant}")
     seen = {s["name"]: [(v["verdict"], v["kernel"], v["fix_to"]) for v in s["targets"]]
@@ -172,8 +173,7 @@ def test_w4a16_target_agrees_with_the_prediction_on_the_unquantized_model(made, 
     want = {s["name"]: [(v["verdict"], v["kernel"], v["fix_to"]) for v in s["targets"]]
             for s in doc_d["sites"]}
     assert seen == want
-    assert doc_q["summary"]["targets"]["vllm,tp=2"]["verdict"] == (
-        "refused" if quant == "awq" else "fallback")
+    assert doc_q["summary"]["targets"]["vllm,tp=2"]["verdict"] == "refused"
     assert code_q == code_d == 1
     assert doc_q["summary"]["params"] == doc_d["summary"]["params"]
     assert doc_q["summary"]["quantization"] == summary
@@ -181,7 +181,7 @@ def test_w4a16_target_agrees_with_the_prediction_on_the_unquantized_model(made, 
 
 def test_a_quant_that_contradicts_the_checkpoint_is_refused(made):
     line = refusal(made["ct640"], "--target", "vllm,tp=2,quant=awq")
-    assert "already quantized" in line and "quant=gptq" in line
+    assert "already quantized" in line and "quant=wna16" in line
     assert "group 128" in refusal(made["gptq688"], "--target", "vllm,group=64").replace(
         "group is 128", "group 128")
     ok = helpers.gac(made["ct640"], "--target", "vllm,tp=2,quant=gptq")
@@ -420,3 +420,26 @@ def test_a_hub_w4a16_is_read_like_the_local_copy(made, tmp_path):
     start, end = (int(x) for x in ranges[1].removeprefix("bytes=").split("-"))
     assert end + 1 - start == 14 * 16
     assert sent < (made["ct640"] / "model.safetensors").stat().st_size / 10
+
+
+@pytest.mark.parametrize(("name", "edit", "words"), [
+    ("gptq688", lambda qc: qc.update(desc_act=True), "desc_act=True"),
+    ("ct640", lambda qc: qc["config_groups"]["group_0"]["weights"].update(actorder="group"),
+     "actorder='group'")])
+def test_group_activation_ordering_is_refused_by_vllm(made, tmp_path, name, edit, words):
+    """Issue 39: a GPTQ checkpoint with desc_act and a group size (most community GPTQ
+    checkpoints), or compressed-tensors' actorder: group, is refused by vLLM v0.33.0 at load;
+    the same checkpoint without it is judged as before."""
+    root = tmp_path / name
+    root.mkdir()
+    for f in made[name].iterdir():
+        (root / f.name).write_bytes(f.read_bytes())
+    config = json.loads((root / "config.json").read_text())
+    edit(config["quantization_config"])
+    (root / "config.json").write_text(json.dumps(config))
+    _, doc = run_json(root, "--gpu", "h100", "--target", "vllm")
+    mlp = next(s for s in doc["sites"] if s["role"] == "intermediate")["targets"][0]
+    assert mlp["verdict"] == "refused" and words in mlp["why"], mlp["why"]
+    _, plain = run_json(made[name], "--gpu", "h100", "--target", "vllm")
+    mlp = next(s for s in plain["sites"] if s["role"] == "intermediate")["targets"][0]
+    assert "no longer supported" not in (mlp["why"] or "")

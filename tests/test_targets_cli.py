@@ -105,11 +105,12 @@ def test_json_says_what_each_target_resolved_to_and_which_pack(llama70):
 
 
 def test_json_carries_a_rules_uncertain_flag(tmp_path):
-    """A GPTQ group straddling the shard: Machete takes it, the scales' misalignment is read,
-    not run, and the verdict says so."""
+    """A GPTQ group straddling the shard at vLLM v0.30.0: Machete takes it, the scales'
+    misalignment is read, not run, and the verdict says so (v0.33.0's loader was read, and
+    refuses it: tests/test_targets_rules.py)."""
     model = sparse_llama(tmp_path / "m", **{**L70, "intermediate": 11008, "hidden": 4096,
                                              "heads": 32, "vocab": 32000})
-    _, doc = run_json(model, "--gpu", "h100", "--target", "vllm,tp=4,quant=gptq")
+    _, doc = run_json(model, "--gpu", "h100", "--target", "vllm@v0.30.0,tp=4,quant=gptq")
     mlp = next(s for s in doc["sites"] if s["role"] == "intermediate")["targets"][0]
     assert mlp["verdict"] == "fallback" and mlp["kernel"] == "machete"
     assert mlp["uncertain"] and "not run" in mlp["uncertain"][0]

@@ -161,7 +161,8 @@ def test_vllm_vocab_is_padded_to_64_then_divided(vocab, tp, expected):
      "marlin (tile-padded)"),
     # gptq-8806: group 128 does not tile 8806: no kernel at v0.20.0; from v0.25.0 Humming
     # (last in the CUDA list) takes what nothing else does (test_gptq_group_straddle_* below)
-    ("vllm,quant=gptq", "h100", "bfloat16", 8806, "fallback", None),
+    # 8806 = 68 groups of 128 and 102: a partial last group, whose scales vLLM trims
+    ("vllm,quant=gptq", "h100", "bfloat16", 8806, "refused", None),
     ("vllm@v0.20.0,quant=gptq", "h100", "bfloat16", 8806, "refused", None),
     # aligned widths: Machete on sm90, Marlin on sm80
     ("vllm,tp=8,quant=gptq", "h100", "bfloat16", 28672, "fast", "machete"),
@@ -202,10 +203,11 @@ def test_vllm_quantized_mlp_kernels(target, gpu, dtype, width, expected, kernel)
     # 11008 at tp=4: down_proj holds 2752 inputs, a 128-group straddles two ranks. vLLM's
     # GPTQ path (AutoGPTQLinearMethod -> choose_mp_linear_kernel) has no per-layer check:
     # Machete checks no group against the shard, Marlin does, ExLlama checks the full K,
-    # Humming takes anything (last in the CUDA list from v0.25.0)
-    ("vllm,tp=4,quant=gptq", "h100", "bfloat16", "machete"),
-    ("vllm,tp=4,quant=gptq", "a100", "float16", "exllama"),
-    ("vllm,tp=4,quant=gptq", "a100", "bfloat16", "humming"),
+    # Humming takes anything (last in the CUDA list from v0.25.0). At v0.33.0 the loader
+    # was read: it computes wrong outputs (test_gptq_straddled_or_partial_group_is_refused)
+    ("vllm@v0.30.0,tp=4,quant=gptq", "h100", "bfloat16", "machete"),
+    ("vllm@v0.30.0,tp=4,quant=gptq", "a100", "float16", "exllama"),
+    ("vllm@v0.30.0,tp=4,quant=gptq", "a100", "bfloat16", "humming"),
     ("vllm@v0.24.0,tp=4,quant=gptq", "a100", "bfloat16", "humming"),  # right after Marlin
     ("vllm@v0.23.0,tp=4,quant=gptq", "a100", "bfloat16", "humming"),
     ("vllm@v0.20.0,tp=4,quant=gptq", "h100", "bfloat16", "machete"),
@@ -218,6 +220,42 @@ def test_gptq_group_straddling_the_shard_is_taken_by_a_kernel_not_refused(target
     assert "Failed to find a kernel" not in v.why
     if kernel == "machete":  # Machete takes it: the reason is the straddle, and its cost
         assert "straddles the TP shard" in v.why and "misaligned scales" in v.why
+
+
+@pytest.mark.parametrize("target, width", [
+    ("vllm,tp=4,quant=gptq", 11008),  # Llama-2-7B: 2752 per rank, 21.5 groups
+    ("vllm,quant=gptq", 688),  # GPTQModel's partial last group: 5 scale rows of the file's 6
+    ("vllm,tp=2,quant=gptq,group=32", 688),  # 344 per rank: 10.75 groups
+])
+@pytest.mark.parametrize("gpu", ["h100", "a100"])
+def test_gptq_straddled_or_partial_group_is_refused_as_wrong_outputs(target, width, gpu):
+    """vLLM v0.33.0's AutoGPTQLinearMethod.create_weights allocates in_per_rank // group scale
+    rows and loads: the model runs and computes wrong numbers, which is refused, never a
+    fallback (issue 39)."""
+    v = verdict("intermediate", width, target, gpu)
+    assert v.verdict == "refused", v.why
+    assert "wrong outputs" in v.why and "\n" not in v.why
+    assert v.source.function.startswith("AutoGPTQLinearMethod.create_weights")
+
+
+@pytest.mark.parametrize("width, tp, group", [(11008, 4, 128), (640, 2, 128), (688, 1, 128)])
+def test_compressed_tensors_w4a16_group_must_divide_each_ranks_input(width, tp, group):
+    """CompressedTensorsWNA16.create_weights calls verify_group_size_divides_partition:
+    ValueError (issue 39: Llama-2-7B at tp=4, llm-compressor's MLP 640 at tp=2)."""
+    v = verdict("intermediate", width, f"vllm,tp={tp},quant=wna16,group={group}", "h100")
+    assert v.verdict == "refused", v.why
+    assert "not divisible by group_size" in v.why
+    assert v.source.file == "vllm/distributed/utils.py"
+    ok = verdict("intermediate", 11264, f"vllm,tp={tp},quant=wna16,group={group}", "h100")
+    assert ok.verdict == "fast", ok.why
+
+
+@pytest.mark.parametrize("quant, words", [("gptq_act_order", "desc_act=True"),
+                                          ("wna16_act_order", "actorder='group'")])
+@pytest.mark.parametrize("role, width", [("intermediate", 11264), ("head_dim", 128)])
+def test_group_activation_ordering_is_refused_whatever_the_width(quant, words, role, width):
+    v = verdict(role, width, f"vllm,quant={quant}", "h100")
+    assert v.verdict == "refused" and words in v.why and "no longer supported" in v.why
 
 
 def test_gptq_group_straddle_boundary_and_the_versions_that_still_refuse():

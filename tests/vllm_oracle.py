@@ -8,7 +8,7 @@ What a CPU cannot provide is stood in for, here and nowhere in vLLM's code: the 
 extension modules (``vllm._C*``, FlashAttention's ``_vllm_fa2_C``/``_vllm_fa3_C``), the GPU
 packages vLLM depends on (flashinfer, humming: present in every vLLM install) and a handful of
 server-side imports the selection code never calls, and a platform that reports compute
-capability CAP (8.0 or 9.0). Then vLLM's own code answers: ``CudaPlatformBase.get_valid_backends``
+capability CAP (8.0 to 12.0). Then vLLM's own code answers: ``CudaPlatformBase.get_valid_backends``
 for the attention backend (``validate_configuration`` of each backend), the AWQ route
 (``check_marlin_supports_layer``, then ``choose_mp_linear_kernel``; a layer it sends to
 ``AutoAWQLinearMethod`` is checked as ``BaseAWQLinearMethod.create_weights`` checks it),
@@ -259,10 +259,12 @@ def main() -> None:
                 gs = case["in"] if g == -1 else g  # AutoAWQLinearMethod: create_weights checks
                 ok = k % gs == 0 and n % 8 == 0
                 return {"kernel": "AutoAWQLinearMethod" if ok else None, "refused": not ok}
+        if not awq:  # GPTQ and compressed-tensors WNA16: their own create_weights
+            return wna16(case)
         config = MPLinearLayerConfig(
             full_weight_shape=(case["in"], case["out"]), partition_weight_shape=(k, n),
-            weight_type=scalar_types.uint4 if awq else scalar_types.uint4b8,
-            act_type=dtypes[case["dtype"]], group_size=g, zero_points=awq)
+            weight_type=scalar_types.uint4, act_type=dtypes[case["dtype"]], group_size=g,
+            zero_points=True)
         try:
             kernel = choose_mp_linear_kernel(config, capability.to_int()).__name__
         except ValueError:
@@ -274,12 +276,83 @@ def main() -> None:
         padded = pad_vocab_size(case["vocab"])
         return {"padded": padded, "refused": padded % case["tp"] != 0}
 
+    wna16 = wna16_answers(torch, dtypes, marlin_padded_nk)
     w8a8 = scaled_mm_answers(torch, dtypes)
     moe = moe_answers(torch, dtypes)
     answer = {"attention": attention, "linear": linear, "vocab": vocab, "w8a8": w8a8,
               "moe": moe}
     for case in json.load(sys.stdin):
         print(json.dumps({**case, **answer[case["kind"]](case)}), flush=True)
+
+
+def wna16_config(quant: str, group: int, act_order: bool) -> dict:
+    """A 4-bit symmetric weight-only checkpoint's ``quantization_config``: GPTQ (``desc_act``)
+    or llm-compressor's compressed-tensors ``pack-quantized`` (``actorder: group``)."""
+    if quant == "gptq":
+        return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": act_order,
+                "sym": True}
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "dynamic": False,
+               "strategy": "group" if group > 0 else "channel",
+               "group_size": group if group > 0 else None,
+               "actorder": "group" if act_order else None}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+            "ignore": ["lm_head"]}
+
+
+def wna16_answers(torch, dtypes: dict, marlin_padded_nk):
+    """GPTQ and compressed-tensors W4A16 linears as vLLM builds them: the config as parsed
+    (``AutoGPTQConfig`` refuses group activation ordering in ``normalize_and_validate_gptq_
+    desc_act``, ``CompressedTensorsConfig`` its ``actorder: group``), then the layer's own
+    ``create_weights`` for the rank's shard (``AutoGPTQLinearMethod``: ``choose_mp_linear_kernel``
+    and ``in_per_rank // group`` scale rows; ``CompressedTensorsWNA16``: the same kernel choice,
+    then ``verify_group_size_divides_partition``). Answers the kernel and the scale rows vLLM
+    allocated per rank: where they do not cover the rank's inputs exactly, the loader narrows
+    the file's scales to them and the layer computes wrong outputs (the test calls that
+    refused)."""
+    import vllm.distributed.parallel_state as parallel_state
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.quantization.auto_gptq import (
+        AutoGPTQConfig,
+        AutoGPTQLinearMethod,
+    )
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsConfig,
+    )
+
+    class Linear(torch.nn.Module):
+        """What compressed-tensors' ``targets: ["Linear"]`` matches by class name."""
+
+    def answer(case: dict) -> dict:
+        k, n, g, tp = case["shard_in"], case["shard_out"], case["group"], case["tp"]
+        dtype = dtypes[case["dtype"]]
+        config = wna16_config(case["quant"], g, case.get("act_order", False))
+        parallel_state._TP = types.SimpleNamespace(rank_in_group=0, world_size=tp)
+        layer = Linear()
+        try:
+            with set_current_vllm_config(VllmConfig()):
+                if case["quant"] == "gptq":
+                    method = AutoGPTQLinearMethod(AutoGPTQConfig.from_config(config))
+                    method.input_dtype = None
+                    method.create_weights(layer, k, [n], case["in"], case["out"], dtype,
+                                          weight_loader=lambda *a: None)
+                    rows = layer.scales.shape[0]
+                else:
+                    scheme = CompressedTensorsConfig.from_config(config).get_scheme(
+                        layer, "model.layers.0.mlp.down_proj")
+                    scheme.create_weights(layer, output_size=case["out"],
+                                          input_size=case["in"], output_partition_sizes=[n],
+                                          input_size_per_partition=k, params_dtype=dtype,
+                                          weight_loader=lambda *a: None)
+                    method = scheme
+                    rows = layer.weight_scale.shape[1]
+        except (ValueError, AssertionError) as e:
+            return {"kernel": None, "refused": True, "why": f"{type(e).__name__}: {e}"[:300]}
+        kernel = type(method.kernel).__name__
+        padded = marlin_padded_nk(n, k, g) != (n, k) if kernel == "MarlinLinearKernel" else False
+        return {"kernel": kernel, "refused": False, "tile_padded": padded, "scale_rows": rows}
+
+    return answer
 
 
 def scaled_mm_answers(torch, dtypes: dict):
@@ -414,13 +487,14 @@ def moe_answers(torch, dtypes: dict):
     )
 
     configs = {
-        "gptq": lambda g: AutoGPTQConfig.from_config(
-            {"quant_method": "gptq", "bits": 4, "group_size": g, "desc_act": False,
-             "sym": True}),
-        "awq": lambda g: AutoAWQConfig.from_config(
+        "gptq": lambda g, act_order=False: AutoGPTQConfig.from_config(
+            wna16_config("gptq", g, act_order)),
+        "wna16": lambda g, act_order=False: CompressedTensorsConfig.from_config(
+            wna16_config("wna16", g, act_order)),
+        "awq": lambda g, act_order=False: AutoAWQConfig.from_config(
             {"quant_method": "awq", "bits": 4, "group_size": g, "zero_point": True}),
     }
-    configs.update({scheme: lambda g, scheme=scheme: fp8_config(scheme)
+    configs.update({scheme: lambda g, act_order=False, scheme=scheme: fp8_config(scheme)
                     for scheme in SCHEMES if scheme != "ct_fp8_w8a16"})
 
     def fp8_config(scheme: str):  # FP8 and INT8 W8A8
@@ -475,12 +549,11 @@ def moe_answers(torch, dtypes: dict):
                 layer.moe_config = moe
                 layer.ckpt_gate_proj_name, layer.ckpt_up_proj_name = "gate_proj", "up_proj"
                 layer.ckpt_down_proj_name = "down_proj"
-                method = configs[case["quant"]](case["group"]).get_quant_method(
-                    layer, "model.layers.0.mlp.experts")
+                config = configs[case["quant"]](case["group"], case.get("act_order", False))
+                method = config.get_quant_method(layer, "model.layers.0.mlp.experts")
                 wna16 = isinstance(method, MoeWNA16Method)
-                if wna16 or "8" in case["quant"]:
-                    method.create_weights(layer, local[0], case["hidden"], shard, dtype,
-                                          weight_loader=lambda *a, **k: None)
+                method.create_weights(layer, local[0], case["hidden"], shard, dtype,
+                                      weight_loader=lambda *a, **k: None)
                 kernel = method.experts_cls.__name__
                 group = case["group"]
                 if "fp8" in case["quant"]:  # Marlin's FP8 group: the block's K, else none

@@ -27,6 +27,8 @@ QUANTITIES = frozenset({
     # mixture of experts: one expert's width, the MoE layer's own TP size (1 under expert
     # parallelism), the width one rank holds, the expert count and the expert-parallel size
     "expert_width", "moe_tp", "expert_shard", "experts", "ep",
+    # the model's hidden size, where an MoE rule reads it (vLLM's block FP8 refinement)
+    "hidden",
     # multi-head latent attention (gac_check/targets/mla.py)
     "mla_head_size", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank",
     "qk_head_dim",

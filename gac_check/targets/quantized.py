@@ -85,8 +85,8 @@ def pack_names(q: Quantization) -> tuple[str, ...]:
     if q.weight_type == "float" or (q.activations or "").startswith("float8"):
         # block-quantized FP8 loads only in whole blocks per rank (validate_fp8_block_shape):
         # the pack's own name where it has one, else its FP8
-        if q.strategy == "block":
-            return ("fp8_block", "fp8")
+        if q.strategy == "block":  # vLLM's own fp8 refines its MoE blocks, compressed-tensors' not
+            return (("ct_fp8_block",) * (q.method == "compressed-tensors") + ("fp8_block", "fp8"))
         if q.weight_only:  # CompressedTensorsW8A16Fp8: weight-only kernels on every GPU
             return ("fp8_w8a16", "fp8")
         if q.method == "compressed-tensors" and q.activations_dynamic is False:
@@ -100,7 +100,11 @@ def pack_names(q: Quantization) -> tuple[str, ...]:
         return ("awq", "int4_awq", "w4a16")
     if q.bits == 8:
         return ("gptq", "int8_wo")
-    return ("gptq", "int4_gptq", "w4a16")
+    # compressed-tensors' WNA16 checks its groups per rank where GPTQ's loader does not
+    # (vLLM's wna16); activation ordering by groups is refused at load (vLLM's *_act_order)
+    ct = ("wna16_act_order",) * q.group_act_order + ("wna16",)
+    own = ("gptq_act_order",) * q.group_act_order
+    return (*(ct if q.method == "compressed-tensors" else own), "gptq", "int4_gptq", "w4a16")
 
 
 def for_checkpoint(target: Target, q: Quantization | None) -> Target:

@@ -168,7 +168,8 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
         return [*mlp, Use("model", "layers", lambda v: dict(base))]
     if role is Role.EXPERT:
         mtp = moe_tp if moe_tp is not None else (1 if ep > 1 else tp)
-        return [Use("model", "experts", lambda v: expert_quantities(base, v, mtp, ep))]
+        return [Use("model", "experts", lambda v: expert_quantities(base, v, mtp, ep,
+                                                                          shape.hidden))]
     if role is Role.EXPERTS:
         return [Use("model", "expert_count", lambda v: {**base, "experts": v, "ep": ep})]
     if role in (Role.RANK, Role.KV_LATENT):
@@ -217,12 +218,13 @@ def uses(site: DimSite, shape: ModelShape, tp: int, group: int | None,
 
 
 def expert_quantities(base: dict[str, int], width: int, moe_tp: int,
-                      ep: int) -> dict[str, int]:
+                      ep: int, hidden: int | None = None) -> dict[str, int]:
     """One expert's width as the fused-MoE layer holds it: every rank holds ``width / moe_tp``
     of each of its experts; ``moe_tp`` is ``tp`` without expert parallelism, 1 with vLLM's
     (``FusedMoEParallelConfig.make``: whole experts per rank), ``tp / ep`` with SGLang's
     (``derive_parallel_widths``)."""
     q = {**base, "expert_width": width, "moe_tp": moe_tp, "ep": ep}
+    _put(q, "hidden", hidden)  # vLLM's block FP8 refines its scales by it
     return _put(q, "expert_shard", split(width, moe_tp))
 
 

@@ -55,6 +55,7 @@ def read_gptq(layout: Layout) -> Quantization:
                          group_size=group if group > 0 else None,
                          symmetric=bool(qc.get("sym", True)),
                          act_order=bool(qc.get("desc_act", False)),
+                         group_act_order=bool(qc.get("desc_act", False)) and group > 0,
                          ignored=tuple(qc.get("modules_to_not_convert") or ()))
     pack = 32 // bits
     modules = layout.modules(".qweight")

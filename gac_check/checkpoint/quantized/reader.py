@@ -159,6 +159,7 @@ def _compressed_tensors(layout: Layout) -> Quantization:
         block=tuple(block) if strategy == "block" and isinstance(block, list) else None,
         symmetric=bool(w.get("symmetric", True)),
         act_order=w.get("actorder") not in (None, False),
+        group_act_order=w.get("actorder") in ("group", "dynamic", True),
         activations=activations,
         activations_dynamic=None if act is None else bool(act.get("dynamic", False)),
         activations_symmetric=None if act is None else bool(act.get("symmetric", True)),

@@ -49,6 +49,10 @@ class Quantization:
     block: tuple[int, int] | None = None
     symmetric: bool | None = None
     act_order: bool = False
+    #: activation ordering by groups (GPTQ ``desc_act`` with a group size, compressed-tensors
+    #: ``actorder: group``/``dynamic``), which vLLM no longer loads; ``weight``/``static``
+    #: ordering is not this
+    group_act_order: bool = False
     activations: str | None = None
     activations_dynamic: bool | None = None
     activations_symmetric: bool | None = None
