@@ -439,11 +439,16 @@ def _vocab_site(ckpt: Checkpoint, fam: Family) -> DimSite | None:
     if not isinstance(archs, list):
         archs = []  # a bare string would be searched per character
     causal = any(str(a).endswith("ForCausalLM") for a in archs)
-    if not head and not (causal and embed):
+    # BERT's masked-LM / LM head: the decoder is tied to the token table (not stored), its
+    # bias is; its GEMM's N is the vocabulary all the same
+    mlm = next((n for n in shapes if n.endswith("cls.predictions.bias")), None)
+    if not head and not (causal and embed) and not (mlm and embed):
         return None
     axes = [TensorAxis(t, 0, AxisKind.PRODUCER) for t in (head, embed) if t]
     if head and len(shapes.get("lm_head.bias", ())) == 1:  # OPT under SliceGPT, Phi-2
         axes.append(TensorAxis("lm_head.bias", 0, AxisKind.BIAS))
+    if mlm and embed and len(shapes[mlm]) == 1:
+        axes.append(TensorAxis(mlm, 0, AxisKind.BIAS))
     value = shapes[axes[0].tensor][0]
     site = DimSite("vocab", Role.VOCAB, value, axes, config_field=("vocab_size",),
                    inexact=VOCAB_INEXACT)
