@@ -103,6 +103,9 @@ NO_DIMENSION: tuple[Kind, ...] = (
          _is_bert_table),
     Kind("hidden head", "BERT's pooler and masked-LM transform, hidden x hidden: their only "
          "width is the hidden site's, judged there", _is_bert_head),
+    Kind("fixed by the class", "a tensor whose every axis transformers' class builds at a "
+         "size no config width moves (a scalar gate, kernel taps): the class table "
+         "(formats/derived.py) names it, and it has no width to judge", _is_fixed),
 )
 
 

@@ -1,0 +1,109 @@
+"""The layout table derived from transformers' own classes, read on real tiny checkpoints.
+
+Each model is built by its own class with random weights (every MLP / expert width 173),
+written by ``save_pretrained`` (safetensors) and checked from its headers, as a user would.
+These are the families the hand-written table refused (issue 38).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import gac_check
+from gac_check.errors import BadInput
+from gac_check.formats.derived import table
+from gac_check.models.derive_layout import derive
+from gac_check.models.zoo import build_tiny
+from gac_check.sites import Role
+
+#: once refused ("no transformer layers found", an unread tensor), now judged
+FAMILIES = ["gpt2", "gpt_neox", "falcon", "gptj", "bloom", "mpt", "codegen", "starcoder2",
+            "olmo2", "olmoe", "llama4_text", "granitemoe", "glm4_moe", "ernie4_5_moe",
+            "hunyuan_v1_moe", "apertus"]
+MLP_ROLES = (Role.INTERMEDIATE, Role.EXPERT, Role.SHARED_EXPERT)
+
+
+#: BLOOM and MPT build the MLP 4 x hidden (no width key): misaligned by their heads instead
+HEAD_ONLY = ("bloom", "mpt")
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_once_refused_family_is_judged(model_type: str, tmp_path: Path) -> None:
+    variant = "hd20" if model_type in HEAD_ONLY else "mlp173"
+    build_tiny(model_type, variant, tmp_path / "m")
+    result = gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+    assert result.accounting is not None and result.accounting.unknown == []
+    roles, value = ((Role.HEAD_DIM,), 20) if variant == "hd20" else (MLP_ROLES, 173)
+    widths = {s.value for s in result.sites if s.role in roles}
+    assert value in widths, sorted((s.name, s.value) for s in result.sites)
+    assert result.verdict() == "fail"
+    assert any(s.role is Role.HEAD_DIM for s in result.sites)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gac_check.cli.main", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_gpt2_conv1d_layout_through_the_cli(tmp_path: Path) -> None:
+    """GPT-2's Conv1D keeps [in, out]: c_fc's columns and c_proj's rows carry the MLP width."""
+    build_tiny("gpt2", "mlp173", tmp_path / "m")
+    done = _cli(str(tmp_path / "m"), "--gpu", "h100", "--dtype", "bfloat16",
+                "--format", "json")
+    assert done.returncode == 1, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["format"] == "derived"
+    assert any(s["name"] == "transformer.h.0.mlp:intermediate" and s["value"] == 173
+               for s in doc["sites"])
+    result = gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+    mlp = next(s for s in result.sites if s.name == "transformer.h.0.mlp:intermediate")
+    axes = {(a.tensor, a.axis) for a in mlp.axes}
+    assert ("transformer.h.0.mlp.c_fc.weight", 1) in axes
+    assert ("transformer.h.0.mlp.c_proj.weight", 0) in axes
+    assert ("transformer.h.0.mlp.c_fc.bias", 0) in axes
+
+
+def test_a_tensor_that_contradicts_the_class_is_refused(tmp_path: Path) -> None:
+    build_tiny("gpt2", "mlp173", tmp_path / "m")
+    weights = load_file(tmp_path / "m" / "model.safetensors")
+    weights["transformer.h.0.mlp.c_proj.weight"] = torch.zeros(176, 64)
+    save_file(weights, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(BadInput, match="mlp width disagrees across its tensors"):
+        gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+
+
+def test_ssm_mixer_is_refused_with_its_layer_kind(tmp_path: Path) -> None:
+    build_tiny("mamba", "aligned", tmp_path / "m")
+    done = _cli(str(tmp_path / "m"), "--gpu", "h100")
+    assert done.returncode == 2
+    assert "mixer" in done.stderr and "no transformer layers" not in done.stderr
+
+
+@pytest.mark.parametrize("head", ["BertForMaskedLM", "BertLMHeadModel"])
+def test_bert_lm_head_gets_a_vocab_site(head: str, tmp_path: Path) -> None:
+    import transformers
+
+    config = transformers.BertConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                     intermediate_size=128, vocab_size=517, pad_token_id=0,
+                                     is_decoder=head == "BertLMHeadModel")
+    getattr(transformers, head)(config).save_pretrained(tmp_path / "m")
+    done = _cli(str(tmp_path / "m"), "--gpu", "h100", "--format", "json")
+    assert done.returncode == 1, done.stderr
+    vocab = next(s for s in json.loads(done.stdout)["sites"] if s["role"] == "vocab")
+    assert vocab["value"] == 517
+    assert "cls.predictions.bias" in vocab["tensors"]
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "gpt_neox", "olmo2", "llama4_text", "bert"])
+def test_shipped_table_matches_the_installed_classes(model_type: str) -> None:
+    """Stale after a transformers upgrade: rerun python -m gac_check.models.derive_layout."""
+    import transformers
+
+    assert table()["transformers"] == transformers.__version__
+    assert table()["types"][model_type] == derive(model_type)
