@@ -17,10 +17,10 @@ from safetensors.torch import load_file, save_file
 
 import gac_check
 from gac_check.errors import BadInput
+from gac_check.formats.derive_table import derive
 from gac_check.formats.derived import table
-from gac_check.models.derive_layout import derive
-from gac_check.models.zoo import build_tiny
 from gac_check.sites import Role
+from gac_check.testing.zoo import build_tiny
 
 #: once refused ("no transformer layers found", an unread tensor), now judged
 FAMILIES = ["gpt2", "gpt_neox", "falcon", "gptj", "bloom", "mpt", "codegen", "starcoder2",
@@ -102,8 +102,21 @@ def test_bert_lm_head_gets_a_vocab_site(head: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("model_type", ["gpt2", "gpt_neox", "olmo2", "llama4_text", "bert"])
 def test_shipped_table_matches_the_installed_classes(model_type: str) -> None:
-    """Stale after a transformers upgrade: rerun python -m gac_check.models.derive_layout."""
+    """Stale after a transformers upgrade: rerun python -m gac_check.formats.derive_table."""
     import transformers
 
     assert table()["transformers"] == transformers.__version__
     assert table()["types"][model_type] == derive(model_type)
+
+
+def test_a_type_the_table_lacks_is_derived_at_run_time(tmp_path: Path, monkeypatch) -> None:
+    """A transformers newer than the shipped table: the class is built on the meta device."""
+    from gac_check.formats import derived
+
+    older = {**table(), "types": {k: v for k, v in table()["types"].items() if k != "gpt2"}}
+    monkeypatch.setattr(derived, "table", lambda: older)
+    derived.derive_now.cache_clear()
+    build_tiny("gpt2", "mlp173", tmp_path / "m")
+    result = gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+    assert result.format.name == "derived"
+    assert any(s.value == 173 for s in result.sites if s.role is Role.INTERMEDIATE)

@@ -1,6 +1,6 @@
 """Sites from the layout table derived from transformers' own classes (no modeling import).
 
-:mod:`gac_check.models.derive_layout` builds every architecture transformers ships on the meta
+:mod:`gac_check.formats.derive_table` builds every architecture transformers ships on the meta
 device, ahead of time, and records per ``model_type`` which width sits on each axis of every
 saved tensor (``gac_check/data/architectures.json``). Here a checkpoint's tensors are looked
 up in that table by name (layer and expert indices as ``{i}`` / ``{e}``) and every labelled
@@ -63,10 +63,33 @@ def table() -> dict:
 
 
 def entry_for(ckpt: Checkpoint) -> dict | None:
+    """The table's entry for config.json's model_type; for a type the table lacks (a newer
+    transformers than the one it was derived from), derived now from the installed class."""
     model_type = ckpt.config.get("model_type")
     if not isinstance(model_type, str):
         return None
-    return table()["types"].get(model_type)
+    shipped = table()
+    if model_type in shipped["types"] or model_type in shipped["not_built"]:
+        return shipped["types"].get(model_type)
+    return derive_now(model_type)
+
+
+@lru_cache(maxsize=8)
+def derive_now(model_type: str) -> dict | None:
+    """Build a built-in class on the meta device at run time (seconds: transformers'
+    modeling import; benchmarks/RESULTS.md); None when transformers has no such class."""
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:
+        return None
+    if model_type not in CONFIG_MAPPING_NAMES:
+        return None
+    from gac_check.formats.derive_table import derive
+
+    try:
+        return derive(model_type)
+    except Exception:  # a class that does not build: unknown, as without the table
+        return None
 
 
 _INDEX = re.compile(r"\.(\d+)\.")

@@ -12,7 +12,7 @@ indices replaced by ``{i}`` / ``{e}``. The result is data, :data:`TABLE`
 (``gac_check/data/architectures.json``), read at check time by :mod:`gac_check.formats.derived`.
 
 Built-in classes only (never ``trust_remote_code``); nothing is allocated (meta device).
-Regenerate with ``python -m gac_check.models.derive_layout`` after upgrading transformers;
+Regenerate with ``python -m gac_check.formats.derive_table`` after upgrading transformers;
 tests/test_derived_table.py fails when the shipped table disagrees with the installed classes.
 """
 from __future__ import annotations
