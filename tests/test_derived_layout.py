@@ -19,7 +19,7 @@ import gac_check
 from gac_check.errors import BadInput
 from gac_check.formats.derive_table import derive
 from gac_check.formats.derived import table
-from gac_check.sites import Role
+from gac_check.sites import AxisKind, Role
 from gac_check.testing.zoo import build_tiny
 
 #: once refused ("no transformer layers found", an unread tensor), now judged
@@ -63,10 +63,10 @@ def test_gpt2_conv1d_layout_through_the_cli(tmp_path: Path) -> None:
                for s in doc["sites"])
     result = gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
     mlp = next(s for s in result.sites if s.name == "transformer.h.0.mlp:intermediate")
-    axes = {(a.tensor, a.axis) for a in mlp.axes}
-    assert ("transformer.h.0.mlp.c_fc.weight", 1) in axes
-    assert ("transformer.h.0.mlp.c_proj.weight", 0) in axes
-    assert ("transformer.h.0.mlp.c_fc.bias", 0) in axes
+    axes = {(a.tensor, a.axis, a.kind) for a in mlp.axes}
+    assert ("transformer.h.0.mlp.c_fc.weight", 1, AxisKind.PRODUCER) in axes
+    assert ("transformer.h.0.mlp.c_proj.weight", 0, AxisKind.CONSUMER) in axes
+    assert ("transformer.h.0.mlp.c_fc.bias", 0, AxisKind.BIAS) in axes
 
 
 def test_a_tensor_that_contradicts_the_class_is_refused(tmp_path: Path) -> None:
@@ -95,7 +95,9 @@ def test_bert_lm_head_gets_a_vocab_site(head: str, tmp_path: Path) -> None:
     getattr(transformers, head)(config).save_pretrained(tmp_path / "m")
     done = _cli(str(tmp_path / "m"), "--gpu", "h100", "--format", "json")
     assert done.returncode == 1, done.stderr
-    vocab = next(s for s in json.loads(done.stdout)["sites"] if s["role"] == "vocab")
+    doc = json.loads(done.stdout)
+    assert doc["format"] == "dense"  # the hand-written BERT family, not the table's fallback
+    vocab = next(s for s in doc["sites"] if s["role"] == "vocab")
     assert vocab["value"] == 517
     assert "cls.predictions.bias" in vocab["tensors"]
 
