@@ -199,6 +199,9 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
         g.axes.append(TensorAxis(name, axis, kind, blocks=size // head_dim, stride=head_dim))
         g.widths[name] = head_dim
         return
+    if label not in _WIDTH:  # a label this reader does not know: a newer table
+        raise BadInput(f"{name} axis {axis}: the class table names its width {label!r}, "
+                       "which this gac-check does not read; refusing to judge it", ckpt.path)
     site_kind, parts = _WIDTH[label]
     if site_kind in ("hidden", "vocab"):
         key: tuple = (site_kind,)
