@@ -102,9 +102,10 @@ def run_one(model_type: str, variant: str, work: Path) -> Row:
     fix = "-"
     if code:
         try:
-            repair(out, work / f"{model_type}-{variant}-fixed", gpu="h100", dtype=DTYPE,
-                   progress=False)
-            fix = "repaired"
+            fixed = repair(out, work / f"{model_type}-{variant}-fixed", gpu="h100",
+                           dtype=DTYPE, progress=False)
+            left = fixed.after.verdict() != "pass"
+            fix = "written, sites left (refused: inexact)" if left else "repaired"
         except BadInput as e:
             fix = "refused: " + _line(e)
     return Row(model_type, variant, "judged", detail, fix, took)
