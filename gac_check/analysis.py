@@ -16,11 +16,12 @@ from gac_check.checkpoint.index import Checkpoint, open_checkpoint
 from gac_check.contract.dtype_choice import DtypeChoice, choose_dtype
 from gac_check.contract.rules import ERROR, WARNING, Contract, Finding, fails
 from gac_check.contract.select import assemble
-from gac_check.formats import Format, detect
-from gac_check.formats.accounting import Accounting, account, require_accounted
+from gac_check.formats import Format
+from gac_check.formats.accounting import Accounting
 from gac_check.formats.architectures import find_family
 from gac_check.formats.gpt_oss import fused_family
 from gac_check.formats.moe import moe_family
+from gac_check.formats.reading import read_sites
 from gac_check.padding.plan import RepairPlan, plan
 from gac_check.sites import DimSite
 
@@ -183,10 +184,7 @@ def check(model_dir: Path | str | Checkpoint, gpu: str = "auto", dtype: str | No
     stages as a directory.
     """
     ckpt = model_dir if isinstance(model_dir, Checkpoint) else open_checkpoint(model_dir)
-    fmt = detect(ckpt)
-    sites = fmt.sites(ckpt)
-    accounting = account(ckpt, sites)
-    require_accounted(accounting, ckpt)
+    fmt, sites, accounting = read_sites(ckpt)
     if ckpt.gguf is not None:
         return _check_gguf(ckpt, fmt, sites, gpu, dtype, targets, accounting)
     choice = choose_dtype(ckpt, dtype)

@@ -23,6 +23,14 @@ class BadInput(GacError):
         super().__init__(f"{self.path}: {message}" if self.path is not None else message)
 
 
+class NotRead(BadInput):
+    """The hand-written readers do not read this layout: they found no layers they know, or
+    left tensors unread. Unlike every other refusal of a model, this one may be lifted by a
+    reader that knows more (the layout table derived from transformers' classes); a refusal
+    that a reader makes of a layout it does know (experts it cannot load, a config the
+    tensors contradict) stands."""
+
+
 class PickleRefused(BadInput):
     """The pickle reader will not read a ``data.pkl``: malformed, past its bounds, or not laid
     out as torch.save lays a state dict or model. Every refusal of the reader is one of these,

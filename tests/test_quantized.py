@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from gac_check.checkpoint.index import open_checkpoint
 from tests import helpers
 from tests import quantized_models as qm
-from tests.helpers import tree_digest
+from tests.helpers import rewrite_safetensors, tree_digest
 
 
 def run_json(*args: object) -> tuple[int, dict]:
@@ -437,6 +437,13 @@ def test_group_activation_ordering_is_refused_by_vllm(made, tmp_path, name, edit
     config = json.loads((root / "config.json").read_text())
     edit(config["quantization_config"])
     (root / "config.json").write_text(json.dumps(config))
+    if name == "ct640":  # actorder: group stores each input column's group, as llm-compressor
+        def g_idx(tensors: dict) -> None:
+            for key in [k for k in tensors if k.endswith(".weight_shape")]:
+                columns = int(tensors[key][1])
+                tensors[key.replace("weight_shape", "weight_g_idx")] = (
+                    torch.arange(columns, dtype=torch.int32) // 128)
+        rewrite_safetensors(root, g_idx)
     _, doc = run_json(root, "--gpu", "h100", "--target", "vllm")
     mlp = next(s for s in doc["sites"] if s["role"] == "intermediate")["targets"][0]
     assert mlp["verdict"] == "refused" and words in mlp["why"], mlp["why"]

@@ -141,7 +141,9 @@ def test_html_report_says_the_target_does_not_load(tmp_path):
     report = tmp_path / "r.html"
     helpers.gac(built.path, "--gpu", "h100", "--target", "vllm", "--report", report)
     html = report.read_text()
-    assert '<span class="sev error">does not load</span>' in html  # in the target's head
+    # said once, at the model's level: in the verdict and at the head of the targets table
+    assert "vllm: DOES NOT LOAD the model" in html
+    assert '<span class="sev error">vllm does not load the model</span>' in html
     assert "ALinear @ BLinear" in html
     assert "Not modelled by these verdicts" in html
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.errors import BadInput
+from gac_check.errors import NotRead
 from gac_check.formats.asvd import ASVD
 from gac_check.formats.base import Format
 from gac_check.formats.decilm import DeciLM
@@ -39,7 +39,7 @@ def detect(ckpt: Checkpoint) -> Format:
     for fmt in FORMATS:
         if fmt.matches(ckpt):
             return fmt
-    raise BadInput("is not a format gac-check recognises (no transformer layers found)",
+    raise NotRead("is not a format gac-check recognises (no transformer layers found)",
                    ckpt.path)
 
 

@@ -9,7 +9,7 @@ So after a format has built its sites, each tensor is put in exactly one class:
 - ``auxiliary``: the reader of the checkpoint's layout recorded it in
   :attr:`Checkpoint.auxiliary` (a quantized layout's scales, zero points, group indices);
 - ``no_dimension``: of a kind listed once in :data:`NO_DIMENSION` (rotary frequencies, index
-  buffers, BERT's lookup tables, its masked-LM decoder bias and its hidden-by-hidden heads),
+  buffers, BERT's lookup tables and its hidden-by-hidden heads),
   each with why it carries no width a check must judge on its own. Norm vectors and biases
   are not among them: the sites name those of the linears and the residual stream they
   belong to, and one no site names is as unread as a weight;
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.checkpoint.tensorinfo import TensorInfo
-from gac_check.errors import BadInput
+from gac_check.errors import NotRead
 from gac_check.formats.architectures import find_family
 from gac_check.sites import DimSite, Role, natural_key
 
@@ -46,6 +46,7 @@ class _Context:
     shapes: Mapping[str, tuple[int, ...]]
     hidden: int | None
     family: str | None
+    fixed: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,6 @@ def _is_bert_table(name: str, t: TensorInfo, ctx: _Context) -> bool:
             and t.shape[1] == ctx.hidden)
 
 
-def _is_bert_decoder_bias(name: str, t: TensorInfo, ctx: _Context) -> bool:
-    """The masked-LM decoder's bias: its weight is the token table (tied, so not stored)."""
-    table = name.removesuffix("cls.predictions.bias") + "bert.embeddings.word_embeddings.weight"
-    return (ctx.family == "bert" and name.endswith("cls.predictions.bias") and table in ctx.read
-            and t.shape == ctx.shapes[table][:1])
-
-
 def _is_bert_head(name: str, t: TensorInfo, ctx: _Context) -> bool:
     if ctx.family != "bert":
         return False
@@ -92,6 +86,10 @@ def _is_bert_head(name: str, t: TensorInfo, ctx: _Context) -> bool:
     bias = name.endswith(tuple(f"{h}.bias" for h in _BERT_HEADS))
     return ((weight and t.shape == (ctx.hidden, ctx.hidden))
             or (bias and t.shape == (ctx.hidden,)))
+
+
+def _is_fixed(name: str, t: TensorInfo, ctx: _Context) -> bool:
+    return name in ctx.fixed
 
 
 #: Every kind of tensor accounted as carrying no dimension of its own, with why. Nothing else is.
@@ -103,10 +101,11 @@ NO_DIMENSION: tuple[Kind, ...] = (
     Kind("lookup table", "BERT's position and token-type embeddings (width = hidden): rows "
          "are gathered by index, never multiplied; their width is the hidden site's",
          _is_bert_table),
-    Kind("decoder bias", "BERT's masked-LM decoder bias over the vocabulary: the decoder's "
-         "weight is the token table it is tied to, which was read", _is_bert_decoder_bias),
     Kind("hidden head", "BERT's pooler and masked-LM transform, hidden x hidden: their only "
          "width is the hidden site's, judged there", _is_bert_head),
+    Kind("fixed by the class", "a tensor whose every axis transformers' class builds at a "
+         "size no config width moves (a scalar gate, kernel taps): the class table "
+         "(formats/derived.py) names it, and it has no width to judge", _is_fixed),
 )
 
 
@@ -144,13 +143,15 @@ def site_axes(sites: Iterable[DimSite]) -> frozenset[tuple[str, int]]:
     return frozenset((ax.tensor, ax.axis) for s in sites for ax in s.axes)
 
 
-def account(ckpt: Checkpoint, sites: list[DimSite]) -> Accounting:
-    """Put every tensor of ``ckpt`` in its class, given the sites its format built."""
+def account(ckpt: Checkpoint, sites: list[DimSite],
+            fixed: frozenset[str] = frozenset()) -> Accounting:
+    """Put every tensor of ``ckpt`` in its class, given the sites its format built
+    (``fixed``: tensors the class table says carry no config width)."""
     found = find_family(ckpt, strict=False)
     family = found[0].name if found else None
     on_axes = frozenset(t for t, _ in site_axes(sites)) & ckpt.tensors.keys()
     hidden = next((s.value for s in sites if s.role is Role.HIDDEN and s.name == "hidden"), None)
-    ctx = _Context(on_axes, ckpt.shapes, hidden, family)
+    ctx = _Context(on_axes, ckpt.shapes, hidden, family, fixed)
     classes: dict[str, str] = {}
     kinds: dict[str, str] = {}
     for name, info in ckpt.tensors.items():
@@ -183,6 +184,6 @@ def require_accounted(accounting: Accounting, ckpt: Checkpoint) -> None:
     first = ckpt.tensors[unknown[0]]
     shape = "x".join(map(str, first.shape)) or "scalar"
     count = f"{len(unknown)} tensor{'s' if len(unknown) > 1 else ''}"
-    raise BadInput(f"{count} gac-check did not read, first {unknown[0]} ({first.dtype} "
+    raise NotRead(f"{count} gac-check did not read, first {unknown[0]} ({first.dtype} "
                    f"[{shape}]): refusing to judge a model it did not read (docs/formats.md, "
                    "\"Accounting: every tensor read\")", ckpt.path)

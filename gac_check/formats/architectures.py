@@ -15,6 +15,7 @@ from functools import lru_cache
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.declared import config_head_dim
+from gac_check.formats.head_dim import infer_head_dim
 from gac_check.formats.layout import Linear, Shapes
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -217,41 +218,6 @@ def unknown_architecture(ckpt: Checkpoint) -> str | None:
             f"{', '.join(f.name for f in FAMILIES)}")
 
 
-def head_dim_of(config: dict) -> int | None:
-    if isinstance(config.get("head_dim"), int):
-        return config["head_dim"]
-    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
-    if isinstance(hidden, int) and isinstance(heads, int) and heads:
-        return hidden // heads
-    return None
-
-
-def infer_head_dim(ckpt: Checkpoint) -> tuple[int | None, str]:
-    """head_dim without a config.json value, from what the checkpoint says about itself.
-
-    In order: the attention modules' ``head_dim`` attribute in a pickled model (when all
-    agree), a rotary ``inv_freq`` buffer (head_dim / 2 entries; older transformers and
-    LLM-Pruner's own modeling keep it in the state dict, current transformers pickle it as a
-    non-persistent buffer), and the pickled config's head_dim (or hidden / heads). Returns
-    (value, where it came from), or (None, "") when none of them is there.
-    """
-    model = ckpt.pickled_model
-    if model is not None:
-        dims = {a.get("head_dim") for p, a in model.attributes.items()
-                if p.endswith(".self_attn") or p.endswith(".attention")}
-        dims.discard(None)
-        if len(dims) == 1 and isinstance(hd := next(iter(dims)), int) and hd > 0:
-            return hd, "the pickled attention modules' head_dim attribute"
-    buffers = dict(model.buffers) if model else {}
-    buffers.update((n, t.shape) for n, t in ckpt.tensors.items())
-    for name, shape in sorted(buffers.items()):
-        if name.endswith("inv_freq") and len(shape) == 1 and shape[0] > 0:
-            return 2 * shape[0], f"{name} ({shape[0]} rotary frequencies)"
-    if model is not None and (hd := head_dim_of(model.config)):
-        return hd, "the pickled model's config"
-    return None, ""
-
-
 def family_sites(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
                  resolve: Resolver, head_dim: tuple[int, str] | None = None,
                  layer_head_dims: Mapping[int, int] | None = None) -> list[DimSite]:
@@ -259,7 +225,7 @@ def family_sites(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
 
     head_dim is config.json's where the tensors agree (:func:`.declared.config_head_dim`: a
     refuted value is a note, a head count that does not divide the width a refusal); else what
-    :func:`infer_head_dim` finds, else
+    :func:`.head_dim.infer_head_dim` finds, else
     ``head_dim`` (value, how) from a format that can infer it from shapes alone (LLM-Pruner's
     whole-head pruning). An inferred head_dim is noted on every head_dim site.
     ``layer_head_dims`` are layers with a head_dim of their own (per_layer_config's), split
@@ -439,11 +405,16 @@ def _vocab_site(ckpt: Checkpoint, fam: Family) -> DimSite | None:
     if not isinstance(archs, list):
         archs = []  # a bare string would be searched per character
     causal = any(str(a).endswith("ForCausalLM") for a in archs)
-    if not head and not (causal and embed):
+    # BERT's masked-LM / LM head: the decoder is tied to the token table (not stored), its
+    # bias is; its GEMM's N is the vocabulary all the same
+    mlm = next((n for n in shapes if n.endswith("cls.predictions.bias")), None)
+    if not head and not (causal and embed) and not (mlm and embed):
         return None
     axes = [TensorAxis(t, 0, AxisKind.PRODUCER) for t in (head, embed) if t]
     if head and len(shapes.get("lm_head.bias", ())) == 1:  # OPT under SliceGPT, Phi-2
         axes.append(TensorAxis("lm_head.bias", 0, AxisKind.BIAS))
+    if mlm and embed and len(shapes[mlm]) == 1:
+        axes.append(TensorAxis(mlm, 0, AxisKind.BIAS))
     value = shapes[axes[0].tensor][0]
     site = DimSite("vocab", Role.VOCAB, value, axes, config_field=("vocab_size",),
                    inexact=VOCAB_INEXACT)

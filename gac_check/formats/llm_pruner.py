@@ -15,8 +15,9 @@ from functools import reduce
 from math import gcd
 
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.formats.architectures import Family, family_sites, find_family, head_dim_of
+from gac_check.formats.architectures import Family, family_sites, find_family
 from gac_check.formats.base import Format
+from gac_check.formats.head_dim import head_dim_of
 from gac_check.formats.layout import dense_linear
 from gac_check.sites import DimSite, Role
 
@@ -107,7 +108,7 @@ def _head_dim_from_widths(ckpt: Checkpoint, fam: Family, prefix: str,
     Whole-head pruning leaves every q/k/v width a multiple of head_dim, and unpruned layers
     keep the dense width, so their GCD is head_dim unless all layers share a factor (GQA
     pruned alike everywhere: 192 and 96 give 96, which is why the pickle's own records come
-    first, :func:`~gac_check.formats.architectures.infer_head_dim`); a GCD above 256 is no
+    first, :func:`~gac_check.formats.head_dim.infer_head_dim`); a GCD above 256 is no
     head_dim and is not used.
     """
     widths = []

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 
 from gac_check.checkpoint.index import Checkpoint
-from gac_check.errors import BadInput
+from gac_check.errors import BadInput, NotRead
 from gac_check.formats.layout import Linear, dense_linear
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -182,7 +182,7 @@ def _short(values: list[int]) -> str:
 def _linear(ckpt: Checkpoint, module: str) -> Linear:
     lin = dense_linear(ckpt.shapes, module)
     if lin is None:
-        raise BadInput(f"{module}.weight is missing or not a matrix: an MoE layer of this "
+        raise NotRead(f"{module}.weight is missing or not a matrix: an MoE layer of this "
                        "layout has it", ckpt.path)
     return lin
 

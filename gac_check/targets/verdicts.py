@@ -102,7 +102,10 @@ def judge(site: DimSite, shape: ModelShape, target: Target, profile: str) -> Tar
         return TargetVerdict(target, FAST, None, NO_RULE, None, fix_to=site.value)
     verdict = worst(outcomes)
     kernels = [o.kernel for o in outcomes if not o.gate and o.kernel]
-    decisive = next((o for o in outcomes if o.verdict == verdict and not o.gate),
+    # a refusal at load time is the reason (the engine stops there, before any kernel);
+    # otherwise the kernel's outcome is
+    decisive = next((o for o in outcomes if o.verdict == verdict
+                     and o.gate == (verdict == REFUSED)),
                     next(o for o in outcomes if o.verdict == verdict))
     kernel = decisive.kernel if verdict != FAST else "+".join(dict.fromkeys(kernels)) or None
     tv = TargetVerdict(target, verdict, kernel, decisive.why if verdict != FAST else "",

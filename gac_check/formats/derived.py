@@ -1,0 +1,317 @@
+"""Sites from the layout table derived from transformers' own classes (no modeling import).
+
+:mod:`gac_check.formats.derive_table` builds every architecture transformers ships on the meta
+device, ahead of time, and records per ``model_type`` which width sits on each axis of every
+saved tensor (``gac_check/data/architectures.json``). Here a checkpoint's tensors are looked
+up in that table by name (layer and expert indices as ``{i}`` / ``{e}``) and every labelled
+axis is put on its site: ``hidden`` and ``vocab`` once per model, the MLP width, the attention
+head_dim (per-head segments over q, k, v, fused qkv, per-head or per-width q/k norms) and head
+counts, the expert widths and the expert count per layer. The headers stay the truth: a size
+that disagrees with the site its label names, or an axis the table could not name (``?``,
+e.g. a Mamba mixer's state widths), is a refusal naming the tensor and its layer kind; a
+tensor the class does not have stays unknown, so the accounting refuses it.
+
+The hand-written families (:mod:`.architectures`, :mod:`.moe`, ...) are tried first; this
+reader serves the model types they refuse or do not know (:func:`.reading.read_sites`).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from gac_check.checkpoint.index import Checkpoint
+from gac_check.errors import BadInput
+from gac_check.formats.architectures import (
+    HEADS_NOT_PADDED,
+    HIDDEN_INEXACT,
+    ROPE_INEXACT,
+    VOCAB_INEXACT,
+)
+from gac_check.formats.base import Format
+from gac_check.formats.moe import EXPERTS_NOT_PADDED
+from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
+
+TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
+
+#: Until a family's repair is proven on its own class, a table-read width is not padded.
+UNPROVEN = ("padding this width is not yet proven on {cls} (the layout was read from "
+            "transformers' class table, docs/formats.md \"Every architecture\")")
+
+#: label -> (site kind, how many site widths the axis holds)
+_WIDTH = {
+    "hidden": ("hidden", 1), "vocab": ("vocab", 1), "inter": ("mlp", 1), "inter2": ("mlp", 2),
+    "h4": ("mlp", 1), "expert": ("expert", 1), "expert2": ("expert", 2),
+    "shared": ("shared", 1), "shared2": ("shared", 2), "experts": ("experts", 1),
+    "heads": ("heads", 1), "kv_heads": ("heads", 1),
+}
+_HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
+#: site kind -> the derived table's role whose config.json key records it
+_CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
+           "heads": "heads", "hidden": "hidden", "vocab": "vocab"}
+_ROLE = {"mlp": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
+         "experts": Role.EXPERTS, "heads": Role.HEADS, "hidden": Role.HIDDEN,
+         "vocab": Role.VOCAB}
+
+
+@lru_cache(maxsize=1)
+def table() -> dict:
+    """The shipped table (read once per process; a few hundred kB of JSON)."""
+    return json.loads(TABLE.read_text())
+
+
+def entry_for(ckpt: Checkpoint) -> dict | None:
+    """The table's entry for config.json's model_type; for a type the table lacks (a newer
+    transformers than the one it was derived from), derived now from the installed class."""
+    model_type = ckpt.config.get("model_type")
+    if not isinstance(model_type, str):
+        return None
+    shipped = table()
+    if model_type in shipped["types"] or model_type in shipped["not_built"]:
+        return shipped["types"].get(model_type)
+    return derive_now(model_type)
+
+
+@lru_cache(maxsize=8)
+def derive_now(model_type: str) -> dict | None:
+    """Build a built-in class on the meta device at run time (seconds: transformers'
+    modeling import; benchmarks/RESULTS.md); None when transformers has no such class."""
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:
+        return None
+    if model_type not in CONFIG_MAPPING_NAMES:
+        return None
+    from gac_check.formats.derive_table import derive
+
+    try:
+        return derive(model_type)
+    except Exception:  # a class that does not build: unknown, as without the table
+        return None
+
+
+_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def _pattern(name: str) -> tuple[str, int | None, int | None]:
+    """``model.layers.3.mlp.experts.7.w1.weight`` -> (``...{i}...{e}...``, 3, 7)."""
+    found = _INDEX.findall(name)
+    pattern = _INDEX.sub(".{i}.", name, count=1)
+    pattern = _INDEX.sub(".{e}.", pattern)
+    layer = int(found[0]) if found else None
+    expert = int(found[1]) if len(found) > 1 else None
+    return pattern, layer, expert
+
+
+@dataclass
+class _Group:
+    """The axes of one site being collected, and the widths they imply."""
+
+    kind: str
+    layer: int | None
+    module: str
+    axes: list[TensorAxis] = field(default_factory=list)
+    widths: dict[str, int] = field(default_factory=dict)  # tensor -> implied width
+
+
+def _kind(entry: dict, name: str, axis: int, ndim: int, label: str) -> AxisKind:
+    """Producer (rows that compute the width), consumer, bias or norm, by the module kind."""
+    module_kind = entry["kind"]
+    if ndim == 1:
+        return AxisKind.NORM if module_kind == "norm" or "norm" in name else AxisKind.BIAS
+    if module_kind == "embedding":
+        return AxisKind.PRODUCER if axis == 0 else AxisKind.CONSUMER
+    if ndim == 2:
+        out_axis = 1 if module_kind == "conv1d" else 0
+        return AxisKind.PRODUCER if axis == out_axis else AxisKind.CONSUMER
+    down = any(w in name for w in ("down", "w2", "fc2", "out"))
+    inner = label not in ("hidden", "experts")
+    return AxisKind.CONSUMER if inner == down else AxisKind.PRODUCER
+
+
+class Derived(Format):
+    """Any architecture in the shipped table, read from the class's own layout."""
+
+    name = "derived"
+    description = "Hugging Face model, layout read from transformers' class table"
+
+    def matches(self, ckpt: Checkpoint) -> bool:
+        return entry_for(ckpt) is not None
+
+    def fixed(self, ckpt: Checkpoint) -> frozenset[str]:
+        """Tensors the class builds with no config-derived width on any axis (a scalar gate,
+        a convolution's kernel taps): accounted, with nothing to judge."""
+        entry = entry_for(ckpt) or {"tensors": {}}
+        out = set()
+        for name, shape in ckpt.shapes.items():
+            tensor = entry["tensors"].get(_pattern(name)[0])
+            if (tensor and len(tensor["axes"]) == len(shape)
+                    and all(a.startswith("=") for a in tensor["axes"])):
+                out.add(name)
+        return frozenset(out)
+
+    def sites(self, ckpt: Checkpoint) -> list[DimSite]:
+        entry = entry_for(ckpt)
+        if entry is None:
+            return []
+        cls = entry["class"]
+        missing = _missing(entry, ckpt)
+        if missing:
+            raise BadInput(f"{missing} is missing: {cls} builds it beside the tensors of that "
+                           "part the checkpoint does hold, so its own class would not load it "
+                           "as saved; refusing to judge a model with a part torn out", ckpt.path)
+        head_dim = _head_dim(ckpt.config, entry["keys"])
+        groups: dict[tuple, _Group] = {}
+        for name, shape in ckpt.shapes.items():
+            pattern, layer, expert = _pattern(name)
+            tensor = entry["tensors"].get(pattern)
+            if tensor is None or len(tensor["axes"]) != len(shape):
+                continue  # not the class's: the accounting names it
+            for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
+                if label.startswith("=") or label.startswith("positions"):  # a table length
+                    continue
+                if label == "?":
+                    raise BadInput(
+                        f"{name} axis {axis} ({size}): a width of {cls}'s "
+                        f"{_layer_kind(pattern)} that gac-check's class table cannot name; "
+                        "refusing to judge it", ckpt.path)
+                _collect(groups, tensor, name, axis, label, size, layer, expert, head_dim,
+                         ckpt)
+        return [_site(g, ckpt, cls, entry["keys"]) for g in groups.values()]
+
+
+def _part(pattern: str, tensor: dict) -> tuple[str, bool]:
+    """Which part of a layer a tensor belongs to: the layer's child module, and whether it is
+    the mixture-of-experts form of it (experts, router, shared expert) or the plain one, since
+    one class builds some layers dense and others MoE under the same child's name."""
+    child = pattern.split("{i}.", 1)[1].split(".", 1)[0]
+    moe = "{e}" in pattern or "expert" in pattern or "experts" in tensor["axes"]
+    return child, moe
+
+
+def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
+    """The first tensor the class builds that the checkpoint lacks, in a part it does hold:
+    every top-level tensor (the output head may be tied to the embedding) and, in each layer,
+    every tensor of each part that layer has (for each expert it has). A torn checkpoint
+    (one router deleted) would otherwise be judged by what is left of it."""
+    tied = bool(entry.get("tied") or ckpt.config.get("tie_word_embeddings"))
+    layers: dict[int, dict[tuple[str, bool], set[int | None]]] = {}
+    for name in ckpt.shapes:
+        pattern, layer, expert = _pattern(name)
+        tensor = entry["tensors"].get(pattern)
+        if tensor is not None and layer is not None and "{i}" in pattern:
+            layers.setdefault(layer, {}).setdefault(_part(pattern, tensor), set()).add(expert)
+    for pattern, tensor in entry["tensors"].items():
+        if "{i}" in pattern:
+            continue
+        if pattern not in ckpt.shapes and not (tied and tensor["kind"] != "embedding"
+                                               and "vocab" in tensor["axes"]):
+            return pattern
+    for layer, parts in sorted(layers.items()):
+        for pattern, tensor in entry["tensors"].items():
+            experts = parts.get(_part(pattern, tensor)) if "{i}" in pattern else None
+            for expert in sorted(e for e in experts or () if e is not None) \
+                    if "{e}" in pattern else ([None] if experts is not None else []):
+                name = pattern.replace("{i}", str(layer), 1).replace("{e}", str(expert))
+                if name not in ckpt.shapes:
+                    return name
+    return None
+
+
+def _layer_kind(pattern: str) -> str:
+    parts = pattern.split(".")
+    return next((p for p in parts if p in ("mixer", "mamba", "ssm", "linear_attn",
+                                            "conv", "feed_forward", "mlp", "self_attn")),
+                parts[-2] if len(parts) > 1 else pattern)
+
+
+def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, label: str,
+             size: int, layer: int | None, expert: int | None, head_dim: int | None,
+             ckpt: Checkpoint) -> None:
+    ndim = len(tensor["axes"])
+    kind = _kind(tensor, name, axis, ndim, label)
+    prefix = _block(name)
+    if label in _HEAD_LABELS:
+        if not head_dim or size % head_dim:
+            raise BadInput(f"{name} axis {axis} ({size}) is not whole heads of head_dim "
+                           f"{head_dim} (config.json): refusing to guess the heads", ckpt.path)
+        g = groups.setdefault(("head_dim", layer, prefix),
+                              _Group("head_dim", layer, prefix))
+        g.axes.append(TensorAxis(name, axis, kind, blocks=size // head_dim, stride=head_dim))
+        g.widths[name] = head_dim
+        return
+    if label not in _WIDTH:  # a label this reader does not know: a newer table
+        raise BadInput(f"{name} axis {axis}: the class table names its width {label!r}, "
+                       "which this gac-check does not read; refusing to judge it", ckpt.path)
+    site_kind, parts = _WIDTH[label]
+    if site_kind in ("hidden", "vocab"):
+        key: tuple = (site_kind,)
+        layer = None
+    elif site_kind == "expert" and expert is not None:
+        key = (site_kind, layer, expert)
+        prefix = f"{prefix}.experts.{expert}"
+    else:
+        key = (site_kind, layer, prefix)
+    g = groups.setdefault(key, _Group(site_kind, layer, prefix))
+    width = size // parts
+    if parts == 1:
+        g.axes.append(TensorAxis(name, axis, kind))
+    else:
+        g.axes.extend(TensorAxis(name, axis, kind, start=s) for s in range(0, size, width))
+    g.widths[name] = width
+
+
+def _block(name: str) -> str:
+    """The module a per-layer site belongs to: the tensor's layer block (``model.layers.3``)
+    plus its sub-block (``self_attn``, ``mlp``, ``mlp.shared_expert``)."""
+    m = _INDEX.search(name)
+    if not m:
+        return ""
+    rest = name[m.end():].split(".")
+    head = name[:m.end() - 1]
+    sub = [p for p in rest[:-2] if not p.isdigit()][:2] if len(rest) > 2 else rest[:1]
+    if sub and "shared" not in sub[-1] and len(sub) > 1 and sub[-1] != "experts":
+        sub = sub[:1]
+    return ".".join([head, *sub])
+
+
+def _head_dim(cfg: dict, keys: dict[str, str]) -> int | None:
+    """config.json's head_dim, else hidden / heads under the class's own key names."""
+    hd = cfg.get(keys.get("head_dim", "head_dim"))
+    if isinstance(hd, int) and hd > 0:
+        return hd
+    hidden, heads = cfg.get(keys.get("hidden", "")), cfg.get(keys.get("heads", ""))
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads == 0:
+        return hidden // heads
+    return None
+
+
+def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSite:
+    sizes = set(g.widths.values())
+    if len(sizes) > 1:
+        shown = ", ".join(f"{t}: {w}" for t, w in sorted(g.widths.items())[:4])
+        raise BadInput(f"{cls}'s {g.kind} width disagrees across its tensors ({shown}): "
+                       "refusing to judge a layout its own class would not load", ckpt.path)
+    value = sizes.pop()
+    cfg = ckpt.config
+    if g.kind == "head_dim":
+        name = f"{g.module}:head_dim"
+        field_ = ("head_dim",) if isinstance(cfg.get("head_dim"), int) else None
+        return DimSite(name, Role.HEAD_DIM, value, g.axes, layer=g.layer, module=g.module,
+                       config_field=field_, inexact=ROPE_INEXACT, attrs={"derived": cls})
+    key = keys.get(_CONFIG[g.kind])
+    field_ = (key,) if key and isinstance(cfg.get(key), int) else None
+    inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
+               "experts": EXPERTS_NOT_PADDED}.get(g.kind, UNPROVEN.format(cls=cls))
+    name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
+    site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
+                   config_field=field_, inexact=inexact, attrs={"derived": cls})
+    if field_ and cfg[field_[0]] != value and g.kind in ("hidden", "vocab", "mlp"):
+        site.notes.append(f"the config says {field_[0]}={cfg[field_[0]]}, tensors have {value}")
+    return site
+
+
+_SITE_NAME = {"mlp": "intermediate", "expert": "expert_intermediate",
+              "shared": "shared_expert_intermediate", "experts": "experts", "heads": "heads"}
