@@ -232,14 +232,14 @@ def test_summary_names_each_group(built, tmp_path):
     assert "--decompose_method whiten" in run.stdout
 
 
-def test_calib_is_refused(built, tmp_path):
-    """Ranks above the factors would need PaLU's group SVD (and its whitening) re-run on the
-    dense weights: refused, saying so (--base only measures: test_realign_base_measured.py)."""
+def test_calib_without_base_is_refused(built, tmp_path):
+    """--calib feeds the dense model's activations: without --base it is a usage error, said
+    before anything is read (for PaLU, --base and --calib only measure the plans:
+    test_realign_base_measured.py)."""
     run = helpers.gac(built.path, "--realign", tmp_path / "out", "--calib",
                       built.path / "config.json", *GPU)
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
-    assert "re-selected from its own group factors" in run.stderr
-    assert "PaLU's group SVD" in run.stderr
+    assert "--calib needs --base" in run.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -253,10 +253,11 @@ def test_another_family_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_calib_is_refused(built, tmp_path):
+def test_calib_without_base_is_refused(built, tmp_path):
+    """--calib feeds the dense model's activations: without --base, a usage error."""
     (tmp_path / "calib.txt").write_text("The quick brown fox jumps over the lazy dog.\n")
     run = helpers.gac(built.path, "--realign", tmp_path / "out", "--calib",
                       tmp_path / "calib.txt", *GPU)
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
-    assert "re-selected from its own whitened factors" in run.stderr
+    assert "--calib needs --base" in run.stderr
     assert not (tmp_path / "out").exists()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from gac_check.analysis import CheckResult
 from gac_check.contract.rules import Finding
-from gac_check.report.target_notes import target_notes
 
 
 def render_text(result: CheckResult) -> str:
@@ -78,6 +77,8 @@ def _targets_summary(result: CheckResult) -> list[str]:
                     f"    to serve it: {load.remedy}"]
         elif load is not None and load.why:  # a per-layer class: what it builds, per layer
             out.append(f"    loads: {load.why} [{load.source}]")
+    from gac_check.report.target_notes import target_notes  # targets only where asked
+
     notes = target_notes(result)
     out += ["", "not modelled by these verdicts, where they apply to this model and targets:"]
     out += [f"  {engine}: {note}" for engine, note in notes.shown]
