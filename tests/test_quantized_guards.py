@@ -11,7 +11,9 @@ Each test was seen red with its one-line mutant planted (the report of issue 42 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -28,11 +30,12 @@ LINEAR = "model.layers.0.mlp.down_proj"
 class _Made(dict):
     """Each layout's checkpoint, written on first use (256 wide: group 128 splits it)."""
 
-    BUILD = {"ct": lambda r: qm.compressed_tensors_w4a16(r, 256),
-             "w8a8": lambda r: qm.compressed_tensors_8bit(r, 256, "int", "asymmetric"),
-             "static": lambda r: qm.compressed_tensors_8bit(r, 256, "float", "static"),
-             "gptq": lambda r: qm.gptq(r, 256), "awq": lambda r: qm.awq_gemm(r, 256),
-             "nf4": lambda r: qm.bnb_nf4(r, 256)}
+    BUILD: ClassVar[dict[str, Callable[[Path], Path]]] = {
+        "ct": lambda r: qm.compressed_tensors_w4a16(r, 256),
+        "w8a8": lambda r: qm.compressed_tensors_8bit(r, 256, "int", "asymmetric"),
+        "static": lambda r: qm.compressed_tensors_8bit(r, 256, "float", "static"),
+        "gptq": lambda r: qm.gptq(r, 256), "awq": lambda r: qm.awq_gemm(r, 256),
+        "nf4": lambda r: qm.bnb_nf4(r, 256)}
 
     def __init__(self, base: Path) -> None:
         super().__init__()
