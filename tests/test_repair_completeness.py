@@ -32,3 +32,20 @@ def test_padding_it_or_another_site_naming_it_clears_it() -> None:
                     inexact="not padded here")
     p = plan([padded, other], CONTRACT, shapes=SHAPES)
     assert unpadded_axes(p, SHAPES) == []
+
+
+def test_a_hidden_width_is_looked_for_outside_the_layers_too() -> None:
+    """The residual stream runs through the embeddings, the final norm and the head, which
+    sit outside the layer list: a tensor there that holds the old hidden width and that no
+    site names is reported, as one in a layer the site reaches is; a layer the site does not
+    reach is not its scope."""
+    shapes = {"model.embed_tokens.weight": (96, 60), "model.layers.0.mlp.up.weight": (24, 60),
+              "model.norm.weight": (60,), "model.layers.0.extra.weight": (60,),
+              "model.layers.1.other.weight": (60,)}
+    hidden = DimSite("hidden", Role.HIDDEN, 60, [
+        TensorAxis("model.embed_tokens.weight", 1, AxisKind.PRODUCER),
+        TensorAxis("model.layers.0.mlp.up.weight", 1, AxisKind.CONSUMER)])
+    p = plan([hidden], CONTRACT, shapes=shapes)
+    assert p.repairs and p.repairs[0].site is hidden  # 60 is padded on this contract
+    assert sorted(unpadded_axes(p, shapes)) == [("model.layers.0.extra.weight", 0, "hidden"),
+                                                ("model.norm.weight", 0, "hidden")]

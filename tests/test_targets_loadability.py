@@ -256,3 +256,33 @@ def test_repair_of_a_compressors_layout_for_an_engine_is_refused(tmp_path):
     assert proc.returncode == 2
     assert "no padding changes that" in proc.stderr and "B@A" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------- head sizes are not MLP widths (issue 42)
+def _head_dims(head_dims: list[int]) -> ModelShape:
+    """Layers alike in all but head_dim: 32 heads, 8 KV heads, MLP 11008 each."""
+    return ModelShape(4096, 32000, {i: LayerShape(32, 8, d, 11008)
+                                    for i, d in enumerate(head_dims)})
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_per_layer_head_sizes_are_refused_and_padding_is_not_offered(engine):
+    """Layers whose head_dim differs are refused like differing head counts: zero padding
+    of a head changes its softmax scale (1/sqrt(head_dim)), so --uniform cannot be the
+    remedy; one head_dim everywhere loads."""
+    assert judge_load(LLAMA, _head_dims([128, 128]), parse_target(engine)).loads
+    load = judge_load(LLAMA, _head_dims([128, 64, 128]), parse_target(engine))
+    assert (load.loads, load.blocker) == (False, LAYERS)
+    assert "head count" in load.remedy and "--uniform" not in load.remedy, load.remedy
+
+
+def test_a_per_layer_config_of_head_sizes_is_not_offered_padding():
+    """The same through transformers' per_layer_config (judge_per_layer): a layer of another
+    head_dim gets the re-run remedy, a layer of another MLP width the --uniform one."""
+    from gac_check.targets.per_layer import LayerDiff
+
+    kind = ModelKind("dense", ("LlamaForCausalLM",), per_layer=(LayerDiff(1, "differs"),))
+    heads = judge_load(kind, _head_dims([128, 64]), parse_target("vllm"))
+    assert not heads.loads and "--uniform" not in heads.remedy, heads.remedy
+    mlp = judge_load(kind, shape([11008, 8192]), parse_target("vllm"))
+    assert not mlp.loads and "--uniform" in mlp.remedy, mlp.remedy

@@ -373,3 +373,24 @@ def test_pickle_size_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(BadInput) as exc:
         read_torch_zip(path)
     one_line(exc, path, "too large")
+
+
+# --- two tensors, one dotted name (issue 42) -----------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["dict", "module"])
+def test_two_tensors_with_one_dotted_name_are_refused(tmp_path: Path, layout: str) -> None:
+    """``{"a.b": x, "a": {"b": y}}``, as real torch.save writes it, flattens to two tensors
+    named ``a.b``: one would silently win, so the file is refused naming it (a module whose
+    attribute dict holds the same clash likewise); distinct names read both."""
+    x, y = torch.zeros(2, 3), torch.ones(4)
+    if layout == "dict":
+        clash, fine = {"a.b": x, "a": {"b": y}}, {"a.c": x, "a": {"b": y}}
+    else:
+        clash = {"layer.weight": x, "layer": torch.nn.Linear(3, 2, bias=False)}
+        fine = {"other.weight": x, "layer": torch.nn.Linear(3, 2, bias=False)}
+    torch.save(fine, tmp_path / "fine.bin")
+    assert len(read_torch_zip(tmp_path / "fine.bin")) == 2
+    torch.save(clash, tmp_path / "clash.bin")
+    name = "a.b" if layout == "dict" else "layer.weight"
+    with pytest.raises(BadInput, match=f"two tensors are both named '{name}'"):
+        read_torch_zip(tmp_path / "clash.bin")

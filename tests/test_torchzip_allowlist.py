@@ -172,3 +172,39 @@ def rewrite(src: Path, dst: Path, suffix: str, data: bytes | None) -> Path:
             if body is not None:
                 zout.writestr(info.filename, body)
     return dst
+
+
+# --- the numbers a tensor is rebuilt from (issue 42) -------------------------------------------
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("pkl") / "ok.bin"
+    torch.save({"w": torch.arange(4, dtype=torch.float32).reshape(2, 2)}, path)
+    return path
+
+
+@pytest.mark.parametrize("shape, stride, offset, says", [
+    ((-2, 2), (2, 1), 0, "malformed shape"),
+    ((2, -2), (2, 1), 0, "malformed shape"),
+    ((2, 2), (-2, 1), 0, "malformed stride"),
+    ((2, 2), (2, -1), 0, "malformed stride"),
+    ((2, 2), (2, 1), -1, "malformed storage offset"),
+])
+def test_negative_shapes_strides_and_offsets_are_refused(saved, tmp_path, shape, stride, offset,
+                                                        says):
+    """``_rebuild_tensor_v2`` with a negative size, stride or offset (torch.save never writes
+    one; torch would index before the storage's start): the allow-list refuses it rather than
+    computing a byte range from it. The same stream with the real numbers reads back exactly
+    (the positive control, so each refusal is the number's)."""
+    from tests.test_pickle_refusals import i, state, tensor, tup, with_pickle
+
+    def stream(shape, stride, offset) -> bytes:
+        return state(("w", tensor(offset=i(offset), shape=tup(*map(i, shape)),
+                                  stride=tup(*map(i, stride)))))
+
+    good = with_pickle(saved, tmp_path / "good.bin", stream((2, 2), (2, 1), 0))
+    assert torch.equal(read_tensor(read_torch_zip(good)["w"]),
+                       torch.arange(4, dtype=torch.float32).reshape(2, 2))
+    bad = with_pickle(saved, tmp_path / "bad.bin", stream(shape, stride, offset))
+    with pytest.raises(BadInput, match=says):
+        read_torch_zip(bad)
