@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gac_check.checkpoint.index import open_checkpoint
-from gac_check.checkpoint.quantized_layout import MAX_DATA_BYTES
+from gac_check.checkpoint.quantized.layout import MAX_DATA_BYTES
 from gac_check.errors import BadInput
 from tests import quantized_models as qm
 
