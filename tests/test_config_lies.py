@@ -39,7 +39,7 @@ def sites(path: Path) -> dict[str, dict]:
 
 @pytest.mark.parametrize(("name", "note"), [
     ("hidden4096", "not from the config's hidden_size=4096 (the tensors have 64)"),
-    ("head_dim9", "the config says head_dim=9, tensors have q/k widths 64/32"),
+    ("head_dim9", "the config says head_dim=9, tensors have q/k/v widths 64/32/32"),
 ])
 def test_a_config_value_the_tensors_refute_is_a_note_never_a_site(lies, name, note) -> None:
     honest, lied = sites(lies["honest"]), sites(lies[name])

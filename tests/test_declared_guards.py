@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from gac_check.analysis import check
 from gac_check.sites import Role
@@ -17,7 +18,7 @@ from tests import helpers
 
 #: tests.helpers' Llama with grouped-query attention: 4 heads of 16 (q 64 wide), 2 KV heads
 #: (k 32 wide), hidden 64
-HEAD_DIM_LIE = "the config says head_dim={}, tensors have q/k widths 64/32, not whole heads"
+HEAD_DIM_LIE = "the config says head_dim={}, tensors have q/k/v widths 64/32/32, not whole heads"
 HIDDEN_LIE = "the config says hidden_size=96, tensors have 64"
 FROM_TENSORS = ("head_dim from the tensors' attention width 64 / num_attention_heads=4, not "
                 "from the config's hidden_size=96")
@@ -71,3 +72,21 @@ def test_each_refuted_value_is_reported_whatever_the_others_say(saved, tmp_path,
         assert note in notes, (note, notes)
     for lie in {HEAD_DIM_LIE.format(24), HIDDEN_LIE, FROM_TENSORS} - set(says):
         assert lie not in notes, (lie, notes)
+
+
+def test_an_explicit_head_dim_must_split_v_as_well(saved, tmp_path):
+    """head_dim=16 splits q (64) and k (32) into whole heads; a v 24 wide it does not: the
+    config is refuted by v alone (it used to be checked against q and k only)."""
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path / "v24"
+    root.mkdir()
+    shutil.copy(saved / "config.json", root / "config.json")
+    weights = load_file(saved / "model.safetensors")
+    for i in (0, 1):
+        weights[f"model.layers.{i}.self_attn.v_proj.weight"] = torch.zeros(24, 64)
+    save_file(weights, str(root / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps({**config, "head_dim": 16}))
+    notes = " | ".join(n for s in check(root, "gpu").sites for n in s.notes)
+    assert "tensors have q/k/v widths 64/32/24, not whole heads" in notes, notes

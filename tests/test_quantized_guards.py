@@ -168,6 +168,37 @@ def test_an_fp8_scale_is_per_channel_only_when_it_has_one_entry_per_output(
     assert quant is not None and quant.strategy == strategy
 
 
+@pytest.mark.parametrize("scale", [(64, 4), (4,), (1, 128), (64, 128)])
+def test_an_fp8_scale_of_any_other_shape_is_refused_not_read_as_per_tensor(tmp_path, scale):
+    """[64, 4] is neither one scale nor one per output row: it used to be read as per
+    tensor (the fallthrough), a scheme the checkpoint does not have."""
+    with pytest.raises(BadInput, match=rf"weight_scale is \[{', '.join(map(str, scale))}\]: "
+                       "neither one scale for the tensor nor one per output row"):
+        open_checkpoint(_fp8(tmp_path / "fp8", scale))
+
+
+def test_fp8_scales_per_tensor_here_and_per_channel_there_are_refused(tmp_path):
+    root = _fp8(tmp_path / "fp8", (64, 1))
+    state = load_file(root / "model.safetensors")
+    other = LINEAR.replace("0", "1")
+    state[f"{other}.weight"] = torch.randn(64, 128).to(torch.float8_e4m3fn)
+    state[f"{other}.weight_scale"] = torch.ones(())
+    save_file(state, str(root / "model.safetensors"))
+    with pytest.raises(BadInput, match="per tensor in some linears and per output channel"):
+        open_checkpoint(root)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.float8_e4m3fn])
+def test_an_fp8_scale_that_is_not_a_float_is_refused(tmp_path, dtype):
+    root = _fp8(tmp_path / "fp8", (64, 1))
+    state = load_file(root / "model.safetensors")
+    state[f"{LINEAR}.weight_scale"] = torch.ones(64, 1).to(dtype)
+    save_file(state, str(root / "model.safetensors"))
+    with pytest.raises(BadInput, match=r"weight_scale is (int32|uint8|float8_e4m3fn): an FP8 "
+                       "weight scale is a float"):
+        open_checkpoint(root)
+
+
 @pytest.mark.parametrize("strategy, scale, refused", [
     ("channel", (256,), False), ("channel", (256, 1), False),
     ("channel", (1,), True), ("tensor", (256, 1), True), ("tensor", (256,), True),

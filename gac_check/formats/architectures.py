@@ -235,7 +235,8 @@ def family_sites(ckpt: Checkpoint, fam: Family, prefix: str, layers: list[int],
     cfg = ckpt.config
     own = dict(layer_head_dims or {})
     hd, disagree = config_head_dim(ckpt, [(resolve(f"{prefix}.{i}.{fam.q}"),
-                                           resolve(f"{prefix}.{i}.{fam.k}"))
+                                           resolve(f"{prefix}.{i}.{fam.k}"),
+                                           resolve(f"{prefix}.{i}.{fam.v}") if fam.v else None)
                                           for i in layers if i not in own])
     how = ""
     if hd is None:

@@ -26,13 +26,17 @@ def _count(value: object) -> int | None:
 
 
 def config_head_dim(ckpt: Checkpoint,
-                    attention: list[tuple[Linear | None, Linear | None]]) -> tuple[int | None,
-                                                                                   list[str]]:
-    """head_dim as config.json gives it, where each layer's (q, k) agree; and notes for every
-    config value the tensors contradict (both values shown). None: config.json does not say,
-    or says something the tensors refute (then the caller infers head_dim as without one)."""
+                    attention: list[tuple[Linear | None, Linear | None, Linear | None]]
+                    ) -> tuple[int | None, list[str]]:
+    """head_dim as config.json gives it, where each layer's (q, k, v) agree (v may be None:
+    a family without its own v); and notes for every config value the tensors contradict
+    (both values shown). None: config.json does not say, or says something the tensors
+    refute (then the caller infers head_dim as without one)."""
     cfg = ckpt.config
-    widths = [(q.out_features, k.out_features, q.in_features) for q, k in attention if q and k]
+    widths = [(q.out_features, k.out_features, q.in_features) for q, k, _ in attention
+              if q and k]
+    values = [(q.out_features, k.out_features, v.out_features if v else k.out_features)
+              for q, k, v in attention if q and k]
     notes: list[str] = []
 
     def whole(hd: int) -> bool:
@@ -40,11 +44,11 @@ def config_head_dim(ckpt: Checkpoint,
 
     declared = _count(cfg.get("head_dim"))
     if declared is not None:
-        if whole(declared):
+        if all(w % declared == 0 for w3 in values for w in w3):
             return declared, notes
-        q, k, _ = next(w for w in widths if w[0] % declared or w[1] % declared)
-        notes.append(f"the config says head_dim={declared}, tensors have q/k widths {q}/{k}, "
-                     "not whole heads of it: not used")
+        q, k, v = next(w for w in values if any(x % declared for x in w))
+        notes.append(f"the config says head_dim={declared}, tensors have q/k/v widths "
+                     f"{q}/{k}/{v}, not whole heads of it: not used")
     heads = _count(cfg.get("num_attention_heads"))
     hidden = _count(cfg.get("hidden_size"))
     if heads is None or (hidden is None and not widths):

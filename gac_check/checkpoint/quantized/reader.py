@@ -298,6 +298,7 @@ def _fp8(layout: Layout) -> Quantization:
                          activations_symmetric=True,
                          ignored=tuple(qc.get("modules_to_not_convert") or ()))
     suffix = ".weight_scale_inv" if block else ".weight_scale"
+    strategies: set[str] = set()
     modules = layout.modules(suffix)
     layout.stray_weights(modules, QUANTIZED_DTYPES, suffix)
     layout.consistent(modules, (".input_scale", ".activation_scale"))
@@ -316,17 +317,41 @@ def _fp8(layout: Layout) -> Quantization:
                 if n % b:
                     quant.notes.append(f"{m}: {axis} {n} is not a multiple of the FP8 block "
                                        f"{b}: its last block is partial")
-        elif scale == (out, 1) or scale == (out,):
-            quant.strategy = "channel"
+        else:
+            strategies.add(_fp8_strategy(layout, m + suffix, scale, out, width))
+        if layout.t(m + suffix).dtype not in SCALE_DTYPES:
+            raise layout.refuse(f"{m}{suffix} is {layout.t(m + suffix).dtype}: an FP8 weight "
+                                f"scale is a float ({', '.join(SCALE_DTYPES)})")
         layout.unknown_tensors(m, ("weight", suffix[1:], "input_scale", "activation_scale"))
         layout.aux(m + suffix, "FP8 weight scale")
         layout.aux(m + ".input_scale", "FP8 activation scale")
         layout.aux(m + ".activation_scale", "FP8 activation scale")
         layout.backing[m + ".weight"] = (m + ".weight",)
+    if len(strategies) > 1:
+        raise layout.refuse("its FP8 weight scales are per tensor in some linears and per "
+                            "output channel in others; one checkpoint holds one scheme")
+    quant.strategy = strategies.pop() if strategies else quant.strategy
     if act == "static":
         quant.notes.append("activations are quantized with static scales (input_scale)")
     quant.quantized = tuple(modules)
     return quant
+
+
+#: The dtypes an FP8 weight scale is stored in (transformers' FP8 integration and vLLM's
+#: Fp8LinearMethod read float32; bfloat16 and float16 scales load too).
+SCALE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _fp8_strategy(layout: Layout, name: str, scale: tuple[int, ...], out: int,
+                  width: int) -> str:
+    """Per tensor (one scale) or per output channel (one per row), read from the scale's
+    shape; any other shape is a layout gac-check does not know, never guessed as either."""
+    if scale in ((), (1,), (1, 1)):
+        return "tensor"
+    if scale in ((out, 1), (out,)):
+        return "channel"
+    raise layout.refuse(f"{name} is {list(scale)}: neither one scale for the tensor nor one "
+                        f"per output row of [{out}, {width}] ([{out}, 1])")
 
 
 _READERS: dict[str, Callable[[Layout], Quantization]] = {
