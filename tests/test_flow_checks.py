@@ -2,8 +2,8 @@
 OUT once (in its temporary directory, before it appears), with or without ``--report`` and
 ``--junit``, and every output describes that one re-check.
 
-The real CLI runs in-process; a counter wraps the format detection every check starts with
-(``gac_check.analysis.detect``), so a second check is counted however it is reached.
+The real CLI runs in-process; a counter wraps the reading every check starts with
+(``gac_check.analysis.read_sites``), so a second check is counted however it is reached.
 """
 from __future__ import annotations
 
@@ -29,13 +29,13 @@ def compressed(tmp_path_factory):
 def checks(monkeypatch):
     """The directories checked, in order."""
     seen: list[str] = []
-    detect = analysis.detect
+    read_sites = analysis.read_sites
 
     def counting(ckpt):
         seen.append(ckpt.path.name)
-        return detect(ckpt)
+        return read_sites(ckpt)
 
-    monkeypatch.setattr(analysis, "detect", counting)
+    monkeypatch.setattr(analysis, "read_sites", counting)
     return seen
 
 

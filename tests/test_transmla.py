@@ -140,4 +140,6 @@ def test_mha2mla_conversion_is_refused_not_read_as_llama(tmp_path):
     run = helpers.gac(build_mha2mla(tmp_path / "m"), "--gpu", "h100", "--dtype", "float16")
     assert run.returncode == 2, run.stdout
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "did not read" in lines[0] and "self_attn.k_r_proj" in lines[0]
+    # the hand-written Llama leaves k_r_proj unread; the class table then finds the tensors
+    # LlamaForCausalLM builds that MHA2MLA replaced: refused either way, in one line
+    assert len(lines) == 1 and ("did not read" in lines[0] or "is missing" in lines[0]), lines
