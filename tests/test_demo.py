@@ -20,6 +20,11 @@ def test_demo_runs_the_main_job_on_the_bundled_model(tmp_path):
     assert "36 of 55 sites misaligned (36 errors" in out  # ranks 153 and 245 at ratio 0.8
     assert re.search(r"compressed vs repaired: max abs difference \S+ \(unchanged\)", out)
     cos = dict(re.findall(r"embeddings, (\w+): mean ([0-9.]+)", out))
-    assert float(cos["realigned"]) > float(cos["compressed"])
+    assert set(cos) == {"compressed", "realigned"}
+    # what --realign writes is the best it measured, never below each rank rounded down
+    # (the demo's realigned embeddings are not promised to beat the misaligned compressed
+    # model's at the same budget: docs/realign.md)
+    (margin,) = re.findall(r"([+-][0-9.]+) against each rank rounded down", out)
+    assert float(margin) >= 0, out[-3000:]
     assert (tmp_path / "demo" / "a100.html").read_text().count("<svg") >= 1
     assert (tmp_path / "demo" / "realign.html").read_text().count('class="kept-row"') == 36
