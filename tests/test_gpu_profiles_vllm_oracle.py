@@ -31,6 +31,7 @@ from gac_check.sites import DimSite, Role
 from gac_check.targets.shards import LayerShape, ModelShape
 from gac_check.targets.spec import parse_target
 from gac_check.targets.verdicts import REFUSED, SM_OF_PROFILE, judge_uses, site_uses, worst
+from tests.test_targets_vllm_oracle import mlp_outcomes
 
 pytestmark = pytest.mark.slow
 
@@ -93,12 +94,8 @@ def pack_answer(case: dict) -> tuple[bool, str]:
         outs = [o for o in judge_uses(target, site_uses(site, shape, target), hd, sm)
                 if o.use == "attention"]
     else:
-        target = parse_target(f"vllm,tp={case['tp']},quant={QUANT[case['scheme']]}")
-        width = case["width"]
-        shape = ModelShape(case["hidden"], 32000, {0: LayerShape(32, 8, 128, width)})
-        site = DimSite("mlp:intermediate", Role.INTERMEDIATE, width, [], layer=0)
-        outs = [o for o in judge_uses(target, site_uses(site, shape, target), width, sm)
-                if o.use == case["use"]]
+        outs = mlp_outcomes(f"vllm,tp={case['tp']},quant={QUANT[case['scheme']]}",
+                            case["hidden"], case["width"], case["use"], sm)
     refused = worst(outs) == REFUSED
     return refused, next((o.kernel for o in outs if not o.gate and o.kernel), "") or ""
 

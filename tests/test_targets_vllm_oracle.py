@@ -193,6 +193,16 @@ def vllm_refuses(case: dict) -> bool:
     return case["refused"] or wrong
 
 
+def mlp_outcomes(spec: str, hidden: int, width: int, use: str, sm: int | None) -> list:
+    """The pack's outcomes for one MLP linear (``use``) of an MLP ``width`` wide under
+    ``spec``, at capability ``sm``: what the oracles compare with vLLM's own choice."""
+    target = parse_target(spec)
+    shape = ModelShape(hidden, 32000, {0: LayerShape(32, 8, 128, width)})
+    site = DimSite("mlp:intermediate", Role.INTERMEDIATE, width, [], layer=0)
+    return [o for o in judge_uses(target, site_uses(site, shape, target), width, sm)
+            if o.use == use]
+
+
 def pack_answer(case: dict) -> dict:
     sm = SM_ALL[case["cap"]]
     if case["kind"] == "attention":
@@ -210,12 +220,8 @@ def pack_answer(case: dict) -> dict:
     elif case["kind"] == "moe":
         return moe_pack_answer(case, sm)
     elif case["kind"] == "w8a8":
-        target = parse_target(f"vllm,tp={case['tp']},quant={PACK_QUANT[case['scheme']]}")
-        width = case["width"]
-        shape = ModelShape(case["hidden"], 32000, {0: LayerShape(32, 8, 128, width)})
-        site = DimSite("mlp:intermediate", Role.INTERMEDIATE, width, [], layer=0)
-        outs = [o for o in judge_uses(target, site_uses(site, shape, target), width, sm)
-                if o.use == case["use"]]
+        outs = mlp_outcomes(f"vllm,tp={case['tp']},quant={PACK_QUANT[case['scheme']]}",
+                            case["hidden"], case["width"], case["use"], sm)
     else:
         target = parse_target(f"vllm,tp={case['tp']},quant={wna16_quant(case)},"
                               f"group={case['group']}")

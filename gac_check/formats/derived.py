@@ -209,12 +209,15 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
         if pattern not in ckpt.shapes and not (tied and tensor["kind"] != "embedding"
                                                and "vocab" in tensor["axes"]):
             return pattern
+    layered = [(p, t) for p, t in entry["tensors"].items() if "{i}" in p]
     for layer, parts in sorted(layers.items()):
-        for pattern, tensor in entry["tensors"].items():
-            experts = parts.get(_part(pattern, tensor)) if "{i}" in pattern else None
-            for expert in sorted(e for e in experts or () if e is not None) \
-                    if "{e}" in pattern else ([None] if experts is not None else []):
-                name = pattern.replace("{i}", str(layer), 1).replace("{e}", str(expert))
+        for pattern, tensor in layered:
+            experts = parts.get(_part(pattern, tensor))
+            if experts is None:  # a part this layer does not have
+                continue
+            names = ([pattern.replace("{e}", str(e)) for e in sorted(experts - {None})]
+                     if "{e}" in pattern else [pattern])
+            for name in (n.replace("{i}", str(layer), 1) for n in names):
                 if name not in ckpt.shapes:
                     return name
     return None
