@@ -24,8 +24,8 @@ demo: $(STAMP)
 	$(VENV)/bin/gac-check demo $(DEMO_DIR)
 
 # Three tiers. `make test`: import layers, then everything but the slow and timing tests on
-# both cores, then the timing tests alone (a perf test beside another worker's model test on a
-# 2-core machine would measure the neighbour). They gate at the default factor: the gate
+# both cores (naming the ten longest, so a slow test is seen), then the timing tests alone (a
+# perf test beside another worker's model test on a 2-core machine would measure the neighbour). They gate at the default factor: the gate
 # compares times relative to a reference kernel timed alongside, which a busy runner does not
 # move (benchmarks/RESULTS.md). `make test-slow`: the demo end to end, the real MiniLM, and the
 # wheel installed into a fresh venv. CI (.ci/run) runs both.
@@ -36,7 +36,7 @@ test: $(STAMP)
 	@if ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 && \
 	  ! $(PY) -c "import llama_cpp, gguf" 2>/dev/null; then \
 	  $(PY) -m pip install --quiet --find-links $(WHEELS) -e ".[oracle]"; fi
-	$(PY) -m pytest -p no:cacheprovider -n 2 -m "not perf and not slow" tests suites --gpu cpu
+	$(PY) -m pytest -p no:cacheprovider -n 2 --durations=10 -m "not perf and not slow" tests suites --gpu cpu
 	$(PY) -m pytest -p no:cacheprovider -m perf suites --gpu cpu
 	@if ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
 	  $(PY) -m pytest -p no:cacheprovider -rN $(ORACLE) --gpu cpu; fi
