@@ -77,10 +77,10 @@ def main(argv: Sequence[str], parser_class: type[argparse.ArgumentParser]) -> in
         write_atomic(path, text, replace=args.force)
     except FileExistsError:  # written by someone else since the check above
         raise BadInput("exists; pass --force to replace it", path) from None
-    print(f"wrote {path}: the structure gate on {gpu} in {dtype}, the deployment gate on "
-          f"{', '.join(targets)} (--fail-on {args.fail_on}). Next: set the repository "
-          "variable GAC_CHECK and add the .gitignore lines (docs/plugin-and-ci.md, "
-          "\"Adopting the gate\").")
+    print(f"wrote {path}\n  structure gate: --gpu {gpu} --dtype {dtype}\n  deployment gate: "
+          f"{' '.join(f'--target {t}' for t in targets)} --fail-on {args.fail_on}\n  next: "
+          "set the repository variable GAC_CHECK, add the .gitignore lines "
+          "(docs/plugin-and-ci.md, \"Adopting the gate\")")
     return 0
 
 
