@@ -78,7 +78,8 @@ def render_text(result: CheckResult, doc: dict | None = None) -> str:
     if any(own.keeps(f) for f in result.findings):
         lines += _findings_table(result, own)
     elif own.blocked:
-        lines.append("  no site is misaligned by its own rules (the hardware's)")
+        lines.append("  no site is misaligned by its own rules (the verdict below says what each "
+                     "target makes of the model)")
     notes = [(s.name, n) for s in result.sites for n in s.notes]
     if notes:
         lines += ["", "notes (where the config and the tensors disagree, the tensors win; where "
@@ -198,7 +199,7 @@ def _findings_table(result: CheckResult, own: _Own) -> list[str]:
         if f.figure is not None:
             mark = legend.setdefault(f.figure.basis, len(legend) + 1)
             slower = f"{f.figure.short} [{mark}]"
-        pad = "-" if refused else f"{_pad(result, row, refusals):,}"
+        pad = "-" if refused else f"{_pad(result, row, own, refusals):,}"
         cells = "".join(f"{c:<{w}}  " for c, w in zip(_cells(result, f, own), widths,
                                                         strict=True))
         out.append(f"  {name:<44} {_ranges(row.layers):<{wide}} {f.site.value:>6} {fix:>6} "
@@ -221,8 +222,11 @@ def _findings_table(result: CheckResult, own: _Own) -> list[str]:
     return out
 
 
-def _pad(result: CheckResult, row: FindingGroup, refusals: dict[str, str]) -> int:
-    """Parameters zero padding adds over the row's sites that --repair pads."""
+def _pad(result: CheckResult, row: FindingGroup, own: _Own, refusals: dict[str, str]) -> int:
+    """Parameters zero padding adds over the row's sites that --repair pads (the group's own
+    sum, unless a blocked target's refusal, dropped, left sites out of it)."""
+    if not own.blocked:
+        return row.pad
     return sum(result.padding_params(f) for f in row.findings if f.site.name not in refusals)
 
 
