@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pty
+import select
 import shlex
 import subprocess
 import sys
@@ -119,7 +120,7 @@ def test_in_a_terminal_init_asks_for_what_the_options_leave_out(tmp_path):
     os.close(side)
     os.write(main, b"h200\n\nvllm\n2\nfp8\n")
     seen = b""
-    while True:
+    while select.select([main], [], [], 120)[0]:  # a question never answered: not forever
         try:
             data = os.read(main, 4096)
         except OSError:  # the child closed the terminal
