@@ -2,13 +2,14 @@
 runs it, in a fresh git repository that is not a Python project.
 
 The repository holds what docs/plugin-and-ci.md ("Adopting the gate") says to add and nothing
-else: the workflow, the ``.gitignore`` lines, and the team's compressor (``compress.py``,
-which saves a tiny real Llama with a misaligned MLP width). Each job checks out a fresh clone,
-gets a fresh virtualenv for ``setup-python`` (nothing of this checkout's environment), and runs
-the workflow's ``run:`` blocks verbatim under ``bash -eo pipefail``, with GitHub's rules for
-``if:``, ``needs`` and artifacts. Two things stand in for the network: the repository
-variable ``GAC_CHECK`` is the wheel built from this checkout (the release asset the docs name),
-and the CPU torch line installs the same torch release from this machine's index.
+else: the workflow (written there by ``gac-check init``), the ``.gitignore`` lines, and the
+team's compressor (``compress.py``, which saves a tiny real Llama with a misaligned MLP
+width). Each job checks out a fresh clone, gets a fresh virtualenv for ``setup-python``
+(nothing of this checkout's environment), and runs the workflow's ``run:`` blocks verbatim
+under ``bash -eo pipefail``, with GitHub's rules for ``if:``, ``needs`` and artifacts. Two
+things stand in for the network: the repository variable ``GAC_CHECK`` is the wheel built from
+this checkout (the release asset the docs name), and the CPU torch line installs the same torch
+release from this machine's index.
 
 The run is slow (a virtualenv with torch is about a minute): ``make test-slow`` and CI run it.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import gac_process
 from tests.wheel import ROOT, TORCH_PIN, build_wheel, clean_env, fresh_venv, run
 
 WORKFLOW = ROOT / "docs" / "examples" / "alignment-gate.yml"
@@ -84,13 +86,22 @@ def gitignore_lines() -> str:
 
 
 def fresh_repository(root: Path) -> Path:
-    """The team's repository after following the docs: a workflow, .gitignore, compress.py."""
+    """The team's repository after following the docs: the workflow ``gac-check init`` writes
+    for the values the example names (the example itself: tests/test_init.py), .gitignore,
+    compress.py."""
     repo = root / "team-repo"
-    (repo / ".github" / "workflows").mkdir(parents=True)
-    shutil.copy(WORKFLOW, repo / ".github" / "workflows" / "alignment-gate.yml")
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    [values] = [line.removeprefix("#   gac-check init ").split()
+                for line in WORKFLOW.read_text().splitlines()[:8]
+                if line.startswith("#   gac-check init ")]
+    written = gac_process("init", *values, cwd=repo, stdin=subprocess.DEVNULL)
+    assert written.returncode == 0, written.stderr
+    assert (repo / ".github" / "workflows" / "alignment-gate.yml").read_text() == \
+        WORKFLOW.read_text()
     (repo / ".gitignore").write_text(gitignore_lines())
     (repo / "compress.py").write_text(COMPRESS)
-    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"],
+    for cmd in (["add", "-A"],
                 ["-c", "user.name=team", "-c", "user.email=team@example.com", "commit", "-qm",
                  "alignment gate"]):
         subprocess.run(["git", *cmd], cwd=repo, check=True, capture_output=True)

@@ -147,3 +147,54 @@ def test_a_path_is_shown_relative_to_the_working_directory_only_under_it(path, c
     from gac_check.report.paths import shown
 
     assert shown(path, cwd) == expected
+
+
+# ------------------------------------------------------------------- the text, as the page
+def _verdict(stdout: str) -> list[str]:
+    """The text's closing verdict block, each line without its indent."""
+    lines = stdout.splitlines()
+    return [line.strip() for line in lines[lines.index("verdict:") + 1:]]
+
+
+def _rows(stdout: str) -> list[str]:
+    """The text's findings table rows (site names end in :rank, :intermediate, ...)."""
+    return [line for line in stdout.splitlines() if line.startswith("  model.")
+            or line.startswith(("  hidden ", "  vocab "))]
+
+
+def test_the_text_verdict_is_the_page_verdict(lowrank, tmp_path):
+    """The text leads its verdict with the model-level outcome and the one action that would
+    serve it, says the reason once, draws no aligned site as misaligned, and reads as the
+    HTML written by the same run does (both from report/deployment.py)."""
+    out = tmp_path / "lowrank.html"
+    run = gac(lowrank, "--gpu", "h100", "--dtype", "float16", "--target", "vllm",
+              "--fail-on", "never", "--report", out)
+    assert run.returncode == 0, run.stderr
+    page = Page(out.read_text(encoding="utf-8"))
+    verdict = _verdict(run.stdout)
+    assert verdict == page.texts("li", "target-verdict") + page.texts("div", "check-summary")
+    assert verdict[0].startswith("vllm: DOES NOT LOAD the model: ") and REMEDY in verdict[0]
+    assert verdict[1] == "sites: 0 of 22 misaligned by their own rules (the hardware's)"
+    assert run.stdout.count(REMEDY) == 1 and "no exact zero-padding" not in run.stdout
+    assert _rows(run.stdout) == [] and "misaligned (22 errors" not in run.stdout
+    assert "target:vllm" not in run.stdout  # the verdict says it, not a rule per row
+
+
+def test_the_text_draws_each_site_as_the_check_without_the_target(lowrank, tmp_path):
+    """At ratio 0.77 the ranks 123 and 184 are misaligned on the H100 itself: with ``--target
+    vllm`` the table holds exactly the rows the check without a target prints, and the count
+    is the same; two targets refused for one reason are one verdict line."""
+    model = tmp_path / "lowrank-077"
+    made = gac("compress", lowrank.parent / "dense", model, "--ratio", "0.77")
+    assert made.returncode == 0, made.stderr
+    plain = gac(model, "--gpu", "h100", "--dtype", "float16")
+    both = gac(model, "--gpu", "h100", "--dtype", "float16", "--target", "vllm",
+               "--target", "vllm,tp=2")
+    assert plain.returncode == both.returncode == 1, both.stderr
+    assert _rows(both.stdout) == _rows(plain.stdout) != []
+    count = plain.stdout.splitlines()[-1].split(" sites misaligned")[0]  # "14 of 22"
+    [served, sites] = _verdict(both.stdout)
+    assert served.startswith("vllm and vllm,tp=2: DOES NOT LOAD the model: ")
+    assert sites.startswith(f"sites: {count} misaligned by their own rules (the hardware's); "
+                            "zero-padding repair adds "), sites
+    assert both.stdout.count(REMEDY) == 1

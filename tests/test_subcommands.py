@@ -141,9 +141,9 @@ def test_a_model_directory_named_like_a_command_is_checked_as_dot_slash_name(tmp
 def test_help_names_every_command():
     text = build_parser().format_help()
     for command in ("report merge", "baseline", "record", "published", "contract",
-                    "compress", "demo", "evidence"):
+                    "compress", "demo", "evidence", "init"):
         assert command in text
-    assert set(COMMANDS) == {"report", "baseline", "compress", "demo", "evidence"}
+    assert set(COMMANDS) == {"report", "baseline", "compress", "demo", "evidence", "init"}
 
 
 def _parsers(parser: argparse.ArgumentParser):

@@ -132,8 +132,10 @@ def test_compressor_checkpoints_are_refused_on_every_engine(tmp_path, fmt, build
     text = helpers.gac(built.path, "--gpu", "h100", "--target", "vllm").stdout.splitlines()
     block = text[text.index("targets (the worst of the sites; fix: what --repair --target pads "
                             "to):"):]  # the targets block itself, not the rules' reasons
-    assert block[2].startswith("    does not load: vllm has no model class for")
-    assert block[3].startswith("    to serve it: ")
+    assert block[2].startswith("    does not load the model, so it refuses every site")
+    verdict = text[text.index("verdict:") + 1:]
+    assert verdict[0].startswith("  vllm: DOES NOT LOAD the model: vllm has no model class for")
+    assert ". To serve it: " in verdict[0]
 
 
 def test_html_report_says_the_target_does_not_load(tmp_path):

@@ -46,7 +46,7 @@ def asvd(tmp_path_factory):
 
 @pytest.mark.parametrize("argv", [["--help"], ["report", "--help"], ["baseline", "--help"],
                                   ["compress", "--help"], ["demo", "--help"],
-                                  ["evidence", "--help"]],
+                                  ["evidence", "--help"], ["init", "--help"]],
                          ids=" ".join)
 def test_help_imports_no_torch(argv):
     result, _ = probe(*argv)
@@ -63,6 +63,7 @@ USAGE_ERRORS = {
     "unknown gpu": (["asvd", "--gpu", "b300x"], "b300x"),
     "unknown target": (["asvd", "--target", "vllm,tp=x"], "tp"),
     "missing model": (["nothing-here"], "does not exist"),
+    "init unknown engine": (["init", "--gpu", "h100", "--target", "vlm"], "'vlm'"),
 }
 
 

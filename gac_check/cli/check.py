@@ -157,7 +157,7 @@ def _print_one(args: argparse.Namespace, result: CheckResult, doc: dict, bench) 
             doc["bench"] = dataclasses.asdict(bench)
         print(json.dumps(doc, indent=2))
         return
-    print(render_text(result))
+    print(render_text(result, doc or None))
     if bench is not None:
         from gac_check.bench.model_bench import render
 
@@ -184,7 +184,7 @@ def _print_zoo(args: argparse.Namespace, results: list[CheckResult], docs: list[
         print(dumps(zoo_run(docs, "zoo", args.fail_on)), end="")
         return
     for i, result in enumerate(results):
-        print(render_text(result))
+        print(render_text(result, docs[i]))
         if bench is not None:
             from gac_check.bench.model_bench import render
 

@@ -25,13 +25,14 @@ from gac_check.report.outputs import DEFAULT_REPORT
 #: model directory that happens to be called like a command is written ``./report``.
 COMMANDS = {"report": "gac_check.cli.report", "baseline": "gac_check.cli.baseline",
             "compress": "gac_check.cli.compress", "demo": "gac_check.cli.demo",
-            "evidence": "gac_check.cli.evidence"}
+            "evidence": "gac_check.cli.evidence", "init": "gac_check.cli.init"}
 USAGE = """%(prog)s MODEL [MODEL ...] [options]         check (--repair OUT, --realign OUT)
        %(prog)s report merge RUN.json ... -o FILE.html
        %(prog)s baseline record|published|contract ...
        %(prog)s compress SRC OUT [--ratio R]
        %(prog)s demo [OUT]
-       %(prog)s evidence --out DIR [--minutes 8] [--smoke]"""
+       %(prog)s evidence --out DIR [--minutes 8] [--smoke]
+       %(prog)s init --gpu GPU --target SPEC [--dtype DTYPE] [--force]"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
   compress       the reference low-rank compressor (truncated SVD, ASVD's layout)
   demo           compress, check, repair and realign the bundled real MiniLM
   evidence       on a lent GPU, every measurement gac-check publishes, within --minutes
+  init           write the CI workflow gating your checkpoints on your GPU and targets
 
 A model directory named like a command is written ./NAME. Exit codes: 0 nothing at or above
 --fail-on, 1 findings, 2 bad input or usage, 3 internal error. Manual: docs/ in the source

@@ -73,6 +73,53 @@ def _without_remedies(refusal: str | None, gone) -> str | None:
     return "; ".join(parts) or None
 
 
+def target_lines(sites: list[dict], targets: dict[str, dict]) -> list[str]:
+    """One line per --target that loads the model: its worst verdict over the sites, the
+    counts, and the first reason for that verdict (what the engine says when it refuses)."""
+    lines = []
+    for spec, t in targets.items():
+        worst = t["verdict"]
+        why = next((c.get("why") or c.get("cannot_pad") for s in sites
+                    for c in s.get("targets") or [] if c["target"] == spec
+                    and c["verdict"] == worst and (c.get("why") or c.get("cannot_pad"))), None)
+        what = {"refused": "the engine refuses to load the model",
+                "fallback": "some layers run a slower kernel",
+                "fast": "every layer runs a fast kernel"}.get(worst, worst)
+        counts = f"{t.get('fast', 0)} fast, {t.get('fallback', 0)} fallback, " \
+                 f"{t.get('refused', 0)} refused sites"
+        lines.append(f"{spec}: {worst.upper()}: {what} ({counts})" + (f": {why}" if why else ""))
+    return lines
+
+
+def verdict_lines(check: dict, sites: list[dict]) -> list[str]:
+    """The verdict's per-target lines, model level first: each target that does not load the
+    model and what would serve it, then each one that does, by its worst site. ``sites`` are
+    :func:`own_sites` (read once by the caller)."""
+    gone = blocked(check)
+    targets = check["summary"].get("targets") or {}
+    shared: dict[tuple, list[str]] = {}  # several targets refused for one reason: one line
+    for o in gone.values():
+        shared.setdefault((o.why, o.remedy), []).append(o.spec)
+    return [outcome_line(Outcome(" and ".join(specs), False, why, remedy))
+            for (why, remedy), specs in shared.items()] + target_lines(
+        sites, {k: t for k, t in targets.items() if k not in gone})
+
+
+def sites_line(check: dict, misaligned: int) -> str:
+    """The verdict's count of the sites misaligned by their own rules (``misaligned``, from
+    :func:`own_sites`), and what padding them costs, where any is."""
+    gone = blocked(check)
+    loading = [k for k in check["summary"].get("targets") or {} if k not in gone]
+    line = f"sites: {misaligned} of {check['summary']['sites']} misaligned"
+    if gone:
+        line += " by their own rules (the hardware's" + (
+            " and the loading targets'" if loading else "") + ")"
+    if misaligned:
+        line += (f"; zero-padding repair adds "
+                 f"{check['summary']['repair_overhead_fraction'] * 100:.2f}% parameters")
+    return line
+
+
 def outcome_line(o: Outcome) -> str:
     """The verdict's first line for a target that does not load the model: why, and the one
     action that would make it servable."""

@@ -67,8 +67,9 @@ class CheckView:
     repeat_of: str | None = None
     #: the targets that do not load the model at all (said once, in the verdict)
     blocked: dict[str, deployment.Outcome] = field(default_factory=dict)
-    #: sites misaligned by their own rules (not only because a target refuses the model)
-    misaligned: int = 0
+    #: how many sites are misaligned by their own rules (not only because a target refuses
+    #: the model) and what padding them costs
+    sites_line: str = ""
 
 
 @dataclass
@@ -134,11 +135,9 @@ def _check_view(label: str, check: dict) -> CheckView:
     targets = check["summary"].get("targets") or {}
     loading = [spec for spec in targets if spec not in blocked]
     return CheckView(label, model, check, grid, wide, groups, counts, targets,
-                     _matrix(check["sites"], loading),
-                     [deployment.outcome_line(o) for o in blocked.values()]
-                     + _target_lines(sites, {k: targets[k] for k in loading}),
+                     _matrix(check["sites"], loading), deployment.verdict_lines(check, sites),
                      fix_command(check, sites), _cost_reason(check, groups), blocked=blocked,
-                     misaligned=counts["warning"] + counts["error"])
+                     sites_line=deployment.sites_line(check, counts["warning"] + counts["error"]))
 
 
 def _mark_repeats(views: list[RunView]) -> None:
@@ -154,24 +153,6 @@ def _mark_repeats(views: list[RunView]) -> None:
                 c.repeat_of = seen[key]
             else:
                 seen[key] = v.label
-
-
-def _target_lines(sites: list[dict], targets: dict[str, dict]) -> list[str]:
-    """One line per --target: its worst verdict over the model, the counts, and the first
-    reason for that verdict (what the engine says when it refuses)."""
-    lines = []
-    for spec, t in targets.items():
-        worst = t["verdict"]
-        why = next((c.get("why") or c.get("cannot_pad") for s in sites
-                    for c in s.get("targets") or [] if c["target"] == spec
-                    and c["verdict"] == worst and (c.get("why") or c.get("cannot_pad"))), None)
-        what = {"refused": "the engine refuses to load the model",
-                "fallback": "some layers run a slower kernel",
-                "fast": "every layer runs a fast kernel"}.get(worst, worst)
-        counts = f"{t.get('fast', 0)} fast, {t.get('fallback', 0)} fallback, " \
-                 f"{t.get('refused', 0)} refused sites"
-        lines.append(f"{spec}: {worst.upper()}: {what} ({counts})" + (f": {why}" if why else ""))
-    return lines
 
 
 def fix_command(check: dict, sites: list[dict] | None = None) -> str | None:
