@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SEED_LLAMA, save_layouts, tiny_llama
+from tests.helpers import SEED_LLAMA, put_back_libraries, save_layouts, tiny_llama
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +42,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             "against llama.cpp's own quantizer (make llamacpp-wheel builds the wheel once)",
             red=True, bold=True)
         return
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After a test's fixtures are torn down (pytester's restores its snapshot of
+    ``sys.modules`` there), put back the libraries an in-process pytester run imported: see
+    :class:`tests.helpers._ModuleKeeper`."""
+    result = yield
+    put_back_libraries()
+    return result

@@ -309,7 +309,41 @@ def pytest_here(pytester: pytest.Pytester, *args: object,
                 mp.delenv(key, raising=False)
             else:
                 mp.setenv(key, value)
-        return pytester.runpytest_inprocess("-p", "no:cacheprovider", *map(str, args))
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *map(str, args),
+                                              plugins=[_ModuleKeeper(pytester.path)])
+    put_back_libraries()
+    return result
+
+
+#: The modules an in-process pytester run imported from libraries (see :class:`_ModuleKeeper`).
+_LIBRARIES: dict[str, object] = {}
+
+
+class _ModuleKeeper:
+    """Pytester's in-process run drops from ``sys.modules`` every module the inner run imported
+    (its snapshots, restored as the run ends and again at the test's teardown). For torch or
+    transformers that is fatal to the rest of the session: the next import executes their
+    modules a second time, and torch's operator registry and transformers' lazy modules do not
+    survive it (``LlamaConfig`` could not be imported with tests/test_targets_plugin.py run
+    before tests/test_readme_gate.py in one worker). This plugin records, as the inner session
+    ends, the modules not loaded from the inner project's directory (its test files and
+    conftest); :func:`put_back_libraries` returns them, so each library is imported once per
+    process, as in a real run."""
+
+    def __init__(self, project: Path) -> None:
+        self._project = str(project)
+
+    def pytest_unconfigure(self) -> None:
+        for name, module in sys.modules.items():
+            if not (getattr(module, "__file__", None) or "").startswith(self._project):
+                _LIBRARIES.setdefault(name, module)
+
+
+def put_back_libraries() -> None:
+    """Return to ``sys.modules`` what :class:`_ModuleKeeper` recorded and a snapshot dropped
+    (after the run, and after the test's teardown: tests/conftest.py)."""
+    for name, module in _LIBRARIES.items():
+        sys.modules.setdefault(name, module)
 
 
 def gac_on_terminal(*args: object, env: Mapping[str, str] | None = None,
