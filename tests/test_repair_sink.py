@@ -123,3 +123,27 @@ def test_a_run_of_rows_is_only_equal_contiguous_rows_each_with_equal_zeros():
     assert _row_run([*rows[:3], (None, 3)], 0) == 1  # other zeros end it
     assert _row_run([*rows[:2], (4, 5), (None, 2)], 0) == 1  # another width ends it
     assert _row_run([(0, 4), (4, 4)], 0) == 0  # no zeros between: not rows
+
+
+def test_two_writes_in_flight_both_refused_o_direct_fall_back_together(tmp_path, source,
+                                                                         monkeypatch):
+    """Two writers keep two writes in flight (the repair's pace on a shared disk); when both
+    are refused O_DIRECT at once, each retries buffered, and not only the one that noticed
+    first: every byte still arrives. The barrier holds each refused write until a second one
+    is in flight, so with a single writer it breaks and the test fails."""
+    path, data = source
+    real = os.pwrite
+    both = threading.Barrier(2, timeout=60)
+
+    def pwrite(fd, view, offset):
+        if os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL):
+            both.wait()
+            raise OSError(22, "Invalid argument")
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(sink_mod.os, "pwrite", pwrite)
+    with Sink(tmp_path / "out") as out:
+        if not out.direct:
+            pytest.skip("this filesystem refuses O_DIRECT when it is set")
+        out.read(path, 0, 3 * BUFFER)
+    assert (tmp_path / "out").read_bytes() == data[: 3 * BUFFER]
