@@ -13,7 +13,7 @@ import pytest
 
 from gac_check.errors import BadInput
 from gac_check.padding import sink as sink_mod
-from gac_check.padding.sink import BUFFER, IOV_MAX, Sink
+from gac_check.padding.sink import BLOCK, BUFFER, IOV_MAX, Sink
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +147,32 @@ def test_two_writes_in_flight_both_refused_o_direct_fall_back_together(tmp_path,
             pytest.skip("this filesystem refuses O_DIRECT when it is set")
         out.read(path, 0, 3 * BUFFER)
     assert (tmp_path / "out").read_bytes() == data[: 3 * BUFFER]
+
+
+def test_an_unaligned_tail_is_written_after_every_buffer_before_it(tmp_path, source,
+                                                                    monkeypatch):
+    """An unaligned tail turns O_DIRECT off for the file; handed to one writer while another
+    still holds a full buffer, that buffer would go through the page cache. So the tail goes
+    only once the writes before it are done. (Here a full buffer's write waits up to 2 s for a
+    tail to overtake it; with the wait in ``close`` none can.)"""
+    path, data = source
+    real = os.pwrite
+    tail_came = threading.Event()
+    order: list[str] = []
+
+    def pwrite(fd, view, offset):
+        if len(view) % BLOCK:
+            tail_came.set()
+            order.append("tail")
+        else:
+            tail_came.wait(timeout=2)
+            order.append("full")
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(sink_mod.os, "pwrite", pwrite)
+    with Sink(tmp_path / "out") as out:
+        if not out.direct:
+            pytest.skip("this filesystem refuses O_DIRECT")
+        out.read(path, 3, BUFFER + 5)
+    assert (tmp_path / "out").read_bytes() == data[3: BUFFER + 8]
+    assert order == ["full", "tail"]

@@ -189,7 +189,7 @@ class Sink:
 
     def _pwrite(self, buf: mmap.mmap, n: int, offset: int) -> None:
         if self.direct and n % BLOCK:
-            # the tail: a write in flight keeps the O_DIRECT it started with
+            # the tail: close has waited for every write before it
             self.direct = _set_direct(self.fd, False)
         with memoryview(buf) as whole:
             view = whole[:n]
@@ -210,13 +210,25 @@ class Sink:
 
     # ------------------------------------------------------------------------------ closing
     def close(self) -> None:
-        """Write what is left, wait for the writing thread, and raise its error if any."""
+        """Write what is left, wait for the writing threads, and raise their error if any.
+
+        An unaligned tail turns O_DIRECT off for the file, so it goes only once every buffer
+        before it is written: a full buffer still queued would otherwise go through the page
+        cache, and one writer's fall-back would depend on the other's timing."""
         try:
+            if self.direct and self._pos % BLOCK:
+                self._wait_written()
             self._hand_over(self._pos)
         finally:
             self._stop()
         if self._error is not None:
             raise self._error
+
+    def _wait_written(self) -> None:
+        """Until every buffer handed over is written (a writer gives each back when done)."""
+        spare = [self._free.get() for _ in range(BUFFERS - 1)]
+        for buf in spare:
+            self._free.put(buf)
 
     def _stop(self) -> None:
         for _ in self._threads:
