@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import re
 import sys
 from dataclasses import dataclass
@@ -184,6 +183,8 @@ def cpu_name() -> str:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith(("model name", "hardware", "cpu model")):
                 return line.split(":", 1)[1].strip()
+    import platform  # only where /proc/cpuinfo does not say (2 ms a check otherwise)
+
     return platform.processor() or platform.machine()
 
 
@@ -196,6 +197,8 @@ def cpu_profile_key() -> str:
     name, isa = cpu_name().lower(), set(cpu_isa())
     vendor = next((v for v in ("intel", "amd", "apple") if v in name), None)
     if vendor is None:
+        import platform
+
         vendor = "arm" if platform.machine().lower() in ("aarch64", "arm64") else "other"
     level = next((lvl for lvl, flag in (("amx", "amx_tile"), ("avx512", "avx512f"),
                                         ("avx2", "avx2"), ("sve", "sve"), ("neon", "asimd"))

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -109,3 +111,20 @@ def test_pickled_input_stays_a_pickle_and_says_so(tmp_path):
     state = torch.load(tmp_path / "fixed" / "pytorch_model.bin", weights_only=True)
     assert state["model.layers.0.mlp.up_proj.weight"].shape == (40, 64)
     assert list(state) == list(model.state_dict())
+
+
+def test_safetensors_repair_imports_no_array_library(tmp_path):
+    """Under a loaded runner a repair's wall time follows its CPU, and imports are most of the
+    CPU beside the copy (benchmarks/RESULTS.md, issue 42): a safetensors repair without
+    --target writes byte ranges and needs neither torch nor numpy (the knapsack's)."""
+    TINY.build(seed=0).save_pretrained(tmp_path / "dense")
+    probe = ("import runpy, sys; sys.argv = ['gac-check', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('gac_check.cli', run_name='__main__')\n"
+             "except SystemExit as exc:\n    print('exit', exc.code, file=sys.stderr)\n"
+             "print(sorted(m for m in ('torch', 'numpy', 'transformers', 'safetensors')"
+             " if m in sys.modules), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "dense"), "--repair",
+                           str(tmp_path / "fixed"), "--gpu", "gpu"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stderr.strip().splitlines()[-2:] == ["exit 0", "[]"], proc.stderr
+    assert (tmp_path / "fixed" / "model.safetensors").is_file()

@@ -13,7 +13,7 @@ import pytest
 
 from gac_check.errors import BadInput
 from gac_check.padding import sink as sink_mod
-from gac_check.padding.sink import BUFFER, IOV_MAX, Sink
+from gac_check.padding.sink import BLOCK, BUFFER, IOV_MAX, Sink
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +123,56 @@ def test_a_run_of_rows_is_only_equal_contiguous_rows_each_with_equal_zeros():
     assert _row_run([*rows[:3], (None, 3)], 0) == 1  # other zeros end it
     assert _row_run([*rows[:2], (4, 5), (None, 2)], 0) == 1  # another width ends it
     assert _row_run([(0, 4), (4, 4)], 0) == 0  # no zeros between: not rows
+
+
+def test_two_writes_in_flight_both_refused_o_direct_fall_back_together(tmp_path, source,
+                                                                         monkeypatch):
+    """Two writers keep two writes in flight (the repair's pace on a shared disk); when both
+    are refused O_DIRECT at once, each retries buffered, and not only the one that noticed
+    first: every byte still arrives. The barrier holds each refused write until a second one
+    is in flight, so with a single writer it breaks and the test fails."""
+    path, data = source
+    real = os.pwrite
+    both = threading.Barrier(2, timeout=60)
+
+    def pwrite(fd, view, offset):
+        if os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL):
+            both.wait()
+            raise OSError(22, "Invalid argument")
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(sink_mod.os, "pwrite", pwrite)
+    with Sink(tmp_path / "out") as out:
+        if not out.direct:
+            pytest.skip("this filesystem refuses O_DIRECT when it is set")
+        out.read(path, 0, 3 * BUFFER)
+    assert (tmp_path / "out").read_bytes() == data[: 3 * BUFFER]
+
+
+def test_an_unaligned_tail_is_written_after_every_buffer_before_it(tmp_path, source,
+                                                                    monkeypatch):
+    """An unaligned tail turns O_DIRECT off for the file; handed to one writer while another
+    still holds a full buffer, that buffer would go through the page cache. So the tail goes
+    only once the writes before it are done. (Here a full buffer's write waits up to 2 s for a
+    tail to overtake it; with the wait in ``close`` none can.)"""
+    path, data = source
+    real = os.pwrite
+    tail_came = threading.Event()
+    order: list[str] = []
+
+    def pwrite(fd, view, offset):
+        if len(view) % BLOCK:
+            tail_came.set()
+            order.append("tail")
+        else:
+            tail_came.wait(timeout=2)
+            order.append("full")
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(sink_mod.os, "pwrite", pwrite)
+    with Sink(tmp_path / "out") as out:
+        if not out.direct:
+            pytest.skip("this filesystem refuses O_DIRECT")
+        out.read(path, 3, BUFFER + 5)
+    assert (tmp_path / "out").read_bytes() == data[3: BUFFER + 8]
+    assert order == ["full", "tail"]

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from gac_check.analysis import CheckResult
 from gac_check.errors import BadInput
-from gac_check.ranks.candidates import RankMenu
 
-if TYPE_CHECKING:  # targets are imported only where a check names one
+if TYPE_CHECKING:  # targets are imported only where a check names one; ranks (numpy) for --realign
+    from gac_check.ranks.candidates import RankMenu
     from gac_check.targets.loadability import Loadability
 
 #: The layouts --realign rewrites (ASVD's BLinear/ALinear, SVD-LLM's whitened u/v factors,

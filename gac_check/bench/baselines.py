@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 from gac_check.bench import stats
@@ -56,8 +56,8 @@ class Provenance:
 
     @classmethod
     def measured(cls, command: str) -> Provenance:
-        return cls("measured", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                   command)
+        # time, not datetime: a plain check imports this module (2 ms less)
+        return cls("measured", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command)
 
 
 @dataclass

@@ -6,8 +6,11 @@ output is written back inside the final fsync, after everything else is done. Wr
 ``O_DIRECT`` from page-aligned buffers pays once: the device reads the buffer, the page cache is
 bypassed, and the fsync has only metadata left. Source bytes are read straight into the buffer
 at their output position (``preadv``: the rows of a column-padded matrix land between their zeros
-with no intermediate copy), and a second thread writes each full buffer while the next one is
-filled, so reading the input and writing the output overlap. Peak memory is the few buffers.
+with no intermediate copy), and writing threads write full buffers while the next one is filled,
+so reading the input and writing the output overlap. Two writers keep two writes in flight: one
+``O_DIRECT`` write is one request at a time, and on a shared disk the second one in the queue is
+what keeps pace with a ``cp``'s writeback (benchmarks/RESULTS.md, issue 42). Peak memory is the
+few buffers.
 
 Filesystems that refuse ``O_DIRECT`` (or an unaligned tail) get the same buffers through
 ordinary writes. Figures: benchmarks/RESULTS.md, "Repair speed and memory".
@@ -26,8 +29,10 @@ from gac_check.errors import BadInput
 
 #: Bytes per buffer: O_DIRECT writes of 2-8 MiB ran fastest here (2.8 GB/s; 16 MiB: 2.3 GB/s).
 BUFFER = 4 << 20
-#: Buffers in flight: one being filled, one being written, spares so neither side waits.
-BUFFERS = 4
+#: Threads writing buffers, each its own write in flight (pwrite at the buffer's offset).
+WRITERS = 2
+#: Buffers in flight: one being filled, one per writer, spares so neither side waits.
+BUFFERS = 6
 #: O_DIRECT offsets and lengths: a multiple of every logical block size in use (512, 4096).
 BLOCK = 4096
 #: Buffers per preadv call (Linux's IOV_MAX).
@@ -67,8 +72,10 @@ class Sink:
         self._reads: list[memoryview] = []
         self._read_src: Path | None = None
         self._read_start = self._read_end = 0
-        self._thread = threading.Thread(target=self._drain, name="gac-check writer", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._drain, name="gac-check writer",
+                                          daemon=True) for _ in range(WRITERS)]
+        for thread in self._threads:
+            thread.start()
         self._buf = self._free.get()
         self._view = memoryview(self._buf)
         self._pos = 0
@@ -169,7 +176,8 @@ class Sink:
 
     # ------------------------------------------------------------------------------ writing
     def _drain(self) -> None:
-        """The writing thread: buffers in order; after an error, buffers only go back."""
+        """A writing thread: buffers as they come (each at its own offset, so the order
+        between writers does not matter); after an error, buffers only go back."""
         while (item := self._full.get()) is not None:
             buf, n, offset = item
             if self._error is None:
@@ -181,14 +189,16 @@ class Sink:
 
     def _pwrite(self, buf: mmap.mmap, n: int, offset: int) -> None:
         if self.direct and n % BLOCK:
-            self.direct = _set_direct(self.fd, False)  # the tail: earlier writes are done
+            # the tail: close has waited for every write before it
+            self.direct = _set_direct(self.fd, False)
         with memoryview(buf) as whole:
             view = whole[:n]
             while len(view):
+                direct = self.direct  # another writer may turn it off while this one writes
                 try:
                     done = os.pwrite(self.fd, view, offset)
                 except OSError as exc:
-                    if exc.errno != errno.EINVAL or not self.direct:
+                    if exc.errno != errno.EINVAL or not direct:
                         raise
                     self.direct = _set_direct(self.fd, False)  # alignment refused: buffered
                     continue
@@ -200,17 +210,31 @@ class Sink:
 
     # ------------------------------------------------------------------------------ closing
     def close(self) -> None:
-        """Write what is left, wait for the writing thread, and raise its error if any."""
+        """Write what is left, wait for the writing threads, and raise their error if any.
+
+        An unaligned tail turns O_DIRECT off for the file, so it goes only once every buffer
+        before it is written: a full buffer still queued would otherwise go through the page
+        cache, and one writer's fall-back would depend on the other's timing."""
         try:
+            if self.direct and self._pos % BLOCK:
+                self._wait_written()
             self._hand_over(self._pos)
         finally:
             self._stop()
         if self._error is not None:
             raise self._error
 
+    def _wait_written(self) -> None:
+        """Until every buffer handed over is written (a writer gives each back when done)."""
+        spare = [self._free.get() for _ in range(BUFFERS - 1)]
+        for buf in spare:
+            self._free.put(buf)
+
     def _stop(self) -> None:
-        self._full.put(None)
-        self._thread.join()
+        for _ in self._threads:
+            self._full.put(None)
+        for thread in self._threads:
+            thread.join()
         self._view.release()
         for fd in self._sources.values():
             os.close(fd)
