@@ -10,6 +10,7 @@ the plan it says it wrote, and that figure is at least rounding down's.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -82,10 +83,15 @@ def menu(module: str, rank: int, top: int = 64, m: int = 64, n: int = 64) -> Ran
     return RankMenu(module, m, n, rank, (*range(8, top + 1, 8), DENSE), "", "")
 
 
-def test_menus_reach_one_step_below_rounding_down_and_any_rank_above():
-    assert bounded(menu("a", 45)) == (32, 40, 48, 56, 64, DENSE)
-    assert bounded(menu("a", 12)) == (8, 16, 24, 32, 40, 48, 56, 64, DENSE)
-    assert bounded(menu("a", 8)) == (8, 16, 24, 32, 40, 48, 56, 64, DENSE)
+def test_menus_reach_one_step_below_rounding_down_and_up_to_rounding_up():
+    wide = RankMenu("a", 64, 512, 45, (*range(8, 57, 8), DENSE), "", "")  # dense: 512 x 64
+    assert bounded(wide) == (32, 40, 48)  # not 56, and not dense (dearer than 48)
+    assert bounded(dataclasses.replace(wide, rank=12)) == (8, 16)
+    assert bounded(dataclasses.replace(wide, rank=8)) == (8,)
+    assert bounded(dataclasses.replace(wide, rank=53)) == (40, 48, 56)
+    # dense stays where it is no dearer than rounding up, or where rounding up is dense
+    assert bounded(menu("a", 45)) == (32, 40, 48, DENSE)
+    assert bounded(menu("a", 62, top=56)) == (48, 56, DENSE)
 
 
 def test_nearest_rounds_up_the_nearest_first_while_the_budget_lasts():

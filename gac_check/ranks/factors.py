@@ -276,9 +276,9 @@ def select_ranks(menus: list[RankMenu], spectra: list[torch.Tensor], out: Path, 
                            instance=matrices)
     report.menus_note = (
         "the budget is below what ranks near the input's can meet: every aligned rank was "
-        "offered" if wide else "each rank was offered at most one menu step below its own "
-        "rounded down (the input's allocation is the starting point: a larger cut is not "
-        "offered to pay for another matrix)")
+        "offered" if wide else "each rank was offered from one menu step below its own "
+        "rounded down to its own rounded up (the input's allocation is the starting point: a "
+        "larger move is not offered)")
     if error_name:
         report.error_name = error_name
     report.kept = kept(menus, matrices, plan, report.error_name, old_errors)
