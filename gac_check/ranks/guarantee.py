@@ -74,6 +74,13 @@ def bounded(menu: RankMenu) -> tuple[Rank, ...]:
                  if (dense if r == DENSE else floor <= int(r) <= top))
 
 
+def lowest(menu: RankMenu) -> int | None:
+    """The lowest rank :func:`bounded` offers ``menu`` (the largest cut a plan may make there;
+    None where only dense is offered)."""
+    ranks = [int(r) for r in bounded(menu) if r != DENSE]
+    return min(ranks) if ranks else None
+
+
 def nearest_within(menus: Sequence[RankMenu], budget: int) -> dict[str, Rank]:
     """Each rank rounded to the nearer of its menu's ranks below and above; where that spends
     more than ``budget``, the matrices rounded up farthest from their own rank go back down
