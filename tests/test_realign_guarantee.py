@@ -81,6 +81,7 @@ def test_what_is_written_is_the_best_measured_and_never_below_rounding_down(layo
     # vs 0.7685, SVD-LLM 0.6520 vs 0.5358, PaLU 0.6392 vs 0.6008; unweighted it was 0.7299,
     # 0.5982 and 0.6008)
     assert cosine["realigned"] >= cosine["round down"] + 0.01
+    assert set(record["weights"]) == set(plan) and "weighted by its share" in run.stdout
     assert "written: " in run.stdout and f"{written['over_round_down']:+.4f}" in run.stdout
     assert f'data-written="{written["written"]}"' in (tmp_path / "r.html").read_text()
 

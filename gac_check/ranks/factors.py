@@ -93,6 +93,8 @@ class RealignReport:
     menus_note: str = ""
     #: the knapsack's instance, so a rounding can be written in its plan's place
     instance: list[Matrix] = field(default_factory=list, repr=False)
+    #: each matrix's weight on its energy (its measured share of the output error, --calib)
+    weights: dict[str, float] | None = None
 
     def matrices(self) -> list[dict]:
         """Each matrix's rank before and after, and why: the report's per-matrix table."""
@@ -107,7 +109,8 @@ class RealignReport:
                 "old_error": self.old_error, "plan": self.plan.as_dict(), "notes": self.notes,
                 "matrices": self.matrices(), "remaining": counts,
                 "quality": self.kept.to_json() if self.kept else None,
-                "written": self.verdict.to_json() if self.verdict else None}
+                "written": self.verdict.to_json() if self.verdict else None,
+                "weights": self.weights}
 
 
 def rank_alignment(contract: Contract, strategy: str = "minimal") -> int:
@@ -312,6 +315,7 @@ def select_ranks(menus: list[RankMenu], spectra: list[torch.Tensor], out: Path, 
         report.error_name = error_name
     if weights:
         report.menus_note += ("; " + WEIGHTED)
+        report.weights = dict(weights)
     report.kept = kept(menus, matrices, plan, report.error_name, old_errors)
     return report
 
