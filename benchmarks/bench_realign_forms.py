@@ -29,9 +29,10 @@ three ways under the compressor's own parameter budget, each chosen by gac-check
   the menus ``--realign`` offers without ``--base``: aligned ranks within each factor pair's
   own and the next one above, zero-padded; components valued by
   :func:`gac_check.ranks.whitened.stored_components`, ``||u[:, i]||^2``, the whitened singular
-  values; each rank at most one menu step below its own rounded down,
-  :func:`gac_check.ranks.guarantee.bounded`), which is what ``gac-check SVDLLM|PALU --realign
-  OUT`` runs on a Llama;
+  values; each rank from one menu step below its own rounded down to its own rounded up,
+  :func:`gac_check.ranks.guarantee.bounded`; each module's energy weighted by its measured
+  share of the output error on the calibration lines, :mod:`gac_check.ranks.shares`), which is
+  what ``gac-check SVDLLM|PALU --realign OUT --base DENSE --calib TEXT`` runs on a Llama;
 - ``--realign (written)``: what ``--realign --base --calib`` writes: the best of knapsack,
   round nearest and round down on the whole model's mean token cosine to dense on the first
   16 calibration lines (``model_output.MODEL_LINES``; :func:`gac_check.ranks.guarantee.choose`).
