@@ -58,7 +58,7 @@ from gac_check.ranks.factors import (
     select_ranks,
     svd_of_product,
 )
-from gac_check.ranks.measured import Truncated, measure, probes
+from gac_check.ranks.measured import Truncated, measure, probes, require_base
 from gac_check.ranks.shares import output_weights
 from gac_check.ranks.whitened import stored_components
 from gac_check.sites import DimSite, Role
@@ -193,7 +193,9 @@ def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
     spectra = [g.S for g in groups]
     weights = None  # with --calib, each site weighted by its share of the output error
     if base_dir is not None and calib is not None:
-        weights = output_weights(base_dir, calib, probes(_sites(state, groups), menus, spectra),
+        sites = _sites(state, groups)
+        require_base(sites, base_dir)  # refused before the model runs
+        weights = output_weights(base_dir, calib, probes(sites, menus, spectra),
                                  progress)
     report = select_ranks(menus, spectra, out, align, budget, weights=weights, allow_dense=False,
                           error_name=PRODUCT_ERROR if unrotated else STORED_ERROR)

@@ -62,11 +62,7 @@ def measure(k: Kept, sites: list[Truncated], base_dir: Path, calib: Path | None,
     model's output per choice. ``sites`` in module order, a module's sites in row order."""
     base = open_checkpoint(base_dir)
     by_module = [(m, list(group)) for m, group in groupby(sites, key=lambda s: s.module)]
-    weights = {}
-    for module, group in by_module:  # every shape refused before any model runs
-        rows = sum(s.u.shape[0] for s in group)
-        weights[module] = (rows, group[0].v.shape[1])
-        base_weight(base, module, weights[module])
+    weights = require_base(sites, base_dir)
     acts = activations(base_dir, list(weights), calib) if calib is not None else None
     ranks = {row.module: row.ranks for row in k.matrices}
     errors = {}
@@ -81,6 +77,18 @@ def measure(k: Kept, sites: list[Truncated], base_dir: Path, calib: Path | None,
         return k
     return dataclasses.replace(k, model=model_output(
         base_dir, calib, _operators(by_module, ranks), {}, progress))
+
+
+def require_base(sites: list[Truncated], base_dir: Path) -> dict[str, tuple[int, int]]:
+    """Each module's dense shape, every one refused (one line) where the base does not hold
+    it, before any model runs."""
+    base = open_checkpoint(base_dir)
+    shapes = {}
+    for module, group in groupby(sites, key=lambda s: s.module):
+        group = list(group)
+        shapes[module] = (sum(s.u.shape[0] for s in group), group[0].v.shape[1])
+        base_weight(base, module, shapes[module])
+    return shapes
 
 
 def probes(sites: list[Truncated], menus: list[RankMenu], spectra: list[torch.Tensor]

@@ -37,7 +37,7 @@ from gac_check.formats.svdllm import U_SUFFIX, V_SUFFIX
 from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.factors import PROVENANCE, RealignReport, keep_best, select_ranks
 from gac_check.ranks.knapsack import DENSE
-from gac_check.ranks.measured import Truncated, measure, probes
+from gac_check.ranks.measured import Truncated, measure, probes, require_base
 from gac_check.ranks.shares import output_weights
 
 #: The families whose realigned SVD-LLM output tests load with SVD-LLM's own call.
@@ -160,7 +160,9 @@ def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: in
     spectra = [p.sigma for p in pairs]
     weights = None  # with --calib, each site weighted by its share of the output error
     if base_dir is not None and calib is not None:
-        weights = output_weights(base_dir, calib, probes(_sites(ckpt, pairs), menus, spectra),
+        sites = _sites(ckpt, pairs)
+        require_base(sites, base_dir)  # refused before the model runs
+        weights = output_weights(base_dir, calib, probes(sites, menus, spectra),
                                  progress)
     report = select_ranks(menus, spectra, out, align, budget, weights=weights,
                           allow_dense=False,
