@@ -29,9 +29,10 @@ three ways under the compressor's own parameter budget, each chosen by gac-check
   the menus ``--realign`` offers without ``--base``: aligned ranks within each factor pair's
   own and the next one above, zero-padded; components valued by
   :func:`gac_check.ranks.whitened.stored_components`, ``||u[:, i]||^2``, the whitened singular
-  values; each rank at most one menu step below its own rounded down,
-  :func:`gac_check.ranks.guarantee.bounded`), which is what ``gac-check SVDLLM|PALU --realign
-  OUT`` runs on a Llama;
+  values; each rank from one menu step below its own rounded down to its own rounded up,
+  :func:`gac_check.ranks.guarantee.bounded`; each module's energy weighted by its measured
+  share of the output error on the calibration lines, :mod:`gac_check.ranks.shares`), which is
+  what ``gac-check SVDLLM|PALU --realign OUT --base DENSE --calib TEXT`` runs on a Llama;
 - ``--realign (written)``: what ``--realign --base --calib`` writes: the best of knapsack,
   round nearest and round down on the whole model's mean token cosine to dense on the first
   16 calibration lines (``model_output.MODEL_LINES``; :func:`gac_check.ranks.guarantee.choose`).
@@ -58,6 +59,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 
 import torch
@@ -72,9 +74,11 @@ from gac_check.models.compress import layer_linears
 from gac_check.models.loaders import load_model
 from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.factors import rank_alignment, select_ranks
-from gac_check.ranks.guarantee import WRITABLE, choose
+from gac_check.ranks.guarantee import WRITABLE, choose, lowest
 from gac_check.ranks.kept import DOWN, INPUT, NEAREST, REALIGNED, UP
+from gac_check.ranks.knapsack import Matrix
 from gac_check.ranks.model_output import MODEL_LINES
+from gac_check.ranks.shares import Probe, output_weights
 from gac_check.ranks.whitened import stored_components
 
 VARIANTS = {INPUT: "compressed (misaligned)", DOWN: "round down", NEAREST: "round nearest",
@@ -247,15 +251,42 @@ def menu(pair: Pair, align: int) -> RankMenu:
     return RankMenu(pair.site, m, n, pair.rank, ranks, "", "", True)
 
 
-def plans(pairs: list[Pair], align: int, work: Path) -> tuple[dict[str, dict[str, int]],
-                                                                dict[str, float], int]:
+def probes(pairs: list[Pair], menus: list[RankMenu], spectra: list[torch.Tensor]
+           ) -> list[Probe]:
+    """What ``--realign --base --calib`` perturbs to weight each matrix
+    (:mod:`gac_check.ranks.shares`): per module, its pairs at their own rank and at their
+    menu's lowest, rows in order, and the energy between (``measured.probes``' rule)."""
+    out = []
+    for module, group in groupby(zip(pairs, menus, spectra, strict=True),
+                                 key=lambda t: t[0].module):
+        group = list(group)
+        energy, ops = 0.0, {}
+        for which in ("input", "cut"):
+            ranks = [mn.rank if which == "input" or lowest(mn) is None else lowest(mn)
+                     for _, mn, _ in group]
+            w = torch.cat([p.product(r) for (p, _, _), r in zip(group, ranks, strict=True)])
+            ops[which] = lambda x, w=w: x @ w.T
+        for _, mn, sv in group:
+            mat = Matrix(mn.module, mn.m, mn.n, sv=sv.numpy())
+            energy += mat.error(mn.rank if lowest(mn) is None else lowest(mn)) - mat.error(mn.rank)
+        out.append(Probe(module, tuple(p.site for p, _, _ in group), ops["input"], ops["cut"],
+                         energy))
+    return out
+
+
+def plans(pairs: list[Pair], align: int, work: Path, weigh: tuple[Path, Path] | None = None
+          ) -> tuple[dict[str, dict[str, int]], dict[str, float], int]:
     """Each variant's rank per pair (the knapsack's and the roundings', as --realign's report
     names them), the fraction of the dense matrices' whitened energy each keeps (the
     knapsack's objective, which sees only the stored components, plus a constant), and the
-    budget."""
+    budget. ``weigh`` (dense dir, calibration file): the knapsack's energies weighted by each
+    module's measured share of the output error, as ``--realign --base --calib`` weighs them."""
     menus = [menu(p, align) for p in pairs]
-    report = select_ranks(menus, [stored_components(p.u)[0] for p in pairs], work, align,
-                          "same", allow_dense=False)
+    spectra = [stored_components(p.u)[0] for p in pairs]
+    weights = (output_weights(*weigh, probes(pairs, menus, spectra), progress=False)
+               if weigh else None)
+    report = select_ranks(menus, spectra, work, align, "same", allow_dense=False,
+                          weights=weights)
     kept = report.kept
     assert kept is not None
     ranks = {c: {k.module: int(k.ranks[c]) for k in kept.matrices} for c in VARIANTS}
@@ -294,12 +325,14 @@ def compare(dense_dir: Path, ratios: Sequence[float], texts: list[str], calib: l
     groups = dense.config.num_attention_heads // group_heads
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        calib_file = Path(tmp) / "calib.txt"
+        calib_file.write_text("\n".join(calib) + "\n")
         for form in forms:
             for ratio in ratios:
                 pairs = (svdllm_pairs(weights, scales, ratio) if form == "svd-llm"
                          else asvd_pairs(weights, absmean, ratio) if form == "asvd"
                          else palu_pairs(weights, scales, ratio, groups))
-                ranks, kept, budget = plans(pairs, align, Path(tmp))
+                ranks, kept, budget = plans(pairs, align, Path(tmp), (dense_dir, calib_file))
                 dense_params = sum(p.u.shape[0] * p.v.shape[1] for p in pairs)
                 got = {}
                 for variant, label in VARIANTS.items():

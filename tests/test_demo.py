@@ -22,9 +22,11 @@ def test_demo_runs_the_main_job_on_the_bundled_model(tmp_path):
     cos = dict(re.findall(r"embeddings, (\w+): mean ([0-9.]+)", out))
     assert set(cos) == {"compressed", "realigned"}
     # what --realign writes is the best it measured, never below each rank rounded down
-    # (the demo's realigned embeddings are not promised to beat the misaligned compressed
-    # model's at the same budget: docs/realign.md)
     (margin,) = re.findall(r"([+-][0-9.]+) against each rank rounded down", out)
     assert float(margin) >= 0, out[-3000:]
+    # and, with each rank kept within one step of the compressor's, not below the misaligned
+    # model the user gave (measured 0.6625 vs 0.6507; it was 0.631 when the plan could store
+    # query and key dense, paid for by a step down everywhere else: issue 40)
+    assert float(cos["realigned"]) >= float(cos["compressed"]), out[-3000:]
     assert (tmp_path / "demo" / "a100.html").read_text().count("<svg") >= 1
     assert (tmp_path / "demo" / "realign.html").read_text().count('class="kept-row"') == 36

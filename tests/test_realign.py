@@ -40,11 +40,15 @@ def test_realigned_model_is_aligned_within_budget_and_is_the_truncated_svd(pair,
     dense, dense_dir, compressed, ranks = pair
     report = realign(compressed, tmp_path / "out", dense_dir, gpu="a100", dtype="float16").report
     plan = report.plan
-    assert plan.within_budget and plan.optimal and plan.aligned(8)
+    assert plan.within_budget and plan.aligned(8)
+    # the knapsack's plan (proved optimal) or a rounding measured better in its place, never
+    # one measured worse than rounding down (issue 40: docs/realign.md)
+    assert plan.optimal or plan.method in ("round nearest", "round down")
+    assert report.verdict.written in ("realigned", plan.method)
+    assert report.verdict.margin("round down") >= 0
     assert plan.budget == sum(r * (lin.in_features + lin.out_features)
                               for (n, lin), r in zip(layer_linears(dense).items(),
                                                      ranks.values(), strict=True))
-    assert plan.objective <= report.old_error  # never worse than the compressor's ranks
     rank_findings = [f for f in check(tmp_path / "out", "a100", "float16").findings
                      if f.site.role.value == "rank" and f.severity == "error"]
     assert rank_findings == []
@@ -78,11 +82,14 @@ def test_cli_realign_prints_summary(pair, tmp_path):
     r = gac(compressed, "--realign", tmp_path / "out", "--base", dense_dir, "--gpu", "a100",
             "--dtype", "float16")
     assert r.returncode == 0, r.stderr
-    assert "proved optimal" in r.stdout and "weight-space error" in r.stdout
+    assert "weight-space error" in r.stdout
+    assert ("proved optimal" in r.stdout) != ("solver: round nearest written" in r.stdout
+                                              or "solver: round down written" in r.stdout)
     r = gac(compressed, "--realign", tmp_path / "out", "--base", dense_dir, "--gpu", "a100",
             "--dtype", "float16", "--format", "json", "--force")
     doc = json.loads(r.stdout)
-    assert r.returncode == 0 and doc["remaining"]["error"] == 0 and doc["plan"]["optimal"]
+    assert r.returncode == 0 and doc["remaining"]["error"] == 0
+    assert doc["plan"]["optimal"] == (doc["written"]["written"] == "realigned")
     assert doc["plan"]["total_params"] <= doc["plan"]["budget"]
 
 

@@ -152,11 +152,14 @@ def test_the_base_measures_and_never_chooses(layout, request, tmp_path):
     ("svdllm", dict(intermediate_size=160)),  # the MLP pairs make 176 columns/rows
     ("palu", dict(num_key_value_heads=2)),  # the groups' rows add up to 64, the base has 32
 ])
-def test_a_base_of_another_shape_is_refused(layout, dense, request, tmp_path):
+@pytest.mark.parametrize("with_calib", [False, True])  # --calib: before the weights' runs
+def test_a_base_of_another_shape_is_refused(layout, dense, with_calib, request, tmp_path):
     built, _ = request.getfixturevalue(layout)
     C.tiny_llama(0, **dense).save_pretrained(tmp_path / "other")
+    (tmp_path / "calib.txt").write_text(CALIB)
+    calib = ("--calib", tmp_path / "calib.txt") if with_calib else ()
     run = helpers.gac(built.path, "--realign", tmp_path / "out", "--base", tmp_path / "other",
-                      *GPU)
+                      *calib, *GPU)
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
     assert "not the same model" in run.stderr
     assert not (tmp_path / "out").exists()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from gac_check.errors import BadInput
 from gac_check.progress import steps
 from gac_check.ranks.calibration import Activations, activations
 from gac_check.ranks.candidates import RankMenu
-from gac_check.ranks.guarantee import Verdict, bounded, choose, plan_of
+from gac_check.ranks.guarantee import Verdict, bounded, choose, lowest, plan_of
 from gac_check.ranks.kept import CHOICES, INPUT, REALIGNED, Kept, kept
 from gac_check.ranks.knapsack import DENSE, Matrix, RankPlan, budget_from_spec, realign_plan
 from gac_check.ranks.model_output import Operator, model_output
@@ -40,6 +40,7 @@ from gac_check.ranks.output_error import (
     output_error,
     spectrum,
 )
+from gac_check.ranks.shares import WEIGHTED, Probe, output_weights
 from gac_check.sites import Role
 
 #: the provenance record written into OUT, as a repair writes gac-repair.json
@@ -92,6 +93,8 @@ class RealignReport:
     menus_note: str = ""
     #: the knapsack's instance, so a rounding can be written in its plan's place
     instance: list[Matrix] = field(default_factory=list, repr=False)
+    #: each matrix's weight on its energy (its measured share of the output error, --calib)
+    weights: dict[str, float] | None = None
 
     def matrices(self) -> list[dict]:
         """Each matrix's rank before and after, and why: the report's per-matrix table."""
@@ -106,7 +109,8 @@ class RealignReport:
                 "old_error": self.old_error, "plan": self.plan.as_dict(), "notes": self.notes,
                 "matrices": self.matrices(), "remaining": counts,
                 "quality": self.kept.to_json() if self.kept else None,
-                "written": self.verdict.to_json() if self.verdict else None}
+                "written": self.verdict.to_json() if self.verdict else None,
+                "weights": self.weights}
 
 
 def rank_alignment(contract: Contract, strategy: str = "minimal") -> int:
@@ -197,9 +201,11 @@ def realign(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
         acts = activations(Path(base_dir), modules, Path(calib))
     state = read_state(ckpt)
     srcs = sources(state, modules, base, acts, progress)
+    weights = (output_weights(Path(base_dir), Path(calib), _probes(srcs, menus),
+                              progress) if calib is not None else None)
     report = select_ranks(menus, [src.S for src in srcs], out, align, budget,
                           old_errors={s.module: s.current_error for s in srcs} if base else None,
-                          with_base=base is not None)
+                          with_base=base is not None, weights=weights)
     if base is not None and report.kept is not None:
         report.kept = _with_output(report.kept, srcs, acts, calib)
         if calib is not None:
@@ -229,6 +235,26 @@ def _with_output(k: Kept, srcs: list[Source], acts: Activations | None,
     return dataclasses.replace(k, output=measured)
 
 
+def _probes(srcs: list[Source], menus: list[RankMenu]) -> list[Probe]:
+    """Each matrix as :mod:`gac_check.ranks.shares` perturbs it: the SVD the knapsack values
+    (activation-scaled with --calib) truncated at the input's rank and at its menu's lowest
+    rank, and the energy between them. Both from that SVD, not the input's own factors (an
+    ASVD model's were built on other calibration text: their error is not this basis')."""
+    probes = []
+    for s, menu in zip(srcs, menus, strict=True):
+        low, top = lowest(menu), min(menu.rank, s.S.numel())
+        if low is None or low >= top:
+            continue
+        probes.append(Probe(s.module, (s.module,), _truncation(s, top), _truncation(s, low),
+                            float((s.S[low:top] ** 2).sum()), s.bias))
+    return probes
+
+
+def _truncation(s: Source, rank: int) -> Operator:
+    """``x`` through ``s``'s reference SVD kept to its first ``rank`` components."""
+    return lambda x, u=s.U[:, :rank], sv=s.S[:rank], vh=s.Vh[:rank]: ((x @ vh.T) * sv) @ u.T
+
+
 def _operators(k: Kept, srcs: list[Source], state: dict[str, torch.Tensor]
                ) -> dict[str, dict[str, Operator]]:
     """Per choice, what each matrix computes: the input's factors as they are, a truncation
@@ -245,30 +271,36 @@ def _operators(k: Kept, srcs: list[Source], state: dict[str, torch.Tensor]
             elif row.ranks[c] == DENSE:
                 out[c][s.module] = None
             else:
-                r = min(int(row.ranks[c]), s.S.numel())
-                out[c][s.module] = (lambda x, u=s.U[:, :r], sv=s.S[:r], vh=s.Vh[:r]:
-                                    ((x @ vh.T) * sv) @ u.T)
+                out[c][s.module] = _truncation(s, min(int(row.ranks[c]), s.S.numel()))
     return out
 
 
 def select_ranks(menus: list[RankMenu], spectra: list[torch.Tensor], out: Path, align: int,
                  budget: str, *, allow_dense: bool = True,
                  old_errors: dict[str, float] | None = None, with_base: bool = False,
-                 error_name: str | None = None) -> RealignReport:
+                 error_name: str | None = None,
+                 weights: Mapping[str, float] | None = None) -> RealignReport:
     """The knapsack over every matrix's menu, each valued by its singular values
     (``spectra``, in the menus' order), as every layout's --realign chooses: the plan and the
     report of what changed, with what rounding each rank would have kept instead
     (``allow_dense``: whether a matrix may be kept dense; ``old_errors``: the input's own error
-    per matrix, where its factors are not a truncation of ``spectra``)."""
+    per matrix, where its factors are not a truncation of ``spectra``; ``weights``: each
+    matrix's worth on the output per unit of its energy, :mod:`gac_check.ranks.shares`, which
+    the knapsack minimises the weighted sum of; the report's figures stay unweighted)."""
     matrices = [Matrix(menu.module, menu.m, menu.n, sv=sv.numpy())
                 for menu, sv in zip(menus, spectra, strict=True)]
     old = {menu.module: menu.rank for menu in menus}
     limit = budget_from_spec(budget, matrices, old)
     near = {m.module: bounded(m) for m in menus}
     wide = limit < sum(min(m.params(r) for r in near[m.module]) for m in menus)
-    plan = realign_plan(matrices, limit, align,
+    solved = [dataclasses.replace(m, sv=m.sv * math.sqrt((weights or {}).get(m.name, 1.0)))
+              for m in matrices]
+    plan = realign_plan(solved, limit, align,
                         {m.module: m.candidates if wide else near[m.module] for m in menus},
                         allow_dense=allow_dense)
+    if weights:
+        plan = dataclasses.replace(plan_of(matrices, plan.ranks, limit, plan.method),
+                                   optimal=plan.optimal)
     report = RealignReport(Path(out), plan, align, old,
                            sum(old[m.name] * (m.m + m.n) for m in matrices),
                            math.fsum((old_errors or {}).values()), with_base,
@@ -276,11 +308,14 @@ def select_ranks(menus: list[RankMenu], spectra: list[torch.Tensor], out: Path, 
                            instance=matrices)
     report.menus_note = (
         "the budget is below what ranks near the input's can meet: every aligned rank was "
-        "offered" if wide else "each rank was offered at most one menu step below its own "
-        "rounded down (the input's allocation is the starting point: a larger cut is not "
-        "offered to pay for another matrix)")
+        "offered" if wide else "each rank was offered from one menu step below its own "
+        "rounded down to its own rounded up (the input's allocation is the starting point: a "
+        "larger move is not offered)")
     if error_name:
         report.error_name = error_name
+    if weights:
+        report.menus_note += ("; " + WEIGHTED)
+        report.weights = dict(weights)
     report.kept = kept(menus, matrices, plan, report.error_name, old_errors)
     return report
 

@@ -58,7 +58,8 @@ from gac_check.ranks.factors import (
     select_ranks,
     svd_of_product,
 )
-from gac_check.ranks.measured import Truncated, measure
+from gac_check.ranks.measured import Truncated, measure, probes, require_base
+from gac_check.ranks.shares import output_weights
 from gac_check.ranks.whitened import stored_components
 from gac_check.sites import DimSite, Role
 
@@ -189,7 +190,14 @@ def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
                        "nothing to realign", ckpt.path)
     state = read_state(ckpt)
     groups, unrotated = read_groups(state, menus)
-    report = select_ranks(menus, [g.S for g in groups], out, align, budget, allow_dense=False,
+    spectra = [g.S for g in groups]
+    weights = None  # with --calib, each site weighted by its share of the output error
+    if base_dir is not None and calib is not None:
+        sites = _sites(state, groups)
+        require_base(sites, base_dir)  # refused before the model runs
+        weights = output_weights(base_dir, calib, probes(sites, menus, spectra),
+                                 progress)
+    report = select_ranks(menus, spectra, out, align, budget, weights=weights, allow_dense=False,
                           error_name=PRODUCT_ERROR if unrotated else STORED_ERROR)
     if unrotated is None:
         report.notes.append("palu: each head group's latent re-truncated in the basis PaLU built "
@@ -206,9 +214,11 @@ def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
     if base_dir is not None and report.kept is not None:
         report.kept = measure(report.kept, _sites(state, groups), base_dir, calib, progress)
         report.notes.append(f"--base {base_dir}{' --calib ' + str(calib) if calib else ''}: "
-                            "used to measure only (each group's output error against its rows "
-                            "of the dense K/V projection); the ranks are still selected from "
-                            "PaLU's own group factors")
+                            + ("used to measure and to weight each group's energy by its K/V "
+                               "projection's share of the model's output error" if calib else
+                               "used to measure only (each group's output error against its "
+                               "rows of the dense K/V projection)")
+                            + "; the ranks are still selected from PaLU's own group factors")
     _write(ckpt, state, groups, keep_best(report, menus), force, recheck)
     return report
 

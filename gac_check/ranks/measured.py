@@ -23,9 +23,11 @@ import torch
 
 from gac_check.checkpoint.index import open_checkpoint
 from gac_check.ranks.calibration import Activations, activations
+from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.factors import base_weight
+from gac_check.ranks.guarantee import lowest
 from gac_check.ranks.kept import CHOICES, Kept
-from gac_check.ranks.knapsack import DENSE, Rank
+from gac_check.ranks.knapsack import DENSE, Matrix, Rank
 from gac_check.ranks.model_output import Operator, model_output
 from gac_check.ranks.output_error import (
     IDENTITY,
@@ -33,6 +35,7 @@ from gac_check.ranks.output_error import (
     calibration_inputs,
     truncation_errors,
 )
+from gac_check.ranks.shares import Probe
 
 
 @dataclass(frozen=True)
@@ -59,11 +62,7 @@ def measure(k: Kept, sites: list[Truncated], base_dir: Path, calib: Path | None,
     model's output per choice. ``sites`` in module order, a module's sites in row order."""
     base = open_checkpoint(base_dir)
     by_module = [(m, list(group)) for m, group in groupby(sites, key=lambda s: s.module)]
-    weights = {}
-    for module, group in by_module:  # every shape refused before any model runs
-        rows = sum(s.u.shape[0] for s in group)
-        weights[module] = (rows, group[0].v.shape[1])
-        base_weight(base, module, weights[module])
+    weights = require_base(sites, base_dir)
     acts = activations(base_dir, list(weights), calib) if calib is not None else None
     ranks = {row.module: row.ranks for row in k.matrices}
     errors = {}
@@ -80,6 +79,41 @@ def measure(k: Kept, sites: list[Truncated], base_dir: Path, calib: Path | None,
         base_dir, calib, _operators(by_module, ranks), {}, progress))
 
 
+def require_base(sites: list[Truncated], base_dir: Path) -> dict[str, tuple[int, int]]:
+    """Each module's dense shape, every one refused (one line) where the base does not hold
+    it, before any model runs."""
+    base = open_checkpoint(base_dir)
+    shapes = {}
+    for module, group in groupby(sites, key=lambda s: s.module):
+        group = list(group)
+        shapes[module] = (sum(s.u.shape[0] for s in group), group[0].v.shape[1])
+        base_weight(base, module, shapes[module])
+    return shapes
+
+
+def probes(sites: list[Truncated], menus: list[RankMenu], spectra: list[torch.Tensor]
+           ) -> list[Probe]:
+    """Each module as :mod:`gac_check.ranks.shares` perturbs it: its sites' stored factors,
+    then each site at its menu's lowest rank (PaLU's groups of a module together), with the
+    energy the cut discards beyond the input's (``spectra``: the knapsack's, in menu order).
+    ``sites`` in module order, as :func:`measure` takes them."""
+    by_site = {m.module: (m, sv) for m, sv in zip(menus, spectra, strict=True)}
+    out = []
+    for module, group in groupby(sites, key=lambda s: s.module):
+        group = list(group)
+        energy, ranks = 0.0, {}
+        for s in group:
+            menu, sv = by_site[s.site]
+            low = lowest(menu)
+            ranks[s.site] = {"input": menu.rank, "cut": menu.rank if low is None else low}
+            mat = Matrix(menu.module, menu.m, menu.n, sv=sv.numpy())
+            energy += mat.error(ranks[s.site]["cut"]) - mat.error(menu.rank)
+        ops = _operators([(module, group)], ranks, ("input", "cut"))
+        out.append(Probe(module, tuple(s.site for s in group), ops["input"][module],
+                         ops["cut"][module], energy))
+    return out
+
+
 def _inputs(acts: Activations | None, calib: Path | None) -> tuple[str, int]:
     if acts is None:
         return IDENTITY, 0
@@ -88,13 +122,14 @@ def _inputs(acts: Activations | None, calib: Path | None) -> tuple[str, int]:
 
 
 def _operators(by_module: Iterable[tuple[str, list[Truncated]]],
-               ranks: dict[str, dict[str, Rank]]) -> dict[str, dict[str, Operator]]:
+               ranks: dict[str, dict[str, Rank]], choices: Iterable[str] = CHOICES
+               ) -> dict[str, dict[str, Operator]]:
     """Per choice, what each module computes: its sites' truncated products, their output
     rows concatenated in row order (the dense module's bias is added by the hook, as the
     compressors copy it onto their factors)."""
-    out: dict[str, dict[str, Operator]] = {c: {} for c in CHOICES}
+    out: dict[str, dict[str, Operator]] = {c: {} for c in choices}
     for module, group in by_module:
-        for c in CHOICES:
+        for c in out:
             parts = [(s.u[:, s.kept(ranks[s.site][c])].double(),
                       s.v[s.kept(ranks[s.site][c])].double()) for s in group]
             out[c][module] = lambda x, parts=parts: torch.cat(

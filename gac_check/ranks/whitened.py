@@ -37,7 +37,8 @@ from gac_check.formats.svdllm import U_SUFFIX, V_SUFFIX
 from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.factors import PROVENANCE, RealignReport, keep_best, select_ranks
 from gac_check.ranks.knapsack import DENSE
-from gac_check.ranks.measured import Truncated, measure
+from gac_check.ranks.measured import Truncated, measure, probes, require_base
+from gac_check.ranks.shares import output_weights
 
 #: The families whose realigned SVD-LLM output tests load with SVD-LLM's own call.
 FAMILIES = frozenset({"llama"})
@@ -153,9 +154,17 @@ def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: in
     """Maximise the whitened energy kept (minimise SVD-LLM's own truncation loss) under the
     budget, over aligned ranks within each pair's factors, and write OUT in SVD-LLM's layout;
     with ``base_dir`` (the dense original) each choice's output error is measured against it
-    (on ``calib``'s inputs, and the whole model's, where given), the selection unchanged."""
+    (on ``calib``'s inputs, and the whole model's, where given); with ``calib`` too, each
+    site's energy is weighted by its share of the output error (:mod:`gac_check.ranks.shares`)."""
     pairs = [read_factors(ckpt, menu) for menu in menus]
-    report = select_ranks(menus, [p.sigma for p in pairs], out, align, budget,
+    spectra = [p.sigma for p in pairs]
+    weights = None  # with --calib, each site weighted by its share of the output error
+    if base_dir is not None and calib is not None:
+        sites = _sites(ckpt, pairs)
+        require_base(sites, base_dir)  # refused before the model runs
+        weights = output_weights(base_dir, calib, probes(sites, menus, spectra),
+                                 progress)
+    report = select_ranks(menus, spectra, out, align, budget, weights=weights,
                           allow_dense=False,
                           error_name="whitened error (SVD-LLM's truncation loss, sum of "
                                      "discarded sigma^2)")
@@ -165,9 +174,12 @@ def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: in
     if base_dir is not None and report.kept is not None:
         report.kept = measure(report.kept, _sites(ckpt, pairs), base_dir, calib, progress)
         report.notes.append(f"--base {base_dir}{' --calib ' + str(calib) if calib else ''}: "
-                            "used to measure only (each choice's output error against the "
-                            "dense weights); the ranks are still selected from SVD-LLM's own "
-                            "whitened factors")
+                            + ("used to measure and to weight each pair's whitened energy by "
+                               "its share of the model's output error" if calib else
+                               "used to measure only (each choice's output error against the "
+                               "dense weights)")
+                            + "; the ranks are still selected from SVD-LLM's own whitened "
+                            "factors")
     _write(ckpt, pairs, keep_best(report, menus), force, recheck)
     return report
 

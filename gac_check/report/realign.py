@@ -85,7 +85,11 @@ def _matrix_lines(report: RealignReport) -> list[str]:
 
 
 def _solver_line(p: RankPlan) -> str:
-    """Proved optimal, or (past the solver's work limit) how far from optimal it can be."""
+    """Proved optimal, or (past the solver's work limit) how far from optimal it can be; or,
+    where a rounding measured better was written in the knapsack's place, that."""
+    if p.method.startswith("round "):
+        return (f"  solver: {p.method} written (measured better than the knapsack's plan, "
+                "which was solved)")
     if p.optimal:
         return "  solver: exact knapsack (proved optimal)"
     if p.gap is None:
