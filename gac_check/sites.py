@@ -25,6 +25,7 @@ class Role(str, Enum):
     EXPERT = "expert_intermediate"  # one routed expert's MLP width (mixture of experts)
     SHARED_EXPERT = "shared_expert_intermediate"  # the always-on shared expert's MLP width
     EXPERTS = "experts"  # how many experts a layer's router chooses among
+    SSM = "ssm_width"  # a GEMM width inside an SSM mixer (Mamba in_proj rows, out_proj columns)
 
 
 class AxisKind(str, Enum):

@@ -40,6 +40,11 @@ TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 UNPROVEN = ("padding this width is not yet proven on {cls} (the layout was read from "
             "transformers' class table, docs/formats.md \"Every architecture\")")
 
+#: Repair of an SSM mixer's widths is out of scope (docs/formats.md "Hybrid and SSM models").
+SSM_NOT_PADDED = ("an SSM mixer's GEMM width: zero padding it would change the state "
+                  "recurrence (the conv channels, heads, groups and state size are cut from "
+                  "these rows), and gac-check does not repair SSM widths")
+
 #: label -> (site kind, how many site widths the axis holds)
 _WIDTH = {
     "hidden": ("hidden", 1), "vocab": ("vocab", 1), "inter": ("mlp", 1), "inter2": ("mlp", 2),
@@ -152,6 +157,18 @@ class Derived(Format):
                 out.add(name)
         return frozenset(out)
 
+    def ssm_parameters(self, ckpt: Checkpoint) -> frozenset[str]:
+        """An SSM mixer's tensors that are not a linear's (conv taps, ``A_log``, ``D``,
+        ``dt_bias``, the gated norm): accounted as read by the mixer's own kernels."""
+        entry = entry_for(ckpt) or {"tensors": {}}
+        out = set()
+        for name, shape in ckpt.shapes.items():
+            tensor = entry["tensors"].get(_pattern(name)[0])
+            if (tensor and tensor["kind"] != "linear" and len(tensor["axes"]) == len(shape)
+                    and "ssm" in tensor["axes"]):
+                out.add(name)
+        return frozenset(out)
+
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:
         entry = entry_for(ckpt)
         if entry is None:
@@ -171,6 +188,10 @@ class Derived(Format):
                 continue  # not the class's: the accounting names it
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
                 if label.startswith("=") or label.startswith("positions"):  # a table length
+                    continue
+                if label == "ssm":
+                    if tensor["kind"] == "linear":
+                        _collect_ssm(groups, name, axis, size, layer)
                     continue
                 if label == "?":
                     raise BadInput(
@@ -266,6 +287,20 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
     g.widths[name] = width
 
 
+def _collect_ssm(groups: dict[tuple, _Group], name: str, axis: int, size: int,
+                 layer: int | None) -> None:
+    """An SSM mixer's linear: its output rows (N; its bias too) and input columns (K) are
+    each a GEMM width of their own, judged as the header has it (the fused in_proj's rows
+    are z, x, B, C and dt heads side by side, whose split the GEMM never sees)."""
+    module, leaf = name.rsplit(".", 1)
+    side = "in" if axis == 1 else "out"
+    kind = (AxisKind.CONSUMER if side == "in" else AxisKind.BIAS if leaf == "bias"
+            else AxisKind.PRODUCER)
+    g = groups.setdefault(("ssm", layer, module, side), _Group("ssm", layer, module))
+    g.axes.append(TensorAxis(name, axis, kind))
+    g.widths[name] = size
+
+
 def _block(name: str) -> str:
     """The module a per-layer site belongs to: the tensor's layer block (``model.layers.3``)
     plus its sub-block (``self_attn``, ``mlp``, ``mlp.shared_expert``)."""
@@ -299,6 +334,10 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
                        "refusing to judge a layout its own class would not load", ckpt.path)
     value = sizes.pop()
     cfg = ckpt.config
+    if g.kind == "ssm":
+        side = "in" if g.axes[0].kind is AxisKind.CONSUMER else "out"
+        return DimSite(f"{g.module}:ssm_{side}", Role.SSM, value, g.axes, layer=g.layer,
+                       module=g.module, inexact=SSM_NOT_PADDED, attrs={"derived": cls})
     if g.kind == "head_dim":
         name = f"{g.module}:head_dim"
         field_ = ("head_dim",) if isinstance(cfg.get("head_dim"), int) else None
