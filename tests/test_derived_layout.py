@@ -102,11 +102,19 @@ def test_a_checkpoint_with_a_part_torn_out_is_refused(model_type: str, torn: str
         gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
 
 
-def test_ssm_mixer_is_refused_with_its_layer_kind(tmp_path: Path) -> None:
+def test_a_width_the_table_cannot_name_is_refused_with_its_layer_kind(
+        tmp_path: Path, monkeypatch) -> None:
+    """Mamba is read (tests/test_hybrid_ssm.py); an axis the table leaves ``?`` still is not."""
+    from gac_check.formats import derived
+
     build_tiny("mamba", "aligned", tmp_path / "m")
-    done = _cli(str(tmp_path / "m"), "--gpu", "h100")
-    assert done.returncode == 2
-    assert "mixer" in done.stderr and "no transformer layers" not in done.stderr
+    mamba = table()["types"]["mamba"]
+    x_proj = "backbone.layers.{i}.mixer.x_proj.weight"
+    tensors = {**mamba["tensors"], x_proj: {**mamba["tensors"][x_proj], "axes": ["?", "?"]}}
+    unnamed = {**table(), "types": {**table()["types"], "mamba": {**mamba, "tensors": tensors}}}
+    monkeypatch.setattr(derived, "table", lambda: unnamed)
+    with pytest.raises(BadInput, match="x_proj.weight axis 0 .* MambaForCausalLM's mixer"):
+        gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
 
 
 @pytest.mark.parametrize("head", ["BertForMaskedLM", "BertLMHeadModel"])
