@@ -84,9 +84,12 @@ def test_ssm_layers_are_read_every_tensor_accounted(model_type: str, tmp_path: P
         assert {(w, 0), (w, 1)} <= on_ssm | hidden, sorted(on_ssm)
         assert (w, 0) in on_ssm or (w, 1) in on_ssm
     assert (f"{mixer}.out_proj.weight", 1) in on_ssm  # the mixer's inner width, as K
-    # conv taps, A_log, D (and dt_bias, norms) are the mixer's own parameters, accounted
+    conv = [s for s in result.sites if s.role is Role.SSM_CONV and s.layer == 0]
+    assert [(a.tensor, a.axis) for s in conv for a in s.axes] == [(f"{mixer}.conv1d.weight", 2)]
+    # A_log (Mamba-2 style: one per head), D, dt_bias, the conv's bias and channels, norms:
+    # the mixer's own parameters, accounted
     params = [n for n, k in acc.kinds.items() if k == "SSM parameter"]
-    assert f"{mixer}.A_log" in params and f"{mixer}.conv1d.weight" in params
+    assert params and any(n.startswith(mixer) for n in params)
     assert all(f".{mixer.rsplit('.', 1)[1]}." in n for n in params), params
 
 
@@ -113,6 +116,21 @@ def test_an_ssm_gemm_width_is_judged_like_any_linear(tmp_path: Path) -> None:
     flagged = {f.site.name: f.site.value for f in bad.findings if f.severity == "error"}
     assert flagged["backbone.layers.0.mixer.out_proj:ssm_in"] == 173
     assert flagged["backbone.layers.1.mixer.in_proj:ssm_out"] == 346
+
+
+@pytest.mark.parametrize(("override", "rule", "site"), [
+    ({"conv_kernel": 5}, "ssm-conv-width", "backbone.layers.0.mixer:ssm_conv"),
+    ({"state_size": 272}, "ssm-state-max", "backbone.layers.0.mixer:ssm_state"),
+])
+def test_the_ssm_kernels_published_limits_are_judged(override: dict, rule: str, site: str,
+                                                      tmp_path: Path) -> None:
+    """causal-conv1d takes 2-4 conv taps, mamba_ssm's selective scan a state <= 256
+    (gac_check/contract/rules.py ssm_rules cites both); the model is otherwise aligned."""
+    build("mamba", tmp_path / "m", intermediate_size=128, **override)
+    result = gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+    broken = {(f.site.name, r.id) for f in result.findings for r in f.rules}
+    assert (site, rule) in broken
+    assert {r for _, r in broken} == {rule}, broken
 
 
 def test_repair_of_an_ssm_width_is_refused_in_one_line(tmp_path: Path) -> None:

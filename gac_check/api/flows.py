@@ -127,7 +127,8 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
 
 def _ssm_refusal(before: CheckResult) -> str | None:
     """Repairing an SSM mixer's widths is out of scope: the first one a rule flags, named."""
-    site = next((f.site for f in before.findings if f.site.role is Role.SSM), None)
+    ssm = (Role.SSM, Role.SSM_CONV, Role.SSM_STATE)
+    site = next((f.site for f in before.findings if f.site.role in ssm), None)
     return f"--repair: {site.name} = {site.value} is {site.inexact}" if site else None
 
 

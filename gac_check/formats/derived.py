@@ -165,7 +165,9 @@ class Derived(Format):
         for name, shape in ckpt.shapes.items():
             tensor = entry["tensors"].get(_pattern(name)[0])
             if (tensor and tensor["kind"] != "linear" and len(tensor["axes"]) == len(shape)
-                    and "ssm" in tensor["axes"]):
+                    and "ssm" in tensor["axes"]
+                    and not any(name.endswith("." + k[0]) and k[1] == len(shape)
+                                for k in _SSM_KERNEL_AXES)):
                 out.add(name)
         return frozenset(out)
 
@@ -190,8 +192,7 @@ class Derived(Format):
                 if label.startswith("=") or label.startswith("positions"):  # a table length
                     continue
                 if label == "ssm":
-                    if tensor["kind"] == "linear":
-                        _collect_ssm(groups, name, axis, size, layer)
+                    _collect_ssm(groups, tensor, name, axis, size, layer)
                     continue
                 if label == "?":
                     raise BadInput(
@@ -287,11 +288,27 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
     g.widths[name] = width
 
 
-def _collect_ssm(groups: dict[tuple, _Group], name: str, axis: int, size: int,
+#: an SSM mixer's non-linear axes its kernels have a published limit on: (tensor leaf,
+#: ndim, axis) -> site side; the rest of them are accounted (:meth:`Derived.ssm_parameters`)
+_SSM_KERNEL_AXES = {("conv1d.weight", 3, 2): "conv", ("A_log", 2, 1): "state"}
+
+
+def _collect_ssm(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, size: int,
                  layer: int | None) -> None:
     """An SSM mixer's linear: its output rows (N; its bias too) and input columns (K) are
     each a GEMM width of their own, judged as the header has it (the fused in_proj's rows
-    are z, x, B, C and dt heads side by side, whose split the GEMM never sees)."""
+    are z, x, B, C and dt heads side by side, whose split the GEMM never sees). Its conv
+    taps and (Mamba-1) state size are sites for the SSM kernels' own limits."""
+    if tensor["kind"] != "linear":
+        leaf = next((k for k in _SSM_KERNEL_AXES if name.endswith("." + k[0])
+                     and k[1:] == (len(tensor["axes"]), axis)), None)
+        if leaf is not None:
+            module = name[:-len(leaf[0]) - 1]
+            side = _SSM_KERNEL_AXES[leaf]
+            g = groups.setdefault(("ssm", layer, module, side), _Group("ssm", layer, module))
+            g.axes.append(TensorAxis(name, axis, AxisKind.CONSUMER))
+            g.widths[name] = size
+        return
     module, leaf = name.rsplit(".", 1)
     side = "in" if axis == 1 else "out"
     kind = (AxisKind.CONSUMER if side == "in" else AxisKind.BIAS if leaf == "bias"
@@ -335,8 +352,11 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
     value = sizes.pop()
     cfg = ckpt.config
     if g.kind == "ssm":
-        side = "in" if g.axes[0].kind is AxisKind.CONSUMER else "out"
-        return DimSite(f"{g.module}:ssm_{side}", Role.SSM, value, g.axes, layer=g.layer,
+        first = g.axes[0]
+        side = next((v for k, v in _SSM_KERNEL_AXES.items() if first.tensor.endswith(k[0])),
+                    "in" if first.kind is AxisKind.CONSUMER else "out")
+        role = {"conv": Role.SSM_CONV, "state": Role.SSM_STATE}.get(side, Role.SSM)
+        return DimSite(f"{g.module}:ssm_{side}", role, value, g.axes, layer=g.layer,
                        module=g.module, inexact=SSM_NOT_PADDED, attrs={"derived": cls})
     if g.kind == "head_dim":
         name = f"{g.module}:head_dim"
