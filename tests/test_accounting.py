@@ -199,7 +199,7 @@ def test_every_no_dimension_kind_is_used_by_the_corpus(tmp_path: Path) -> None:
         used |= set(check(ckpt, "gpu").accounting.kinds.values())
     # the class table's fixed-size tensors: Apertus's act_fn scalars
     # (tests/test_derived_layout.py::test_once_refused_family_is_judged[apertus]); an SSM
-    # mixer's own tensors (tests/test_hybrid_ssm.py::test_ssm_layers_are_read_every_tensor_accounted)
+    # mixer's own tensors (tests/test_hybrid_ssm.py, every tensor accounted)
     assert used | {"fixed by the class", "SSM parameter"} == {k.name for k in NO_DIMENSION}
 
 

@@ -113,7 +113,7 @@ def test_a_width_the_table_cannot_name_is_refused_with_its_layer_kind(
     tensors = {**mamba["tensors"], x_proj: {**mamba["tensors"][x_proj], "axes": ["?", "?"]}}
     unnamed = {**table(), "types": {**table()["types"], "mamba": {**mamba, "tensors": tensors}}}
     monkeypatch.setattr(derived, "table", lambda: unnamed)
-    with pytest.raises(BadInput, match="x_proj.weight axis 0 .* MambaForCausalLM's mixer"):
+    with pytest.raises(BadInput, match=r"x_proj\.weight axis 0 .* MambaForCausalLM's mixer"):
         gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
 
 
