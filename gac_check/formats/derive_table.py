@@ -29,9 +29,9 @@ TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 #: Two builds with values no two widths share, so each axis's role is read from its sizes.
 VARIANTS = (
     {"hidden": 96, "heads": 4, "kv_heads": 2, "head_dim": 20, "inter": 136, "expert": 152,
-     "shared": 168, "vocab": 517, "experts": 5, "positions": 128},
+     "shared": 168, "vocab": 517, "experts": 5, "positions": 128, "cross": 88},
     {"hidden": 120, "heads": 6, "kv_heads": 3, "head_dim": 24, "inter": 184, "expert": 200,
-     "shared": 216, "vocab": 541, "experts": 7, "positions": 160},
+     "shared": 216, "vocab": 541, "experts": 7, "positions": 160, "cross": 112},
 )
 #: config keys set to each variant value, where the config class has them
 KEYS = {
@@ -46,6 +46,8 @@ KEYS = {
     "vocab": ("vocab_size",),
     "experts": ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
     "positions": ("max_position_embeddings", "n_positions"),
+    # the encoder's width a decoder's cross-attention reads (TrOCR: its vision encoder's)
+    "cross": ("cross_attention_hidden_size",),
 }
 
 
@@ -59,7 +61,7 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         "q3": 3 * n * d, "qkv_mq": (n + 2) * d, "kv2": 2 * k * d, "hd": d, "heads": n,
         "kv_heads": k,
         "experts": v["experts"], "positions": v["positions"],
-        "positions2": v["positions"] + 2, "h4": 4 * h, "h3": 3 * h,
+        "positions2": v["positions"] + 2, "h4": 4 * h, "h3": 3 * h, "cross": v["cross"],
     }
 
 

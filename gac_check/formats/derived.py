@@ -50,15 +50,18 @@ _WIDTH = {
     "hidden": ("hidden", 1), "vocab": ("vocab", 1), "inter": ("mlp", 1), "inter2": ("mlp", 2),
     "h4": ("mlp", 1), "expert": ("expert", 1), "expert2": ("expert", 2),
     "shared": ("shared", 1), "shared2": ("shared", 2), "experts": ("experts", 1),
-    "heads": ("heads", 1), "kv_heads": ("heads", 1),
+    "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
 #: site kind -> the derived table's role whose config.json key records it
 _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
-           "heads": "heads", "hidden": "hidden", "vocab": "vocab"}
+           "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
 _ROLE = {"mlp": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
          "experts": Role.EXPERTS, "heads": Role.HEADS, "hidden": Role.HIDDEN,
-         "vocab": Role.VOCAB}
+         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN}
+#: a decoder's cross-attention reads an encoder this checkpoint does not hold
+CROSS_INEXACT = ("the encoder's width, which the cross-attention's k/v projections read: "
+                 "the encoder is not in this checkpoint, so its output cannot be padded")
 
 
 @lru_cache(maxsize=1)
@@ -271,7 +274,7 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
         raise BadInput(f"{name} axis {axis}: the class table names its width {label!r}, "
                        "which this gac-check does not read; refusing to judge it", ckpt.path)
     site_kind, parts = _WIDTH[label]
-    if site_kind in ("hidden", "vocab"):
+    if site_kind in ("hidden", "vocab", "cross_hidden"):
         key: tuple = (site_kind,)
         layer = None
     elif site_kind == "expert" and expert is not None:
@@ -366,7 +369,8 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
     key = keys.get(_CONFIG[g.kind])
     field_ = (key,) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
-               "experts": EXPERTS_NOT_PADDED}.get(g.kind, UNPROVEN.format(cls=cls))
+               "experts": EXPERTS_NOT_PADDED, "cross_hidden": CROSS_INEXACT,
+               }.get(g.kind, UNPROVEN.format(cls=cls))
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
                    config_field=field_, inexact=inexact, attrs={"derived": cls})
