@@ -42,6 +42,11 @@ CONFIGS: dict[str, dict] = {
                    "num_experts": 4, "layer_types": ["linear_attention", "full_attention"],
                    "linear_num_key_heads": 2, "linear_num_value_heads": 4,
                    "linear_key_head_dim": 16, "linear_value_head_dim": 16},
+    # one child (``mixer``) that is Mamba, attention or MLP by layer; saved as ``backbone.``
+    "nemotron_h": {**_ATTN, "hidden_size": 64, "head_dim": 16, "intermediate_size": 173,
+                   "layers_block_type": ["linear_attention", "full_attention", "mlp"],
+                   "num_hidden_layers": 3, "mamba_num_heads": 8, "mamba_head_dim": 16,
+                   "n_groups": 1, "ssm_state_size": 16, "expand": 2},
 }
 #: the SSM mixer's linears each family's class builds (``{i}``: the SSM layer)
 SSM_LINEARS = {
@@ -51,8 +56,9 @@ SSM_LINEARS = {
     "bamba": ("model.layers.0.mamba", ("in_proj", "out_proj")),
     "falcon_h1": ("model.layers.0.mamba", ("in_proj", "out_proj")),
     "qwen3_next": ("model.layers.0.linear_attn", ("in_proj_qkvz", "in_proj_ba", "out_proj")),
+    "nemotron_h": ("backbone.layers.0.mixer", ("in_proj", "out_proj")),
 }
-HYBRIDS = ("jamba", "bamba", "falcon_h1", "qwen3_next")
+HYBRIDS = ("jamba", "bamba", "falcon_h1", "qwen3_next", "nemotron_h")
 
 
 def build(model_type: str, out: Path, **override) -> None:
@@ -98,7 +104,8 @@ def test_hybrid_attention_and_mlp_are_judged_as_today(model_type: str, tmp_path:
     build(model_type, tmp_path / "m")
     result = gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
     heads = [s for s in result.sites if s.role is Role.HEAD_DIM]
-    assert heads and all(".self_attn" in s.name for s in heads), [s.name for s in heads]
+    assert heads and all(".self_attn" in s.name or s.name.startswith("backbone.layers.1")
+                         for s in heads), [s.name for s in heads]
     mlp = {s.value for s in result.sites
            if s.role in (Role.INTERMEDIATE, Role.EXPERT, Role.SHARED_EXPERT)}
     assert 173 in mlp
@@ -144,7 +151,7 @@ def test_repair_of_an_ssm_width_is_refused_in_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("model_type", ["mamba2", "jamba", "falcon_h1"])
+@pytest.mark.parametrize("model_type", ["mamba2", "jamba", "falcon_h1", "nemotron_h"])
 def test_shipped_table_matches_the_ssm_classes(model_type: str) -> None:
     """Stale after a transformers upgrade: rerun python -m gac_check.formats.derive_table."""
     assert table()["types"][model_type] == derive(model_type)

@@ -225,7 +225,22 @@ def _retie(label: str) -> str:
     return "q" if label == "hidden" else label
 
 
-def _label_ssm(model, kinds: dict[str, str], tensors: dict[str, dict]) -> None:
+def _saved_names(kinds: dict[str, str], saved: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """Parameter name -> the name ``save_pretrained`` writes it under: itself, or the one
+    saved name that differs only in its first component (NemotronH's ``model.`` is saved
+    as ``backbone.``)."""
+    tails: dict[str, list[str]] = {}
+    for name in saved:
+        tails.setdefault(name.split(".", 1)[-1], []).append(name)
+    out = {}
+    for name in kinds:
+        match = tails.get(name.split(".", 1)[-1], [])
+        out[name] = name if name in saved or len(match) != 1 else match[0]
+    return out
+
+
+def _label_ssm(model, kinds: dict[str, str], saved: dict[str, str],
+               tensors: dict[str, dict]) -> None:
     """Label every width inside an SSM mixer ``ssm``. A mixer is the module that holds the
     state recurrence's decay ``A_log`` (Mamba, Mamba2, Jamba, Bamba, Falcon-H1, Zamba,
     NemotronH, Qwen3-Next's gated delta net). Its inner widths (heads x head width, groups x
@@ -237,11 +252,34 @@ def _label_ssm(model, kinds: dict[str, str], tensors: dict[str, dict]) -> None:
     for name, kind in kinds.items():
         if not any(name.startswith(m + ".") for m in mixers):
             continue
-        entry = tensors.get(_pattern(name))
+        entry = tensors.get(_pattern(saved[name]))
         if entry is None:
             continue
         keep = ("hidden", "vocab") if kind == "linear" else ()
         entry["axes"] = [a if a in keep else "ssm" for a in entry["axes"]]
+
+
+def _layer_kinds(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict]) -> None:
+    """Where one layer child is a different module in different layers (NemotronH's
+    ``mixer``, RecurrentGemma's ``temporal_block``), number each set of its tensors that
+    the same layers hold (``layers``), so a layer of one kind is not asked for the other's."""
+    from gac_check.formats.derived import _part
+
+    where: dict[str, set[int]] = {}
+    for name in shapes:
+        found = re.search(r"\.(\d+)\.", name)
+        if found:
+            where.setdefault(_pattern(name), set()).add(int(found.group(1)))
+    parts: dict[tuple[str, bool], dict[frozenset[int], list[str]]] = {}
+    for pattern, layers in where.items():
+        if pattern in tensors and "{i}" in pattern:
+            part = _part(pattern, tensors[pattern])
+            parts.setdefault(part, {}).setdefault(frozenset(layers), []).append(pattern)
+    for sets in parts.values():
+        if len(sets) > 1:
+            for n, layers in enumerate(sorted(sets, key=sorted)):
+                for pattern in sets[layers]:
+                    tensors[pattern]["layers"] = n
 
 
 def _keys(config_cls, config) -> dict[str, str]:
@@ -295,15 +333,19 @@ def derive(model_type: str) -> dict:
     la, lb = _labels(va), _labels(vb)
     sa, sb = _saved_shapes(ma), _saved_shapes(mb)
     kinds = _kinds(ma)
+    saved = _saved_names(kinds, sa)
+    saved_kinds = {saved[n]: k for n, k in kinds.items()}
     tensors: dict[str, dict] = {}
     for name in sorted(set(sa) & set(sb)):
         if len(sa[name]) != len(sb[name]):
             continue
         axes = [_axis_label(x, y, la, lb) for x, y in zip(sa[name], sb[name], strict=False)]
-        tensors.setdefault(_pattern(name), {"kind": kinds.get(name, "other"), "axes": axes})
+        tensors.setdefault(_pattern(name), {"kind": saved_kinds.get(name, "other"),
+                                            "axes": axes})
     if va["head_dim"] * va["heads"] == va["hidden"]:
         _untie_attention(ma, kinds, tensors)
-    _label_ssm(ma, kinds, tensors)
+    _label_ssm(ma, kinds, saved, tensors)
+    _layer_kinds(sa, tensors)
     return {
         "class": type(ma).__name__,
         "keys": _keys(type(ma.config), ma.config),

@@ -220,14 +220,19 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
     """The first tensor the class builds that the checkpoint lacks, in a part it does hold:
     every top-level tensor (the output head may be tied to the embedding) and, in each layer,
     every tensor of each part that layer has (for each expert it has). A torn checkpoint
-    (one router deleted) would otherwise be judged by what is left of it."""
+    (one router deleted) would otherwise be judged by what is left of it. Where one child
+    holds different modules in different layers (NemotronH's ``mixer``: Mamba, attention or
+    MLP), the table's ``layers`` kind says which of its tensors go together."""
     tied = bool(entry.get("tied") or ckpt.config.get("tie_word_embeddings"))
     layers: dict[int, dict[tuple[str, bool], set[int | None]]] = {}
+    kinds: dict[tuple[int, tuple[str, bool]], set[int | None]] = {}
     for name in ckpt.shapes:
         pattern, layer, expert = _pattern(name)
         tensor = entry["tensors"].get(pattern)
         if tensor is not None and layer is not None and "{i}" in pattern:
-            layers.setdefault(layer, {}).setdefault(_part(pattern, tensor), set()).add(expert)
+            part = _part(pattern, tensor)
+            layers.setdefault(layer, {}).setdefault(part, set()).add(expert)
+            kinds.setdefault((layer, part), set()).add(tensor.get("layers"))
     for pattern, tensor in entry["tensors"].items():
         if "{i}" in pattern:
             continue
@@ -237,9 +242,10 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
     layered = [(p, t) for p, t in entry["tensors"].items() if "{i}" in p]
     for layer, parts in sorted(layers.items()):
         for pattern, tensor in layered:
-            experts = parts.get(_part(pattern, tensor))
-            if experts is None:  # a part this layer does not have
-                continue
+            part = _part(pattern, tensor)
+            experts = parts.get(part)
+            if experts is None or tensor.get("layers") not in kinds[(layer, part)]:
+                continue  # a part this layer does not have, or another kind of it
             names = ([pattern.replace("{e}", str(e)) for e in sorted(experts - {None})]
                      if "{e}" in pattern else [pattern])
             for name in (n.replace("{i}", str(layer), 1) for n in names):
