@@ -259,12 +259,19 @@ def _label_ssm(model, kinds: dict[str, str], saved: dict[str, str],
         entry["axes"] = [a if a in keep else "ssm" for a in entry["axes"]]
 
 
+def layer_part(pattern: str, tensor: dict) -> tuple[str, bool]:
+    """Which part of a layer a tensor belongs to: the layer's child module, and whether it is
+    the mixture-of-experts form of it (experts, router, shared expert) or the plain one, since
+    one class builds some layers dense and others MoE under the same child's name."""
+    child = pattern.split("{i}.", 1)[1].split(".", 1)[0]
+    moe = "{e}" in pattern or "expert" in pattern or "experts" in tensor["axes"]
+    return child, moe
+
+
 def _layer_kinds(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict]) -> None:
     """Where one layer child is a different module in different layers (NemotronH's
     ``mixer``, RecurrentGemma's ``temporal_block``), number each set of its tensors that
     the same layers hold (``layers``), so a layer of one kind is not asked for the other's."""
-    from gac_check.formats.derived import _part
-
     where: dict[str, set[int]] = {}
     for name in shapes:
         found = re.search(r"\.(\d+)\.", name)
@@ -273,7 +280,7 @@ def _layer_kinds(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict]) -
     parts: dict[tuple[str, bool], dict[frozenset[int], list[str]]] = {}
     for pattern, layers in where.items():
         if pattern in tensors and "{i}" in pattern:
-            part = _part(pattern, tensors[pattern])
+            part = layer_part(pattern, tensors[pattern])
             parts.setdefault(part, {}).setdefault(frozenset(layers), []).append(pattern)
     for sets in parts.values():
         if len(sets) > 1:

@@ -31,6 +31,7 @@ from gac_check.formats.architectures import (
     VOCAB_INEXACT,
 )
 from gac_check.formats.base import Format
+from gac_check.formats.derive_table import layer_part
 from gac_check.formats.moe import EXPERTS_NOT_PADDED
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -207,15 +208,6 @@ class Derived(Format):
         return [_site(g, ckpt, cls, entry["keys"]) for g in groups.values()]
 
 
-def _part(pattern: str, tensor: dict) -> tuple[str, bool]:
-    """Which part of a layer a tensor belongs to: the layer's child module, and whether it is
-    the mixture-of-experts form of it (experts, router, shared expert) or the plain one, since
-    one class builds some layers dense and others MoE under the same child's name."""
-    child = pattern.split("{i}.", 1)[1].split(".", 1)[0]
-    moe = "{e}" in pattern or "expert" in pattern or "experts" in tensor["axes"]
-    return child, moe
-
-
 def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
     """The first tensor the class builds that the checkpoint lacks, in a part it does hold:
     every top-level tensor (the output head may be tied to the embedding) and, in each layer,
@@ -230,7 +222,7 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
         pattern, layer, expert = _pattern(name)
         tensor = entry["tensors"].get(pattern)
         if tensor is not None and layer is not None and "{i}" in pattern:
-            part = _part(pattern, tensor)
+            part = layer_part(pattern, tensor)
             layers.setdefault(layer, {}).setdefault(part, set()).add(expert)
             kinds.setdefault((layer, part), set()).add(tensor.get("layers"))
     for pattern, tensor in entry["tensors"].items():
@@ -242,7 +234,7 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
     layered = [(p, t) for p, t in entry["tensors"].items() if "{i}" in p]
     for layer, parts in sorted(layers.items()):
         for pattern, tensor in layered:
-            part = _part(pattern, tensor)
+            part = layer_part(pattern, tensor)
             experts = parts.get(part)
             if experts is None or tensor.get("layers") not in kinds[(layer, part)]:
                 continue  # a part this layer does not have, or another kind of it
