@@ -80,6 +80,16 @@ def test_a_tensor_that_contradicts_the_class_is_refused(tmp_path: Path) -> None:
         gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
 
 
+def test_the_tensor_that_disagrees_is_named(tmp_path: Path) -> None:
+    """Among a hidden width's dozens of tensors, the refusal names the one that differs."""
+    build_tiny("gpt2", "aligned", tmp_path / "m")
+    weights = load_file(tmp_path / "m" / "model.safetensors")
+    weights["transformer.ln_f.weight"] = torch.ones(72)
+    save_file(weights, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(BadInput, match=r"transformer\.ln_f\.weight: 72"):
+        gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+
+
 @pytest.mark.parametrize("model_type, torn", [
     ("gpt2", "transformer.h.1.attn.c_proj.weight"),  # one linear of an attention it has
     ("gpt2", "transformer.h.0.mlp.c_fc.bias"),  # a bias beside its weight

@@ -347,7 +347,8 @@ def _head_dim(cfg: dict, keys: dict[str, str]) -> int | None:
 def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSite:
     sizes = set(g.widths.values())
     if len(sizes) > 1:
-        shown = ", ".join(f"{t}: {w}" for t, w in sorted(g.widths.items())[:4])
+        first = {w: t for t, w in sorted(g.widths.items(), reverse=True)}  # one per width
+        shown = ", ".join(f"{t}: {w}" for w, t in sorted(first.items(), key=lambda i: i[1]))
         raise BadInput(f"{cls}'s {g.kind} width disagrees across its tensors ({shown}): "
                        "refusing to judge a layout its own class would not load", ckpt.path)
     value = sizes.pop()
