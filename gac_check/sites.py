@@ -25,6 +25,9 @@ class Role(str, Enum):
     EXPERT = "expert_intermediate"  # one routed expert's MLP width (mixture of experts)
     SHARED_EXPERT = "shared_expert_intermediate"  # the always-on shared expert's MLP width
     EXPERTS = "experts"  # how many experts a layer's router chooses among
+    SSM = "ssm_width"  # a GEMM width inside an SSM mixer (Mamba in_proj rows, out_proj columns)
+    SSM_CONV = "ssm_conv_width"  # an SSM mixer's causal conv1d taps (d_conv)
+    SSM_STATE = "ssm_state"  # a Mamba-1 mixer's state size (d_state: A_log's columns)
 
 
 class AxisKind(str, Enum):

@@ -80,6 +80,16 @@ def test_a_tensor_that_contradicts_the_class_is_refused(tmp_path: Path) -> None:
         gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
 
 
+def test_the_tensor_that_disagrees_is_named(tmp_path: Path) -> None:
+    """Among a hidden width's dozens of tensors, the refusal names the one that differs."""
+    build_tiny("gpt2", "aligned", tmp_path / "m")
+    weights = load_file(tmp_path / "m" / "model.safetensors")
+    weights["transformer.ln_f.weight"] = torch.ones(72)
+    save_file(weights, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(BadInput, match=r"transformer\.ln_f\.weight: 72"):
+        gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+
+
 @pytest.mark.parametrize("model_type, torn", [
     ("gpt2", "transformer.h.1.attn.c_proj.weight"),  # one linear of an attention it has
     ("gpt2", "transformer.h.0.mlp.c_fc.bias"),  # a bias beside its weight
@@ -102,11 +112,19 @@ def test_a_checkpoint_with_a_part_torn_out_is_refused(model_type: str, torn: str
         gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
 
 
-def test_ssm_mixer_is_refused_with_its_layer_kind(tmp_path: Path) -> None:
+def test_a_width_the_table_cannot_name_is_refused_with_its_layer_kind(
+        tmp_path: Path, monkeypatch) -> None:
+    """Mamba is read (tests/test_hybrid_ssm.py); an axis the table leaves ``?`` still is not."""
+    from gac_check.formats import derived
+
     build_tiny("mamba", "aligned", tmp_path / "m")
-    done = _cli(str(tmp_path / "m"), "--gpu", "h100")
-    assert done.returncode == 2
-    assert "mixer" in done.stderr and "no transformer layers" not in done.stderr
+    mamba = table()["types"]["mamba"]
+    x_proj = "backbone.layers.{i}.mixer.x_proj.weight"
+    tensors = {**mamba["tensors"], x_proj: {**mamba["tensors"][x_proj], "axes": ["?", "?"]}}
+    unnamed = {**table(), "types": {**table()["types"], "mamba": {**mamba, "tensors": tensors}}}
+    monkeypatch.setattr(derived, "table", lambda: unnamed)
+    with pytest.raises(BadInput, match=r"x_proj\.weight axis 0 .* MambaForCausalLM's mixer"):
+        gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
 
 
 @pytest.mark.parametrize("head", ["BertForMaskedLM", "BertLMHeadModel"])

@@ -23,6 +23,7 @@ from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
 from gac_check.padding.plan import STRATEGIES
 from gac_check.profiles import profile_name
+from gac_check.sites import Role
 
 if TYPE_CHECKING:  # a check imports neither writer, nor targets unless it names one
     from gac_check.targets.spec import Target
@@ -106,7 +107,8 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     if ckpt.quantization is not None:
         raise BadInput(ckpt.quantization.refuse_padding("--repair"), ckpt.path)
     why = (gguf_instead(before.gguf.ftype) if before.gguf is not None
-           else unsupported(before.format.name, before.family, ckpt.config.get("model_type")))
+           else _ssm_refusal(before)
+           or unsupported(before.format.name, before.family, ckpt.config.get("model_type")))
     if why:
         raise BadInput(why, ckpt.path)
     from gac_check.checkpoint.outdir import check_output_dir  # a fix only
@@ -121,6 +123,13 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     report = apply(targeted.plan, ckpt, out, force=force, recheck=recheck,
                    extra_notes=notes, show_progress=progress)
     return FixResult(before, report, recheck.moved_to(report.out))
+
+
+def _ssm_refusal(before: CheckResult) -> str | None:
+    """Repairing an SSM mixer's widths is out of scope: the first one a rule flags, named."""
+    ssm = (Role.SSM, Role.SSM_CONV, Role.SSM_STATE)
+    site = next((f.site for f in before.findings if f.site.role in ssm), None)
+    return f"--repair: {site.name} = {site.value} is {site.inexact}" if site else None
 
 
 def realign(model_dir: Path | str, out: Path | str, base: Path | str | None = None,

@@ -29,7 +29,7 @@ FAIL_ON = ("error", "warning", "refused", "fallback", "never")
 TARGET_GATES = {"refused": ("refused",), "fallback": ("fallback", "refused")}
 
 GEMM_ROLES = frozenset({Role.RANK, Role.INTERMEDIATE, Role.KV_LATENT, Role.HIDDEN, Role.VOCAB,
-                        Role.EXPERT, Role.SHARED_EXPERT})
+                        Role.EXPERT, Role.SHARED_EXPERT, Role.SSM})
 #: FlashAttention-2 compiled head_dim buckets; other sizes run the next one with predication.
 FA2_BUCKETS = (32, 64, 96, 128, 192, 256)
 #: FlashAttention-3 (Hopper) buckets.
@@ -282,6 +282,7 @@ def gpu_rules(dtype: str, profile: str) -> list[Rule]:
              "FlashAttention and SDPA's flash backend take head_dim <= 256", max_value=256,
              modulus=1),
     ]
+    rules += ssm_rules()
     if attn_half and buckets is not None:
         sizes, who = buckets
         rules.append(Rule(
@@ -289,6 +290,20 @@ def gpu_rules(dtype: str, profile: str) -> list[Rule]:
             f"{who} head_dim {', '.join(map(str, sizes))}; other sizes run the next bucket "
             "with predication", allowed=sizes))
     return rules
+
+
+def ssm_rules() -> list[Rule]:
+    """The SSM kernels' published limits (docs/formats.md "Hybrid and SSM models"): the CUDA
+    kernels transformers' and mamba_ssm's fast paths call refuse other sizes."""
+    return [
+        Rule("ssm-conv-width", frozenset({Role.SSM_CONV}), ERROR,
+             "causal-conv1d 1.6.1 (csrc/causal_conv1d.cpp, causal_conv1d_fwd) takes a conv "
+             "width of 2 to 4 only (vLLM 0.33.0's Triton causal_conv1d_fn loads 4 taps at "
+             "most)", allowed=(2, 3, 4)),
+        Rule("ssm-state-max", frozenset({Role.SSM_STATE}), ERROR,
+             "mamba_ssm 2.3.2 (csrc/selective_scan/selective_scan.cpp, selective_scan_fwd) "
+             "takes a state size <= 256", max_value=256),
+    ]
 
 
 def cpu_rules(dtype: str) -> list[Rule]:

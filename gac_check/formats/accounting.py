@@ -47,6 +47,7 @@ class _Context:
     hidden: int | None
     family: str | None
     fixed: frozenset[str] = frozenset()
+    ssm: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,10 @@ def _is_fixed(name: str, t: TensorInfo, ctx: _Context) -> bool:
     return name in ctx.fixed
 
 
+def _is_ssm(name: str, t: TensorInfo, ctx: _Context) -> bool:
+    return name in ctx.ssm
+
+
 #: Every kind of tensor accounted as carrying no dimension of its own, with why. Nothing else is.
 NO_DIMENSION: tuple[Kind, ...] = (
     Kind("rotary", "rotary frequencies (a 1-D inv_freq buffer): head_dim / 2 numbers derived "
@@ -106,6 +111,9 @@ NO_DIMENSION: tuple[Kind, ...] = (
     Kind("fixed by the class", "a tensor whose every axis transformers' class builds at a "
          "size no config width moves (a scalar gate, kernel taps): the class table "
          "(formats/derived.py) names it, and it has no width to judge", _is_fixed),
+    Kind("SSM parameter", "an SSM mixer's own tensor that is not a linear (conv taps, A_log, "
+         "D, dt_bias, its gated norm): no GEMM reads it; the mixer's linears are the sites "
+         "(docs/formats.md \"Hybrid and SSM models\")", _is_ssm),
 )
 
 
@@ -143,15 +151,16 @@ def site_axes(sites: Iterable[DimSite]) -> frozenset[tuple[str, int]]:
     return frozenset((ax.tensor, ax.axis) for s in sites for ax in s.axes)
 
 
-def account(ckpt: Checkpoint, sites: list[DimSite],
-            fixed: frozenset[str] = frozenset()) -> Accounting:
+def account(ckpt: Checkpoint, sites: list[DimSite], fixed: frozenset[str] = frozenset(),
+            ssm: frozenset[str] = frozenset()) -> Accounting:
     """Put every tensor of ``ckpt`` in its class, given the sites its format built
-    (``fixed``: tensors the class table says carry no config width)."""
+    (``fixed``: tensors the class table says carry no config width; ``ssm``: an SSM mixer's
+    tensors that are not linears)."""
     found = find_family(ckpt, strict=False)
     family = found[0].name if found else None
     on_axes = frozenset(t for t, _ in site_axes(sites)) & ckpt.tensors.keys()
     hidden = next((s.value for s in sites if s.role is Role.HIDDEN and s.name == "hidden"), None)
-    ctx = _Context(on_axes, ckpt.shapes, hidden, family, fixed)
+    ctx = _Context(on_axes, ckpt.shapes, hidden, family, fixed, ssm)
     classes: dict[str, str] = {}
     kinds: dict[str, str] = {}
     for name, info in ckpt.tensors.items():

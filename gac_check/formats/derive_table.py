@@ -29,9 +29,9 @@ TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 #: Two builds with values no two widths share, so each axis's role is read from its sizes.
 VARIANTS = (
     {"hidden": 96, "heads": 4, "kv_heads": 2, "head_dim": 20, "inter": 136, "expert": 152,
-     "shared": 168, "vocab": 517, "experts": 5, "positions": 128},
+     "shared": 168, "vocab": 517, "experts": 5, "positions": 128, "cross": 88},
     {"hidden": 120, "heads": 6, "kv_heads": 3, "head_dim": 24, "inter": 184, "expert": 200,
-     "shared": 216, "vocab": 541, "experts": 7, "positions": 160},
+     "shared": 216, "vocab": 541, "experts": 7, "positions": 160, "cross": 112},
 )
 #: config keys set to each variant value, where the config class has them
 KEYS = {
@@ -46,6 +46,8 @@ KEYS = {
     "vocab": ("vocab_size",),
     "experts": ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
     "positions": ("max_position_embeddings", "n_positions"),
+    # the encoder's width a decoder's cross-attention reads (TrOCR: its vision encoder's)
+    "cross": ("cross_attention_hidden_size",),
 }
 
 
@@ -59,7 +61,7 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         "q3": 3 * n * d, "qkv_mq": (n + 2) * d, "kv2": 2 * k * d, "hd": d, "heads": n,
         "kv_heads": k,
         "experts": v["experts"], "positions": v["positions"],
-        "positions2": v["positions"] + 2, "h4": 4 * h, "h3": 3 * h,
+        "positions2": v["positions"] + 2, "h4": 4 * h, "h3": 3 * h, "cross": v["cross"],
     }
 
 
@@ -77,10 +79,47 @@ def _config(config_cls, variant: dict[str, int], layers: int | None):
                 kwargs[key] = variant[role]
     if layers:
         kwargs["num_hidden_layers"] = layers
+    kwargs.update(_ssm_heads(default, variant))
+    kwargs.update(_hybrid_layers(default, layers))
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         if isinstance(getattr(default, token, None), int):
             kwargs[token] = 0  # a default id past the tiny vocabulary will not build
     return config_cls(**kwargs)
+
+
+#: (heads key, head width key, expand key) of the SSM mixers whose config requires
+#: heads x head width = expand x hidden (Mamba2Config / BambaConfig.validate_architecture)
+_SSM_HEADS = (("num_heads", "head_dim", "expand"),
+              ("mamba_n_heads", "mamba_d_head", "mamba_expand"))
+
+
+def _ssm_heads(default, variant: dict[str, int]) -> dict[str, int | None]:
+    """SSM head counts that split the mixer's inner width evenly in this variant, so a class
+    whose config validates them builds at all (one group, which divides any head count;
+    Falcon-H1's explicit inner width unset, so it is expand x hidden)."""
+    for heads, width, expand in _SSM_HEADS:
+        factor = getattr(default, expand, None)
+        if isinstance(factor, int) and hasattr(default, heads) and hasattr(default, width):
+            out: dict[str, int | None] = {
+                heads: variant["heads"], width: factor * variant["hidden"] // variant["heads"]}
+            if hasattr(default, "mamba_d_ssm"):
+                out["mamba_d_ssm"] = None
+            groups = "n_groups" if hasattr(default, "n_groups") else "mamba_n_groups"
+            if hasattr(default, groups):
+                out[groups] = 1
+            return out
+    return {}
+
+
+def _hybrid_layers(default, layers: int | None) -> dict[str, object]:
+    """An attention layer beside the SSM ones where a hybrid's default builds none (Bamba's
+    ``attn_layer_indices``, Granite-MoE-hybrid's ``layer_types``), so the table knows both."""
+    if getattr(default, "attn_layer_indices", 0) is None:
+        return {"attn_layer_indices": [1]}
+    kinds = getattr(default, "layer_types", None)
+    if layers == 2 and isinstance(kinds, list) and set(kinds) == {"linear_attention"}:
+        return {"layer_types": ["linear_attention", "attention"]}
+    return {}
 
 
 def _build(config):
@@ -98,14 +137,21 @@ def _build(config):
 def _actual(model, variant: dict[str, int]) -> dict[str, int]:
     """The sizes the class really built with (head_dim may be hidden / heads)."""
     v = dict(variant)
-    dims = {getattr(m, attr, None) for _, m in model.named_modules()
-            for attr in ("head_dim", "attention_head_size", "head_size")}
-    dims = {d for d in dims if isinstance(d, int) and d > 0}
+    dims = _head_dims(model, attention=True) or _head_dims(model, attention=False)
     if len(dims) == 1:
         v["head_dim"] = dims.pop()
     kv = getattr(model.config, "num_key_value_heads", None)
     v["kv_heads"] = kv if isinstance(kv, int) and kv > 0 else v["heads"]
     return v
+
+
+def _head_dims(model, attention: bool) -> set[int]:
+    """The head widths the modules hold; with ``attention``, the attention modules' only (a
+    hybrid's SSM mixer has a head_dim of its own: Falcon-H1, Bamba)."""
+    dims = {getattr(m, attr, None) for _, m in model.named_modules()
+            if not attention or "attention" in type(m).__name__.lower()
+            for attr in ("head_dim", "attention_head_size", "head_size")}
+    return {d for d in dims if isinstance(d, int) and d > 0}
 
 
 def _saved_shapes(model) -> dict[str, tuple[int, ...]]:
@@ -149,7 +195,8 @@ def _untie_attention(model, kinds: dict[str, str], tensors: dict[str, dict]) -> 
     per-head axes from the residual stream's: in each outermost attention module, the
     projection registered last is the output (its input is ``q``), the others produce ``q``."""
     names = [n for n, m in model.named_modules() if "attention" in type(m).__name__.lower()
-             and "norm" not in type(m).__name__.lower()]
+             and "norm" not in type(m).__name__.lower()
+             and not type(m).__name__.endswith(("Layer", "Block"))]  # JambaAttentionDecoderLayer
     outer = [n for n in names if n and not any(n.startswith(o + ".") for o in names if o != n)]
     for mod in outer:
         weights = [n for n, k in kinds.items() if n.startswith(mod + ".")
@@ -178,6 +225,70 @@ def _retie(label: str) -> str:
     return "q" if label == "hidden" else label
 
 
+def _saved_names(kinds: dict[str, str], saved: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """Parameter name -> the name ``save_pretrained`` writes it under: itself, or the one
+    saved name that differs only in its first component (NemotronH's ``model.`` is saved
+    as ``backbone.``)."""
+    tails: dict[str, list[str]] = {}
+    for name in saved:
+        tails.setdefault(name.split(".", 1)[-1], []).append(name)
+    out = {}
+    for name in kinds:
+        match = tails.get(name.split(".", 1)[-1], [])
+        out[name] = name if name in saved or len(match) != 1 else match[0]
+    return out
+
+
+def _label_ssm(model, kinds: dict[str, str], saved: dict[str, str],
+               tensors: dict[str, dict]) -> None:
+    """Label every width inside an SSM mixer ``ssm``. A mixer is the module that holds the
+    state recurrence's decay ``A_log`` (Mamba, Mamba2, Jamba, Bamba, Falcon-H1, Zamba,
+    NemotronH, Qwen3-Next's gated delta net). Its inner widths (heads x head width, groups x
+    state size, conv channels, dt rank) are config values the two variants do not all move,
+    so sizes alone would call them ``?`` or a constant; only a linear's hidden axis keeps its
+    label. :mod:`.derived` reads a linear's ``ssm`` axes as GEMM widths, the rest as the
+    mixer's own parameters."""
+    mixers = [n for n, m in model.named_modules() if "A_log" in m._parameters]
+    for name, kind in kinds.items():
+        if not any(name.startswith(m + ".") for m in mixers):
+            continue
+        entry = tensors.get(_pattern(saved[name]))
+        if entry is None:
+            continue
+        keep = ("hidden", "vocab") if kind == "linear" else ()
+        entry["axes"] = [a if a in keep else "ssm" for a in entry["axes"]]
+
+
+def layer_part(pattern: str, tensor: dict) -> tuple[str, bool]:
+    """Which part of a layer a tensor belongs to: the layer's child module, and whether it is
+    the mixture-of-experts form of it (experts, router, shared expert) or the plain one, since
+    one class builds some layers dense and others MoE under the same child's name."""
+    child = pattern.split("{i}.", 1)[1].split(".", 1)[0]
+    moe = "{e}" in pattern or "expert" in pattern or "experts" in tensor["axes"]
+    return child, moe
+
+
+def _layer_kinds(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict]) -> None:
+    """Where one layer child is a different module in different layers (NemotronH's
+    ``mixer``, RecurrentGemma's ``temporal_block``), number each set of its tensors that
+    the same layers hold (``layers``), so a layer of one kind is not asked for the other's."""
+    where: dict[str, set[int]] = {}
+    for name in shapes:
+        found = re.search(r"\.(\d+)\.", name)
+        if found:
+            where.setdefault(_pattern(name), set()).add(int(found.group(1)))
+    parts: dict[tuple[str, bool], dict[frozenset[int], list[str]]] = {}
+    for pattern, layers in where.items():
+        if pattern in tensors and "{i}" in pattern:
+            part = layer_part(pattern, tensors[pattern])
+            parts.setdefault(part, {}).setdefault(frozenset(layers), []).append(pattern)
+    for sets in parts.values():
+        if len(sets) > 1:
+            for n, layers in enumerate(sorted(sets, key=sorted)):
+                for pattern in sets[layers]:
+                    tensors[pattern]["layers"] = n
+
+
 def _keys(config_cls, config) -> dict[str, str]:
     """Per role, the config.json key that records it (GPT-2's ``n_embd`` for hidden_size)."""
     mapping = getattr(config_cls, "attribute_map", {}) or {}
@@ -192,6 +303,22 @@ def _keys(config_cls, config) -> dict[str, str]:
     return out
 
 
+def _depths(config_cls) -> tuple[int | None, ...]:
+    """Two layers, unless the first two would not build every kind of layer the default
+    depth does (a hybrid's attention every 8th layer: Jamba, Bamba), then the default."""
+    try:
+        default = config_cls()
+    except Exception:  # a config that will not build with defaults: the build says why
+        return (2, None)
+    kinds = next((k for k in (getattr(default, a, None) for a in _LAYER_KINDS)
+                  if isinstance(k, list | tuple) and k), None)
+    return (None,) if kinds and len(set(kinds[:2])) < len(set(kinds)) else (2, None)
+
+
+#: config attributes listing each layer's kind (attention, mamba, linear attention, ...)
+_LAYER_KINDS = ("layers_block_type", "layer_types")
+
+
 def derive(model_type: str) -> dict:
     """One model_type's entry: its class and every saved tensor pattern's axis labels."""
     from transformers import AutoConfig
@@ -200,7 +327,7 @@ def derive(model_type: str) -> dict:
     builds = []
     for variant in VARIANTS:
         last: Exception | None = None
-        for layers in (2, None):
+        for layers in _depths(config_cls):
             try:
                 model = _build(_config(config_cls, variant, layers))
                 break
@@ -213,14 +340,19 @@ def derive(model_type: str) -> dict:
     la, lb = _labels(va), _labels(vb)
     sa, sb = _saved_shapes(ma), _saved_shapes(mb)
     kinds = _kinds(ma)
+    saved = _saved_names(kinds, sa)
+    saved_kinds = {saved[n]: k for n, k in kinds.items()}
     tensors: dict[str, dict] = {}
     for name in sorted(set(sa) & set(sb)):
         if len(sa[name]) != len(sb[name]):
             continue
         axes = [_axis_label(x, y, la, lb) for x, y in zip(sa[name], sb[name], strict=False)]
-        tensors.setdefault(_pattern(name), {"kind": kinds.get(name, "other"), "axes": axes})
+        tensors.setdefault(_pattern(name), {"kind": saved_kinds.get(name, "other"),
+                                            "axes": axes})
     if va["head_dim"] * va["heads"] == va["hidden"]:
         _untie_attention(ma, kinds, tensors)
+    _label_ssm(ma, kinds, saved, tensors)
+    _layer_kinds(sa, tensors)
     return {
         "class": type(ma).__name__,
         "keys": _keys(type(ma.config), ma.config),

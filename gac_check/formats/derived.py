@@ -31,6 +31,7 @@ from gac_check.formats.architectures import (
     VOCAB_INEXACT,
 )
 from gac_check.formats.base import Format
+from gac_check.formats.derive_table import layer_part
 from gac_check.formats.moe import EXPERTS_NOT_PADDED
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -40,20 +41,28 @@ TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 UNPROVEN = ("padding this width is not yet proven on {cls} (the layout was read from "
             "transformers' class table, docs/formats.md \"Every architecture\")")
 
+#: Repair of an SSM mixer's widths is out of scope (docs/formats.md "Hybrid and SSM models").
+SSM_NOT_PADDED = ("an SSM mixer's GEMM width: zero padding it would change the state "
+                  "recurrence (the conv channels, heads, groups and state size are cut from "
+                  "these rows), and gac-check does not repair SSM widths")
+
 #: label -> (site kind, how many site widths the axis holds)
 _WIDTH = {
     "hidden": ("hidden", 1), "vocab": ("vocab", 1), "inter": ("mlp", 1), "inter2": ("mlp", 2),
     "h4": ("mlp", 1), "expert": ("expert", 1), "expert2": ("expert", 2),
     "shared": ("shared", 1), "shared2": ("shared", 2), "experts": ("experts", 1),
-    "heads": ("heads", 1), "kv_heads": ("heads", 1),
+    "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
 #: site kind -> the derived table's role whose config.json key records it
 _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
-           "heads": "heads", "hidden": "hidden", "vocab": "vocab"}
+           "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
 _ROLE = {"mlp": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
          "experts": Role.EXPERTS, "heads": Role.HEADS, "hidden": Role.HIDDEN,
-         "vocab": Role.VOCAB}
+         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN}
+#: a decoder's cross-attention reads an encoder this checkpoint does not hold
+CROSS_INEXACT = ("the encoder's width, which the cross-attention's k/v projections read: "
+                 "the encoder is not in this checkpoint, so its output cannot be padded")
 
 
 @lru_cache(maxsize=1)
@@ -152,6 +161,20 @@ class Derived(Format):
                 out.add(name)
         return frozenset(out)
 
+    def ssm_parameters(self, ckpt: Checkpoint) -> frozenset[str]:
+        """An SSM mixer's tensors that are not a linear's (conv taps, ``A_log``, ``D``,
+        ``dt_bias``, the gated norm): accounted as read by the mixer's own kernels."""
+        entry = entry_for(ckpt) or {"tensors": {}}
+        out = set()
+        for name, shape in ckpt.shapes.items():
+            tensor = entry["tensors"].get(_pattern(name)[0])
+            if (tensor and tensor["kind"] != "linear" and len(tensor["axes"]) == len(shape)
+                    and "ssm" in tensor["axes"]
+                    and not any(name.endswith("." + k[0]) and k[1] == len(shape)
+                                for k in _SSM_KERNEL_AXES)):
+                out.add(name)
+        return frozenset(out)
+
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:
         entry = entry_for(ckpt)
         if entry is None:
@@ -172,6 +195,9 @@ class Derived(Format):
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
                 if label.startswith("=") or label.startswith("positions"):  # a table length
                     continue
+                if label == "ssm":
+                    _collect_ssm(groups, tensor, name, axis, size, layer)
+                    continue
                 if label == "?":
                     raise BadInput(
                         f"{name} axis {axis} ({size}): a width of {cls}'s "
@@ -182,27 +208,23 @@ class Derived(Format):
         return [_site(g, ckpt, cls, entry["keys"]) for g in groups.values()]
 
 
-def _part(pattern: str, tensor: dict) -> tuple[str, bool]:
-    """Which part of a layer a tensor belongs to: the layer's child module, and whether it is
-    the mixture-of-experts form of it (experts, router, shared expert) or the plain one, since
-    one class builds some layers dense and others MoE under the same child's name."""
-    child = pattern.split("{i}.", 1)[1].split(".", 1)[0]
-    moe = "{e}" in pattern or "expert" in pattern or "experts" in tensor["axes"]
-    return child, moe
-
-
 def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
     """The first tensor the class builds that the checkpoint lacks, in a part it does hold:
     every top-level tensor (the output head may be tied to the embedding) and, in each layer,
     every tensor of each part that layer has (for each expert it has). A torn checkpoint
-    (one router deleted) would otherwise be judged by what is left of it."""
+    (one router deleted) would otherwise be judged by what is left of it. Where one child
+    holds different modules in different layers (NemotronH's ``mixer``: Mamba, attention or
+    MLP), the table's ``layers`` kind says which of its tensors go together."""
     tied = bool(entry.get("tied") or ckpt.config.get("tie_word_embeddings"))
     layers: dict[int, dict[tuple[str, bool], set[int | None]]] = {}
+    kinds: dict[tuple[int, tuple[str, bool]], set[int | None]] = {}
     for name in ckpt.shapes:
         pattern, layer, expert = _pattern(name)
         tensor = entry["tensors"].get(pattern)
         if tensor is not None and layer is not None and "{i}" in pattern:
-            layers.setdefault(layer, {}).setdefault(_part(pattern, tensor), set()).add(expert)
+            part = layer_part(pattern, tensor)
+            layers.setdefault(layer, {}).setdefault(part, set()).add(expert)
+            kinds.setdefault((layer, part), set()).add(tensor.get("layers"))
     for pattern, tensor in entry["tensors"].items():
         if "{i}" in pattern:
             continue
@@ -212,9 +234,10 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
     layered = [(p, t) for p, t in entry["tensors"].items() if "{i}" in p]
     for layer, parts in sorted(layers.items()):
         for pattern, tensor in layered:
-            experts = parts.get(_part(pattern, tensor))
-            if experts is None:  # a part this layer does not have
-                continue
+            part = layer_part(pattern, tensor)
+            experts = parts.get(part)
+            if experts is None or tensor.get("layers") not in kinds[(layer, part)]:
+                continue  # a part this layer does not have, or another kind of it
             names = ([pattern.replace("{e}", str(e)) for e in sorted(experts - {None})]
                      if "{e}" in pattern else [pattern])
             for name in (n.replace("{i}", str(layer), 1) for n in names):
@@ -249,7 +272,7 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
         raise BadInput(f"{name} axis {axis}: the class table names its width {label!r}, "
                        "which this gac-check does not read; refusing to judge it", ckpt.path)
     site_kind, parts = _WIDTH[label]
-    if site_kind in ("hidden", "vocab"):
+    if site_kind in ("hidden", "vocab", "cross_hidden"):
         key: tuple = (site_kind,)
         layer = None
     elif site_kind == "expert" and expert is not None:
@@ -264,6 +287,36 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
     else:
         g.axes.extend(TensorAxis(name, axis, kind, start=s) for s in range(0, size, width))
     g.widths[name] = width
+
+
+#: an SSM mixer's non-linear axes its kernels have a published limit on: (tensor leaf,
+#: ndim, axis) -> site side; the rest of them are accounted (:meth:`Derived.ssm_parameters`)
+_SSM_KERNEL_AXES = {("conv1d.weight", 3, 2): "conv", ("A_log", 2, 1): "state"}
+
+
+def _collect_ssm(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, size: int,
+                 layer: int | None) -> None:
+    """An SSM mixer's linear: its output rows (N; its bias too) and input columns (K) are
+    each a GEMM width of their own, judged as the header has it (the fused in_proj's rows
+    are z, x, B, C and dt heads side by side, whose split the GEMM never sees). Its conv
+    taps and (Mamba-1) state size are sites for the SSM kernels' own limits."""
+    if tensor["kind"] != "linear":
+        leaf = next((k for k in _SSM_KERNEL_AXES if name.endswith("." + k[0])
+                     and k[1:] == (len(tensor["axes"]), axis)), None)
+        if leaf is not None:
+            module = name[:-len(leaf[0]) - 1]
+            side = _SSM_KERNEL_AXES[leaf]
+            g = groups.setdefault(("ssm", layer, module, side), _Group("ssm", layer, module))
+            g.axes.append(TensorAxis(name, axis, AxisKind.CONSUMER))
+            g.widths[name] = size
+        return
+    module, leaf = name.rsplit(".", 1)
+    side = "in" if axis == 1 else "out"
+    kind = (AxisKind.CONSUMER if side == "in" else AxisKind.BIAS if leaf == "bias"
+            else AxisKind.PRODUCER)
+    g = groups.setdefault(("ssm", layer, module, side), _Group("ssm", layer, module))
+    g.axes.append(TensorAxis(name, axis, kind))
+    g.widths[name] = size
 
 
 def _block(name: str) -> str:
@@ -294,11 +347,19 @@ def _head_dim(cfg: dict, keys: dict[str, str]) -> int | None:
 def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSite:
     sizes = set(g.widths.values())
     if len(sizes) > 1:
-        shown = ", ".join(f"{t}: {w}" for t, w in sorted(g.widths.items())[:4])
+        first = {w: t for t, w in sorted(g.widths.items(), reverse=True)}  # one per width
+        shown = ", ".join(f"{t}: {w}" for w, t in sorted(first.items(), key=lambda i: i[1]))
         raise BadInput(f"{cls}'s {g.kind} width disagrees across its tensors ({shown}): "
                        "refusing to judge a layout its own class would not load", ckpt.path)
     value = sizes.pop()
     cfg = ckpt.config
+    if g.kind == "ssm":
+        first = g.axes[0]
+        side = next((v for k, v in _SSM_KERNEL_AXES.items() if first.tensor.endswith(k[0])),
+                    "in" if first.kind is AxisKind.CONSUMER else "out")
+        role = {"conv": Role.SSM_CONV, "state": Role.SSM_STATE}.get(side, Role.SSM)
+        return DimSite(f"{g.module}:ssm_{side}", role, value, g.axes, layer=g.layer,
+                       module=g.module, inexact=SSM_NOT_PADDED, attrs={"derived": cls})
     if g.kind == "head_dim":
         name = f"{g.module}:head_dim"
         field_ = ("head_dim",) if isinstance(cfg.get("head_dim"), int) else None
@@ -307,7 +368,8 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
     key = keys.get(_CONFIG[g.kind])
     field_ = (key,) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
-               "experts": EXPERTS_NOT_PADDED}.get(g.kind, UNPROVEN.format(cls=cls))
+               "experts": EXPERTS_NOT_PADDED, "cross_hidden": CROSS_INEXACT,
+               }.get(g.kind, UNPROVEN.format(cls=cls))
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
                    config_field=field_, inexact=inexact, attrs={"derived": cls})

@@ -34,6 +34,7 @@ def read_sites(ckpt: Checkpoint) -> tuple[Format, list[DimSite], Accounting]:
         if ckpt.gguf is not None or not plain or not table.matches(ckpt):
             raise
     sites = table.sites(ckpt)
-    accounting = account(ckpt, sites, fixed=table.fixed(ckpt))
+    accounting = account(ckpt, sites, fixed=table.fixed(ckpt),
+                         ssm=table.ssm_parameters(ckpt))
     require_accounted(accounting, ckpt)
     return table, sites, accounting
