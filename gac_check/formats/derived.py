@@ -142,14 +142,16 @@ class Derived(Format):
 
     def fixed(self, ckpt: Checkpoint) -> frozenset[str]:
         """Tensors the class builds with no config-derived width on any axis (a scalar gate,
-        a convolution's kernel taps): accounted, with nothing to judge."""
+        a convolution's kernel taps): accounted, with nothing to judge. Only at the sizes
+        the class builds: a tensor whose sizes moved with a config width the table did not
+        vary (a sub-config's) was read as fixed and the model passed with 0 sites."""
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
             tensor = entry["tensors"].get(_pattern(name)[0])
             if (tensor and len(tensor["axes"]) == len(shape)
-                    and all(a.startswith("=") for a in tensor["axes"])):
-                out.add(name)
+                    and all(a == f"={n}" for a, n in zip(tensor["axes"], shape, strict=True))):
+                out.add(name)  # the class's fixed size; any other size is not the class's
         return frozenset(out)
 
     def sites(self, ckpt: Checkpoint) -> list[DimSite]:
