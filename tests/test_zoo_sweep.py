@@ -78,3 +78,16 @@ def test_a_fresh_sweep_of_a_sample_gives_the_documented_rows(tmp_path: Path) -> 
     for row in sweep(SAMPLE, tmp_path / "rows.jsonl"):
         doc = documented[(row.model_type, row.variant)]
         assert (row.outcome, row.detail, row.repair) == (doc.outcome, doc.detail, doc.repair)
+
+
+@pytest.mark.parametrize("model_type", ["electra", "albert"])
+def test_a_position_table_over_a_fixed_embedding_size_is_accounted(model_type: str,
+                                                                    tmp_path: Path) -> None:
+    """ELECTRA's and ALBERT's position table is [positions, embedding_size=128]: no GEMM
+    width on either axis. It was left unread, so both families were refused in every variant;
+    now they are judged, the MLP width found."""
+    build(model_type, "mlp173", tmp_path / "m")
+    result = gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+    assert result.accounting is not None and result.accounting.unknown == []
+    assert result.verdict() == "fail"
+    assert 173 in {s.value for s in result.sites}
