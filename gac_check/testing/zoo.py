@@ -194,12 +194,13 @@ def _line(e: BaseException) -> str:
     return text[:140].replace("|", "/")
 
 
-def _child(model_type: str) -> int:
-    """One type's three variants, each row printed as a JSON line (run in a child process)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        for variant in VARIANTS:
-            row = run_one(model_type, variant, Path(tmp))
-            print(_ROW + json.dumps(asdict(row)), flush=True)
+def _child(types: list[str]) -> int:
+    """Each type's three variants, each row printed as a JSON line (run in a child process)."""
+    for model_type in types:
+        with tempfile.TemporaryDirectory() as tmp:
+            for variant in VARIANTS:
+                row = run_one(model_type, variant, Path(tmp))
+                print(_ROW + json.dumps(asdict(row)), flush=True)
     return 0
 
 
@@ -212,12 +213,15 @@ def _limit(memory_gib: float):
     return apply
 
 
-def sweep_type(model_type: str, memory_gib: float = 4.0, timeout_s: float = 600) -> list[Row]:
-    """One type in a child process bounded in address space and time; a child that dies
-    leaves its variants ``not built`` with the bound it hit."""
-    cmd = [sys.executable, "-m", "gac_check.testing.zoo", "--child", model_type]
+def sweep_types(types: list[str], memory_gib: float = 4.0,
+                timeout_s: float = 600) -> list[Row]:
+    """Types in one child process (transformers imported once), bounded in address space and
+    time; when the child dies, the types it left unfinished are swept again one per child,
+    and a type that dies alone has its variants ``not built`` with the bound it hit."""
+    cmd = [sys.executable, "-m", "gac_check.testing.zoo", "--child", *types]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+        done = subprocess.run(cmd, capture_output=True, text=True,
+                              timeout=timeout_s * len(types),
                               preexec_fn=_limit(memory_gib), env=_env())
         out, why = done.stdout, f"the build died (exit {done.returncode}) within " \
                                 f"{memory_gib:g} GiB of memory"
@@ -226,9 +230,16 @@ def sweep_type(model_type: str, memory_gib: float = 4.0, timeout_s: float = 600)
         why = f"not done in {timeout_s:g} s"
     rows = [Row(**json.loads(ln[len(_ROW):])) for ln in out.splitlines()
             if ln.startswith(_ROW)]
-    seen = {r.variant for r in rows}
-    return rows + [Row(model_type, v, "not built", why, "-", 0.0)
-                   for v in VARIANTS if v not in seen]
+    seen = {(r.model_type, r.variant) for r in rows}
+    for t in types:
+        if all((t, v) in seen for v in VARIANTS):
+            continue
+        rows = [r for r in rows if r.model_type != t]
+        if len(types) > 1:
+            rows += sweep_types([t], memory_gib, timeout_s)
+        else:
+            rows += [Row(t, v, "not built", why, "-", 0.0) for v in VARIANTS]
+    return rows
 
 
 def _env() -> dict[str, str]:
@@ -248,21 +259,20 @@ def read_rows(path: Path) -> list[Row]:
 
 
 def sweep(types: list[str], rows_file: Path | None = None, memory_gib: float = 4.0,
-          timeout_s: float = 600) -> list[Row]:
-    """Every type in ``types``, each in its own bounded child; with ``rows_file``, a type
+          timeout_s: float = 600, batch: int = 8) -> list[Row]:
+    """Every type in ``types``, ``batch`` types per bounded child; with ``rows_file``, a type
     already in it is kept as it is (a resumed sweep) and new rows are appended as each type
     finishes."""
     kept = [r for r in read_rows(rows_file) if r.model_type in types] if rows_file else []
     done = {r.model_type for r in kept}
     rows = list(kept)
-    for t in types:
-        if t in done:
-            continue
-        new = sweep_type(t, memory_gib, timeout_s)
+    todo = [t for t in types if t not in done]
+    for i in range(0, len(todo), batch):
+        new = sweep_types(todo[i:i + batch], memory_gib, timeout_s)
         if rows_file:
             with rows_file.open("a") as f:
                 f.writelines(json.dumps(asdict(r)) + "\n" for r in new)
-        print(f"{t}: " + ", ".join(f"{r.variant} {r.outcome}" for r in new),
+        print(", ".join(f"{r.model_type} {r.variant} {r.outcome}" for r in new),
               file=sys.stderr, flush=True)
         rows += new
     order = {t: i for i, t in enumerate(types)}
@@ -342,11 +352,13 @@ def main(argv: list[str]) -> int:
                    help="write the table into docs/formats.md (default without TYPES)")
     p.add_argument("--memory-gib", type=float, default=4.0, help="per type (default 4)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per type")
+    p.add_argument("--batch", type=int, default=8, help="types per child process")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        return _child(args.child)
-    rows = sweep(args.types or model_types(), args.rows, args.memory_gib, args.timeout)
+        return _child([args.child, *args.types])
+    rows = sweep(args.types or model_types(), args.rows, args.memory_gib, args.timeout,
+                 args.batch)
     block = render(rows)
     if args.write or not args.types:
         write_doc(block)
