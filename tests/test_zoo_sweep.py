@@ -13,6 +13,7 @@ import pytest
 
 import gac_check
 from gac_check.errors import BadInput
+from gac_check.sites import Role
 from gac_check.testing.zoo import BEGIN, DOC, END, INERT, Row, parse, render, summary, sweep
 from gac_check.testing.zoo import _build as build
 
@@ -91,3 +92,14 @@ def test_a_position_table_over_a_fixed_embedding_size_is_accounted(model_type: s
     assert result.accounting is not None and result.accounting.unknown == []
     assert result.verdict() == "fail"
     assert 173 in {s.value for s in result.sites}
+
+
+def test_an_attention_class_named_with_norm_is_read_per_head(tmp_path: Path) -> None:
+    """RoBERTa-PreLayerNorm's attention classes carry "Norm" in their name, so the table's
+    derivation took them for norms and left q/k/v on the hidden width: head_dim 20 passed
+    with no finding (the sweep's one silent pass). Now the head_dim site is judged."""
+    _, misaligned = build("roberta-prelayernorm", "hd20", tmp_path / "m")
+    assert misaligned
+    result = gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+    assert result.verdict() == "fail"
+    assert {s.value for s in result.sites if s.role is Role.HEAD_DIM} == {20}
