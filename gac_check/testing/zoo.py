@@ -133,6 +133,9 @@ class Row:
     repair: str  # repaired | refused: reason | - (nothing to repair / not judged)
     seconds: float
 
+    def __post_init__(self) -> None:
+        self.detail, self.repair = self.detail.strip(), self.repair.strip()  # table cells
+
     @property
     def silent(self) -> bool:
         """A misaligned build judged with no finding, or judged with a tensor unread."""
@@ -191,7 +194,7 @@ def _repair(out: Path, work: Path, code: int) -> str:
 def _line(e: BaseException) -> str:
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
     text = re.sub(r"/tmp/\S+", "MODEL", text)
-    return text[:140].replace("|", "/")
+    return text[:140].replace("|", "/").strip()
 
 
 def _child(types: list[str]) -> int:
