@@ -195,7 +195,7 @@ def _untie_attention(model, kinds: dict[str, str], tensors: dict[str, dict]) -> 
     per-head axes from the residual stream's: in each outermost attention module, the
     projection registered last is the output (its input is ``q``), the others produce ``q``."""
     names = [n for n, m in model.named_modules() if "attention" in type(m).__name__.lower()
-             and "norm" not in type(m).__name__.lower()
+             and not type(m).__name__.lower().endswith("norm")  # RobertaPreLayerNorm...
              and not type(m).__name__.endswith(("Layer", "Block"))]  # JambaAttentionDecoderLayer
     outer = [n for n in names if n and not any(n.startswith(o + ".") for o in names if o != n)]
     for mod in outer:

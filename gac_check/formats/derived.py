@@ -151,14 +151,18 @@ class Derived(Format):
 
     def fixed(self, ckpt: Checkpoint) -> frozenset[str]:
         """Tensors the class builds with no config-derived width on any axis (a scalar gate,
-        a convolution's kernel taps): accounted, with nothing to judge."""
+        a convolution's kernel taps): accounted, with nothing to judge. Only at the sizes
+        the class builds: a tensor whose sizes moved with a config width the table did not
+        vary (a sub-config's) was read as fixed and the model passed with 0 sites. A table
+        length (ELECTRA's and ALBERT's position table over their fixed embedding size) is
+        no GEMM width: such a tensor is accounted too."""
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
             tensor = entry["tensors"].get(_pattern(name)[0])
             if (tensor and len(tensor["axes"]) == len(shape)
-                    and all(a.startswith("=") for a in tensor["axes"])):
-                out.add(name)
+                    and all(_fixed(a, n) for a, n in zip(tensor["axes"], shape, strict=True))):
+                out.add(name)  # the class's fixed size; any other size is not the class's
         return frozenset(out)
 
     def ssm_parameters(self, ckpt: Checkpoint) -> frozenset[str]:
@@ -206,6 +210,11 @@ class Derived(Format):
                 _collect(groups, tensor, name, axis, label, size, layer, expert, head_dim,
                          ckpt)
         return [_site(g, ckpt, cls, entry["keys"]) for g in groups.values()]
+
+
+def _fixed(label: str, size: int) -> bool:
+    """An axis with nothing to judge: the class's fixed size, or a table length."""
+    return label == f"={size}" or label.startswith("positions")
 
 
 def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
