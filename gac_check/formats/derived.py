@@ -36,9 +36,9 @@ from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
-#: Until a family's repair is proven on its own class, a table-read width is not padded.
-UNPROVEN = ("padding this width is not yet proven on {cls} (the layout was read from "
-            "transformers' class table, docs/formats.md \"Every architecture\")")
+#: A norm over an MLP / expert width: zeros in the padded units would change its statistics.
+NORMED = ("{tensor} normalises over this width, so zero-padded units would change its "
+          "statistics: padding it is not exact")
 
 #: label -> (site kind, how many site widths the axis holds)
 _WIDTH = {
@@ -307,13 +307,21 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
     key = keys.get(_CONFIG[g.kind])
     field_ = (key,) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
-               "experts": EXPERTS_NOT_PADDED}.get(g.kind, UNPROVEN.format(cls=cls))
+               "experts": EXPERTS_NOT_PADDED}.get(g.kind) or _normed(g)
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
                    config_field=field_, inexact=inexact, attrs={"derived": cls})
     if field_ and cfg[field_[0]] != value and g.kind in ("hidden", "vocab", "mlp"):
         site.notes.append(f"the config says {field_[0]}={cfg[field_[0]]}, tensors have {value}")
     return site
+
+
+def _normed(g: _Group) -> str | None:
+    """Why an MLP / expert width with a norm over it is not padded (None: padding is exact,
+    held to the class itself by :mod:`gac_check.padding.class_proof` before anything is
+    written)."""
+    norm = next((ax.tensor for ax in g.axes if ax.kind is AxisKind.NORM), None)
+    return NORMED.format(tensor=norm) if norm else None
 
 
 _SITE_NAME = {"mlp": "intermediate", "expert": "expert_intermediate",
