@@ -36,6 +36,8 @@ def config(model_type: str, width: int = 173, **overrides: object):
     probe = cls()
     kwargs = {k: v for k, v in SIZES.items() if hasattr(probe, k)}
     kwargs.update({k: width for k in WIDTH_KEYS if isinstance(getattr(probe, k, None), int)})
+    if hasattr(probe, "n_inner"):  # GPT-2-style: None builds 4 x n_embd, no width key
+        kwargs["n_inner"] = width
     kwargs.update(overrides)
     return cls(**kwargs)
 

@@ -43,6 +43,10 @@ PROVEN: frozenset[str] = frozenset({
     "jais2", "llama", "mellum", "ministral3", "mistral", "mixtral", "nemotron", "olmo", "opt",
     "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss", "smollm3",
     "stablelm", "vaultgemma",
+    # read through the class table (format derived): config key found and shapes held to the
+    # class by padding/class_proof.py, logits proven in tests/test_repair_derived.py and the
+    # slow sweep of tests/test_repair_families.py
+    "falcon", "gpt2", "gpt_neox", "granitemoe", "olmoe", "starcoder2",
 })
 
 def width_key(model_type: object, role: Role) -> str | None:
