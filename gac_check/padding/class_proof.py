@@ -26,7 +26,8 @@ from gac_check.padding.plan import ConfigEdit, RepairPlan
 
 #: config keys whose value builds that many layers / experts: bounded by the tensors' own
 #: count before a class is built from them (a hostile count would build forever)
-_COUNTS = re.compile(r"(layers|experts)$")
+_COUNTS = re.compile(r"^(?:num_hidden_layers|num_layers|n_layers?|num_experts|num_local_experts|"
+                     r"n_routed_experts|moe_num_experts)$")
 
 
 def derived_widths(repair_plan: RepairPlan) -> set[tuple[int, int]]:
@@ -121,7 +122,7 @@ def _bound_counts(ckpt: Checkpoint) -> None:
     for key, value in ckpt.config.items():
         found = _COUNTS.search(key)
         if found and isinstance(value, int) and not isinstance(value, bool):
-            most = layers if found.group(1) == "layers" else experts
+            most = layers if "layer" in key else experts
             if value > most:
                 raise BadInput(f"config.json's {key}={value} is more than the checkpoint's "
                                f"tensors number ({most}); refusing to build its class at "
