@@ -47,15 +47,15 @@ def build(model_type: str, width: int = 173, seed: int = 0, **overrides: object)
     (transformers' grouped GEMM refuses an expert width of 173: its strides are not 16-byte
     multiples). Raises ValueError when the tiny config still builds a big model."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     cfg = config(model_type, width, **overrides)
+    auto = _auto(model_type)
     with torch.device("meta"):
-        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+        n = sum(p.numel() for p in auto.from_config(cfg).parameters())
     if n > MAX_PARAMS:
         raise ValueError(f"{n:,} parameters at the tiny sizes: a size key SIZES lacks")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
+    model = auto.from_config(cfg).eval()
     if getattr(model, "_can_set_experts_implementation", lambda: False)():
         model.set_experts_implementation("eager")
     return model
@@ -64,11 +64,22 @@ def build(model_type: str, width: int = 173, seed: int = 0, **overrides: object)
 def load(path: Path):
     """OUT loaded strictly by transformers' Auto class, eager experts; raises AssertionError
     naming the keys when any is missing, unexpected or mismatched."""
-    from transformers import AutoModelForCausalLM
+    import json
 
-    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    auto = _auto(json.loads((Path(path) / "config.json").read_text())["model_type"])
+    model, info = auto.from_pretrained(path, output_loading_info=True)
     bad = {k: v for k, v in info.items() if v}
     assert not bad, f"{path} does not load strictly: {bad}"
     if getattr(model, "_can_set_experts_implementation", lambda: False)():
         model.set_experts_implementation("eager")
     return model.eval()
+
+
+def _auto(model_type: str):
+    """The causal-LM Auto class, or the masked-LM one for an encoder with no causal head
+    (DeBERTa, CamemBERT, ...: read through the class table)."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return (AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            else AutoModelForMaskedLM)

@@ -47,6 +47,9 @@ PROVEN: frozenset[str] = frozenset({
     # class by padding/class_proof.py, logits proven in tests/test_repair_derived.py and the
     # slow sweep of tests/test_repair_families.py
     "falcon", "gpt2", "gpt_neox", "granitemoe", "olmoe", "starcoder2",
+    "apertus", "apertus1p5_text", "aria_text", "beam", "bert-generation", "big_bird",
+    "biogpt", "deberta", "deberta-v2", "ernie", "ernie4_5_moe", "exaone", "exaone_moe",
+    "flex_olmo", "flint", "roformer", "rwkv", "sarvam_moe", "solar_open", "trocr", "xglm",
 })
 
 def width_key(model_type: object, role: Role) -> str | None:
