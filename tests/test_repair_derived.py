@@ -83,3 +83,17 @@ def test_a_layer_count_beyond_the_tensors_is_not_built(tmp_path: Path) -> None:
     ckpt.config["num_hidden_layers"] = 50  # beyond the 2 the tensors hold
     with pytest.raises(BadInput, match="num_hidden_layers=50 is more than"):
         prove_on_class(repair_plan, ckpt)
+
+
+def test_a_norm_over_the_mlp_width_is_refused_as_inexact(tmp_path: Path) -> None:
+    """BitNet normalises its MLP's intermediate activations (``ffn_sub_norm``): zeros in the
+    padded units would change that norm's statistics, so the site is refused with why."""
+    ckpt = open_checkpoint(_saved("bitnet", tmp_path))
+    fmt, sites, _ = read_sites(ckpt)
+    assert fmt.name == "derived"
+    repair_plan = plan(sites, for_hardware("h100", "bfloat16"), shapes=ckpt.shapes,
+                       config=ckpt.config)
+    reasons = {r.site.name: r.reason for r in repair_plan.refused}
+    mlp = [n for n in reasons if n.endswith(":intermediate")]
+    assert mlp and "ffn_sub_norm.weight normalises over this width" in reasons[mlp[0]], reasons
+    assert not any(r.site.name.endswith(":intermediate") for r in repair_plan.repairs)
