@@ -23,6 +23,12 @@ SIZES = {"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
          "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
          "num_experts_per_tok": 2, "tie_word_embeddings": False, "pad_token_id": None,
          "bos_token_id": 1, "eos_token_id": 2}
+#: PROVEN types this module's sizes do not build (a default they need: pad_token_id, head_dim,
+#: rope parameters); their repair is proven on gac_check.testing.zoo's tiny build instead
+#: (tests/test_repair_derived.py)
+ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyuan_v1_dense",
+                       "hunyuan_v1_moe", "ministral", "modernbert-decoder", "roberta",
+                       "xlm-roberta", "xlm-roberta-xl"})
 #: a model above this many parameters has a size key the table does not set: not built
 MAX_PARAMS = 12_000_000
 

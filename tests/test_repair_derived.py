@@ -97,3 +97,29 @@ def test_a_norm_over_the_mlp_width_is_refused_as_inexact(tmp_path: Path) -> None
     mlp = [n for n in reasons if n.endswith(":intermediate")]
     assert mlp and "ffn_sub_norm.weight normalises over this width" in reasons[mlp[0]], reasons
     assert not any(r.site.name.endswith(":intermediate") for r in repair_plan.repairs)
+
+
+def _zoo_logits(path: Path):
+    import torch
+
+    model = family_models.load(path)
+    with torch.no_grad():
+        return model(torch.tensor([[1, 5, 9, 3, 7, 2, 11, 64], [4, 4, 100, 8, 0, 17, 3, 127]])
+                     ).logits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(family_models.ZOO_BUILT))
+def test_zoo_built_family_is_repaired_exactly_in_its_own_class(tmp_path: Path,
+                                                               model_type: str) -> None:
+    """PROVEN types tests/family_models.py does not build: the zoo's tiny mlp173 build
+    (gac_check/testing/zoo.py), repaired by the CLI, OUT strict with equal fp32 logits."""
+    from gac_check.testing.zoo import build_tiny
+
+    build_tiny(model_type, "mlp173", tmp_path / "in")
+    run = gac(tmp_path / "in", "--gpu", "h100", "--dtype", "bfloat16", "--repair",
+              tmp_path / "out")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "176" in (tmp_path / "out" / "config.json").read_text()
+    diff = (_zoo_logits(tmp_path / "out") - _zoo_logits(tmp_path / "in")).abs().max().item()
+    assert diff <= 1e-5, f"{model_type}: logits differ by {diff}"
