@@ -23,6 +23,12 @@ SIZES = {"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
          "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
          "num_experts_per_tok": 2, "tie_word_embeddings": False, "pad_token_id": None,
          "bos_token_id": 1, "eos_token_id": 2}
+#: PROVEN types this module's sizes do not build (a default they need: pad_token_id, head_dim,
+#: rope parameters); their repair is proven on gac_check.testing.zoo's tiny build instead
+#: (tests/test_repair_derived.py)
+ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyuan_v1_dense",
+                       "hunyuan_v1_moe", "ministral", "modernbert-decoder", "roberta",
+                       "xlm-roberta", "xlm-roberta-xl"})
 #: a model above this many parameters has a size key the table does not set: not built
 MAX_PARAMS = 12_000_000
 
@@ -36,6 +42,8 @@ def config(model_type: str, width: int = 173, **overrides: object):
     probe = cls()
     kwargs = {k: v for k, v in SIZES.items() if hasattr(probe, k)}
     kwargs.update({k: width for k in WIDTH_KEYS if isinstance(getattr(probe, k, None), int)})
+    if hasattr(probe, "n_inner"):  # GPT-2-style: None builds 4 x n_embd, no width key
+        kwargs["n_inner"] = width
     kwargs.update(overrides)
     return cls(**kwargs)
 
@@ -45,15 +53,15 @@ def build(model_type: str, width: int = 173, seed: int = 0, **overrides: object)
     (transformers' grouped GEMM refuses an expert width of 173: its strides are not 16-byte
     multiples). Raises ValueError when the tiny config still builds a big model."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     cfg = config(model_type, width, **overrides)
+    auto = _auto(model_type)
     with torch.device("meta"):
-        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+        n = sum(p.numel() for p in auto.from_config(cfg).parameters())
     if n > MAX_PARAMS:
         raise ValueError(f"{n:,} parameters at the tiny sizes: a size key SIZES lacks")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
+    model = auto.from_config(cfg).eval()
     if getattr(model, "_can_set_experts_implementation", lambda: False)():
         model.set_experts_implementation("eager")
     return model
@@ -62,11 +70,22 @@ def build(model_type: str, width: int = 173, seed: int = 0, **overrides: object)
 def load(path: Path):
     """OUT loaded strictly by transformers' Auto class, eager experts; raises AssertionError
     naming the keys when any is missing, unexpected or mismatched."""
-    from transformers import AutoModelForCausalLM
+    import json
 
-    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    auto = _auto(json.loads((Path(path) / "config.json").read_text())["model_type"])
+    model, info = auto.from_pretrained(path, output_loading_info=True)
     bad = {k: v for k, v in info.items() if v}
     assert not bad, f"{path} does not load strictly: {bad}"
     if getattr(model, "_can_set_experts_implementation", lambda: False)():
         model.set_experts_implementation("eager")
     return model.eval()
+
+
+def _auto(model_type: str):
+    """The causal-LM Auto class, or the masked-LM one for an encoder with no causal head
+    (DeBERTa, CamemBERT, ...: read through the class table)."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return (AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            else AutoModelForMaskedLM)

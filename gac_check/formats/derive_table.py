@@ -164,6 +164,13 @@ def _saved_shapes(model) -> dict[str, tuple[int, ...]]:
     return {n: tuple(t.shape) for n, t in state.items()}
 
 
+def built_shapes(config) -> dict[str, tuple[int, ...]]:
+    """What ``config``'s own class builds on the meta device, as ``save_pretrained`` names and
+    shapes it (no memory; built-in classes only): what a repair's output is held to
+    (:mod:`gac_check.padding.class_proof`)."""
+    return _saved_shapes(_build(config))
+
+
 def _pattern(name: str) -> str:
     name = re.sub(r"\.(\d+)\.", ".{i}.", name, count=1)
     return re.sub(r"\.(\d+)\.", ".{e}.", name)

@@ -37,9 +37,9 @@ from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
-#: Until a family's repair is proven on its own class, a table-read width is not padded.
-UNPROVEN = ("padding this width is not yet proven on {cls} (the layout was read from "
-            "transformers' class table, docs/formats.md \"Every architecture\")")
+#: A norm over an MLP / expert width: zeros in the padded units would change its statistics.
+NORMED = ("{tensor} normalises over this width, so zero-padded units would change its "
+          "statistics: padding it is not exact")
 
 #: Repair of an SSM mixer's widths is out of scope (docs/formats.md "Hybrid and SSM models").
 SSM_NOT_PADDED = ("an SSM mixer's GEMM width: zero padding it would change the state "
@@ -378,13 +378,21 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
     field_ = (key,) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
                "experts": EXPERTS_NOT_PADDED, "cross_hidden": CROSS_INEXACT,
-               }.get(g.kind, UNPROVEN.format(cls=cls))
+               }.get(g.kind) or _normed(g)
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
                    config_field=field_, inexact=inexact, attrs={"derived": cls})
     if field_ and cfg[field_[0]] != value and g.kind in ("hidden", "vocab", "mlp"):
         site.notes.append(f"the config says {field_[0]}={cfg[field_[0]]}, tensors have {value}")
     return site
+
+
+def _normed(g: _Group) -> str | None:
+    """Why an MLP / expert width with a norm over it is not padded (None: padding is exact,
+    held to the class itself by :mod:`gac_check.padding.class_proof` before anything is
+    written)."""
+    norm = next((ax.tensor for ax in g.axes if ax.kind is AxisKind.NORM), None)
+    return NORMED.format(tensor=norm) if norm else None
 
 
 _SITE_NAME = {"mlp": "intermediate", "expert": "expert_intermediate",

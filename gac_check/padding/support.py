@@ -5,9 +5,10 @@ do, because users trust exit 0. So a pair is repaired only where tests load the 
 the compressor's own loading call (tests/compressors.py, tests/slicegpt.py) or gac-check's
 stock-model loaders (the equivalence suites) and compare logits; every other pair is refused
 before anything is written. docs/formats.md has the same table with what each cell means.
-A dense checkpoint with a ``model_type`` is held to that type instead: repaired only where
-padding/families.py's ``PROVEN`` says its own class loads the output
-(tests/test_repair_families.py).
+A dense or table-read (``derived``) checkpoint with a ``model_type`` is held to that type
+instead: repaired only where padding/families.py's ``PROVEN`` says its own class loads the
+output with equal logits (tests/test_repair_families.py); a table-read one is also held to its
+class's shapes before writing (padding/class_proof.py).
 """
 from __future__ import annotations
 
@@ -41,14 +42,8 @@ def unsupported(fmt: str, family: str | None, model_type: object = None) -> str 
     A dense checkpoint is judged by its config's ``model_type``, where it has one: repaired
     only where that type's repair is proven in its own class (padding/families.py), since
     one module layout ("llama") covers types whose classes build differently."""
-    if fmt == "dense" and isinstance(model_type, str):
-        return _dense_unsupported(model_type)
-    if fmt == "derived":
-        return (f"is read through transformers' own class for model_type {model_type!r} "
-                "(format derived); --repair does not write such layouts yet: which widths "
-                "move together and which config key records each is proven family by family "
-                "in its own class (docs/repair.md), and this family is not among them (the "
-                "check above still holds)")
+    if fmt in ("dense", "derived") and isinstance(model_type, str):
+        return _dense_unsupported(model_type, fmt)
     tested = REPAIRABLE.get(fmt, frozenset())
     if family in tested:
         return None
@@ -59,10 +54,11 @@ def unsupported(fmt: str, family: str | None, model_type: object = None) -> str 
             "that may not load (the check above still holds)")
 
 
-def _dense_unsupported(model_type: str) -> str | None:
+def _dense_unsupported(model_type: str, fmt: str = "dense") -> str | None:
     if model_type in PROVEN:
         return None
-    return (f"is a dense checkpoint of model_type {model_type!r}; --repair refuses it "
+    how = "dense" if fmt == "dense" else "transformers-class-table (format derived)"
+    return (f"is a {how} checkpoint of model_type {model_type!r}; --repair refuses it "
             "rather than write a checkpoint its own class may not load: no test builds it in "
             "its own class, repairs it and loads the output strictly with equal logits "
             "(tests/test_repair_families.py; the check above still holds; docs/repair.md "

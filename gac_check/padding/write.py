@@ -29,6 +29,7 @@ from gac_check.checkpoint.safetensors_header import header_length, index_header
 from gac_check.checkpoint.tensorinfo import TensorInfo
 from gac_check.contract.rules import Finding
 from gac_check.errors import BadInput
+from gac_check.padding.class_proof import prove_on_class
 from gac_check.padding.completeness import require_complete
 from gac_check.padding.pickled import prepare_pickled
 from gac_check.padding.plan import ConfigEdit, RepairPlan, TensorEdit
@@ -122,6 +123,7 @@ def apply(repair_plan: RepairPlan, ckpt: Checkpoint, out_dir: Path | str, *,
     check_output_dir(out, force, ckpt.path)
     _check_plan_fits(repair_plan, ckpt)
     require_complete(repair_plan, ckpt.shapes, ckpt.auxiliary)
+    repair_plan = prove_on_class(repair_plan, ckpt)  # table-read widths: their config key
     notes = list(extra_notes)
     progress = progress or Progress(sum(_nbytes(t) for t in ckpt.tensors.values()),
                                     after=PROGRESS_AFTER if show_progress else math.inf)
