@@ -28,7 +28,9 @@ SIZES = {"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
 #: (tests/test_repair_derived.py)
 ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyuan_v1_dense",
                        "hunyuan_v1_moe", "ministral", "modernbert-decoder", "roberta",
-                       "xlm-roberta", "xlm-roberta-xl"})
+                       "xlm-roberta", "xlm-roberta-xl", "afmoe", "electra", "hy_v3", "lfm3",
+                       "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text",
+                       "qwen3_next", "rembert"})
 #: a model above this many parameters has a size key the table does not set: not built
 MAX_PARAMS = 12_000_000
 

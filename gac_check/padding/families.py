@@ -56,7 +56,8 @@ PROVEN: frozenset[str] = frozenset({
     # proven on the zoo's tiny build (gac_check/testing/zoo.py), which their defaults need
     "camembert", "data2vec-text", "gpt_neo", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe",
     "ministral", "modernbert-decoder", "roberta", "xlm-roberta",
-    "xlm-roberta-xl",
+    "xlm-roberta-xl", "afmoe", "electra", "hy_v3", "lfm3", "minimax", "qwen3_5", "qwen3_5_moe",
+    "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "rembert",
 })
 
 def width_key(model_type: object, role: Role) -> str | None:
