@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import pty
+import select
 import shutil
 import struct
 import subprocess
@@ -347,16 +348,22 @@ def put_back_libraries() -> None:
 
 
 def gac_on_terminal(*args: object, env: Mapping[str, str] | None = None,
-                    timeout: float = 300) -> tuple[int, str]:
+                    timeout: float = 300, answers: bytes = b"",
+                    cwd: Path | None = None) -> tuple[int, str]:
     """Run the CLI with stderr on a 100-column pseudo-terminal, as a person at a terminal sees
-    it (progress bars draw only there); returns the exit code and what reached the terminal."""
+    it (progress bars draw only there); returns the exit code and what reached the terminal.
+    With ``answers`` (a command that asks), stdin and stdout are that terminal too and the
+    answers are typed into it. A child still silent after ``timeout`` fails the test, never
+    hangs it."""
     main, side = pty.openpty()
     fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))  # rows, cols
-    proc = subprocess.Popen([sys.executable, "-m", "gac_check.cli", *map(str, args)],
-                            stdout=subprocess.DEVNULL, stderr=side, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "gac_check.cli", *map(str, args)], cwd=cwd,
+                            stdin=side if answers else None,
+                            stdout=side if answers else subprocess.DEVNULL, stderr=side, env=env)
     os.close(side)
+    os.write(main, answers)
     chunks = []
-    while True:
+    while select.select([main], [], [], timeout)[0]:
         try:
             data = os.read(main, 4096)
         except OSError:  # the child closed the terminal

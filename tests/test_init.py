@@ -5,18 +5,14 @@ refuses, nothing is overwritten without --force, a missing value is asked for on
 and is one line and exit 2 elsewhere."""
 from __future__ import annotations
 
-import os
-import pty
-import select
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import gac_process, tiny_llama
+from tests.helpers import gac_on_terminal, gac_process, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "alignment-gate.yml"
@@ -114,24 +110,9 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, said):
 def test_in_a_terminal_init_asks_for_what_the_options_leave_out(tmp_path):
     """GPU, dtype (Enter: float16), engine, TP size and quantization, answered at a terminal."""
     repo = repository(tmp_path)
-    main, side = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "gac_check.cli", "init"], cwd=repo,
-                            stdin=side, stdout=subprocess.PIPE, stderr=side)
-    os.close(side)
-    os.write(main, b"h200\n\nvllm\n2\nfp8\n")
-    seen = b""
-    while select.select([main], [], [], 120)[0]:  # a question never answered: not forever
-        try:
-            data = os.read(main, 4096)
-        except OSError:  # the child closed the terminal
-            break
-        if not data:
-            break
-        seen += data
-    out, _ = proc.communicate(timeout=120)
-    os.close(main)
-    assert proc.returncode == 0, seen.decode(errors="replace")
-    asked = seen.decode()
+    code, asked = gac_on_terminal("init", answers=b"h200\n\nvllm\n2\nfp8\n", cwd=repo,
+                                  timeout=120)
+    assert code == 0, asked
     for question in ("the GPU you serve on (", "the dtype you serve in (",
                      "the engine you deploy on (", "its tensor-parallel size (",
                      "its quantization ("):
@@ -141,4 +122,4 @@ def test_in_a_terminal_init_asks_for_what_the_options_leave_out(tmp_path):
                 "Deployment gate")
     assert "--gpu h200 --dtype float16 --target vllm,tp=2,quant=fp8 --fail-on fallback" in \
         " ".join(gate["run"].split())
-    assert b"wrote " in out
+    assert "wrote " in asked
