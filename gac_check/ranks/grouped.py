@@ -58,8 +58,7 @@ from gac_check.ranks.factors import (
     select_ranks,
     svd_of_product,
 )
-from gac_check.ranks.measured import Truncated, measure, probes, require_base
-from gac_check.ranks.shares import output_weights
+from gac_check.ranks.measured import Truncated, measure, site_weights
 from gac_check.ranks.whitened import stored_components
 from gac_check.sites import DimSite, Role
 
@@ -193,10 +192,7 @@ def realign_palu(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: int,
     spectra = [g.S for g in groups]
     weights = None  # with --calib, each site weighted by its share of the output error
     if base_dir is not None and calib is not None:
-        sites = _sites(state, groups)
-        require_base(sites, base_dir)  # refused before the model runs
-        weights = output_weights(base_dir, calib, probes(sites, menus, spectra),
-                                 progress)
+        weights = site_weights(_sites(state, groups), menus, spectra, base_dir, calib, progress)
     report = select_ranks(menus, spectra, out, align, budget, weights=weights, allow_dense=False,
                           error_name=PRODUCT_ERROR if unrotated else STORED_ERROR)
     if unrotated is None:

@@ -35,7 +35,7 @@ from gac_check.ranks.output_error import (
     calibration_inputs,
     truncation_errors,
 )
-from gac_check.ranks.shares import Probe
+from gac_check.ranks.shares import Probe, output_weights
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,15 @@ def require_base(sites: list[Truncated], base_dir: Path) -> dict[str, tuple[int,
         shapes[module] = (sum(s.u.shape[0] for s in group), group[0].v.shape[1])
         base_weight(base, module, shapes[module])
     return shapes
+
+
+def site_weights(sites: list[Truncated], menus: list[RankMenu], spectra: list[torch.Tensor],
+                 base_dir: Path, calib: Path, progress: bool = True) -> dict[str, float]:
+    """The knapsack's weight per site for a whitened form (SVD-LLM, PaLU) with ``--base
+    --calib``: the base held to every module first (one line, before any model runs), then
+    each module's share of the output error (:func:`gac_check.ranks.shares.output_weights`)."""
+    require_base(sites, base_dir)
+    return output_weights(base_dir, calib, probes(sites, menus, spectra), progress)
 
 
 def probes(sites: list[Truncated], menus: list[RankMenu], spectra: list[torch.Tensor]

@@ -37,8 +37,7 @@ from gac_check.formats.svdllm import U_SUFFIX, V_SUFFIX
 from gac_check.ranks.candidates import RankMenu
 from gac_check.ranks.factors import PROVENANCE, RealignReport, keep_best, select_ranks
 from gac_check.ranks.knapsack import DENSE
-from gac_check.ranks.measured import Truncated, measure, probes, require_base
-from gac_check.ranks.shares import output_weights
+from gac_check.ranks.measured import Truncated, measure, site_weights
 
 #: The families whose realigned SVD-LLM output tests load with SVD-LLM's own call.
 FAMILIES = frozenset({"llama"})
@@ -160,10 +159,7 @@ def realign_svdllm(ckpt: Checkpoint, menus: list[RankMenu], out: Path, align: in
     spectra = [p.sigma for p in pairs]
     weights = None  # with --calib, each site weighted by its share of the output error
     if base_dir is not None and calib is not None:
-        sites = _sites(ckpt, pairs)
-        require_base(sites, base_dir)  # refused before the model runs
-        weights = output_weights(base_dir, calib, probes(sites, menus, spectra),
-                                 progress)
+        weights = site_weights(_sites(ckpt, pairs), menus, spectra, base_dir, calib, progress)
     report = select_ranks(menus, spectra, out, align, budget, weights=weights,
                           allow_dense=False,
                           error_name="whitened error (SVD-LLM's truncation loss, sum of "
