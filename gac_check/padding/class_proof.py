@@ -15,10 +15,13 @@ tests/test_repair_families.py, which is what ``PROVEN`` (padding/families.py) re
 """
 from __future__ import annotations
 
+import json
 import re
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from itertools import product
+from pathlib import Path
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
@@ -28,6 +31,8 @@ from gac_check.padding.plan import ConfigEdit, RepairPlan
 #: count before a class is built from them (a hostile count would build forever)
 _COUNTS = re.compile(r"^(?:num_hidden_layers|num_layers|n_layers?|num_experts|num_local_experts|"
                      r"n_routed_experts|moe_num_experts)$")
+#: no count above this is read even by its config class (which may make a list per layer)
+_MOST = 1 << 20
 
 
 def derived_widths(repair_plan: RepairPlan) -> set[tuple[int, int]]:
@@ -100,7 +105,11 @@ def _misfit(ckpt: Checkpoint, edits: list[ConfigEdit],
 
 
 def _config(config: Mapping, edits: list[ConfigEdit]):
-    """OUT's config.json (the edits applied) as its own built-in config class."""
+    """OUT's config.json (the edits applied) as its own built-in config class, read the way
+    ``from_pretrained`` reads it: from a JSON file, so the special floats transformers writes
+    as ``{"__float__": "Infinity"}`` (Mamba-2 mixers' ``time_step_limit``) are decoded
+    (``PreTrainedConfig.from_json_file``), where ``from_dict`` would hand the tag itself to
+    the strict config class."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     data = {k: v for k, v in config.items() if k != "auto_map"}
@@ -109,21 +118,57 @@ def _config(config: Mapping, edits: list[ConfigEdit]):
         for key in e.path[:-1]:
             node = node[key]
         node[e.path[-1]] = e.new
-    return CONFIG_MAPPING[data["model_type"]].from_dict(data)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.json"
+        path.write_text(json.dumps(data))
+        return CONFIG_MAPPING[data["model_type"]].from_json_file(path)
 
 
 def _bound_counts(ckpt: Checkpoint) -> None:
     """Refuse a layer or expert count in config.json beyond what the tensors number (their
     names' indices; for experts also a fused bank's leading axis): the class would be built
-    at that count."""
+    at that count. A count is taken as its config class reads it (Dory's ``num_hidden_layers``
+    counts attention and MLP sub-layers, halved by DoryConfig), and one that builds no module
+    per unit (:func:`_shared`) is no count of tensors; neither is read above :data:`_MOST`."""
     indices = [int(i) for name in ckpt.shapes for i in re.findall(r"\.(\d+)\.", name)]
     layers = max(indices, default=0) + 1
     experts = max([layers, *(n for s in ckpt.shapes.values() for n in s)])
-    for key, value in ckpt.config.items():
-        found = _COUNTS.search(key)
-        if found and isinstance(value, int) and not isinstance(value, bool):
-            most = layers if "layer" in key else experts
-            if value > most:
-                raise BadInput(f"config.json's {key}={value} is more than the checkpoint's "
-                               f"tensors number ({most}); refusing to build its class at "
-                               "that size", ckpt.path)
+    over = [(key, value, layers if "layer" in key else experts)
+            for key, value in ckpt.config.items()
+            if _COUNTS.search(key) and isinstance(value, int) and not isinstance(value, bool)]
+    over = [(key, value, most) for key, value, most in over if value > most]
+    read = _read(ckpt.config) if over and all(v <= _MOST for _, v, _ in over) else None
+    for key, value, most in over:
+        as_read = getattr(read, key, value) if read is not None else value
+        if value <= _MOST and ((isinstance(as_read, int) and as_read <= most)
+                               or _shared(ckpt.config, key, most)):
+            continue
+        raise BadInput(f"config.json's {key}={value} is more than the checkpoint's "
+                       f"tensors number ({most}); refusing to build its class at "
+                       "that size", ckpt.path)
+
+
+def _read(config: Mapping):
+    """config.json as its config class reads it (no module built); None where it does not."""
+    try:
+        return _config(config, [])
+    except Exception:  # a config its class rejects is refused by the proof itself
+        return None
+
+
+def _shared(config: Mapping, key: str, most: int) -> bool:
+    """Whether the class builds no module per ``key`` beyond what the tensors number: the
+    same tensors at ``most`` and ``most + 1`` (ALBERT shares one layer group across its
+    ``num_hidden_layers``; Doge builds no expert unless ``is_moe``), so the config's value is
+    no count of tensors. Every probe is built at the tensors' own count."""
+    try:
+        names = [set(_built(config, key, n)) for n in (most, most + 1)]
+    except Exception:  # a class that does not build at the tensors' count: not shown shared
+        return False
+    return names[0] == names[1]
+
+
+def _built(config: Mapping, key: str, count: int) -> dict[str, tuple[int, ...]]:
+    from gac_check.formats.derive_table import built_shapes
+
+    return built_shapes(_config({**config, key: count}, []))

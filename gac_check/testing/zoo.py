@@ -64,6 +64,9 @@ def _kwargs(config_cls, v: dict[str, int], text: bool) -> dict[str, object]:
     kwargs.update({k: v["inter"] for k in _INTER if hasattr(default, k)})
     if hasattr(default, "num_key_value_heads"):
         kwargs["num_key_value_heads"] = 2
+    # GPT-J, CodeGen: RoPE over a head's first rotary_dim channels, which must fit in it
+    if isinstance(getattr(default, "rotary_dim", None), int) and default.rotary_dim > v["head_dim"]:
+        kwargs["rotary_dim"] = v["head_dim"] // 2
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         if isinstance(getattr(default, token, None), int):
             kwargs[token] = 0
