@@ -38,10 +38,19 @@ def _logits(path: Path):
     import json
 
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    kind = json.loads((path / "config.json").read_text())["model_type"]
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+    saved = json.loads((path / "config.json").read_text())
+    kind, own = saved["model_type"], getattr(transformers, (saved.get("architectures")
+                                                            or [""])[0], None)
     auto = (AutoModelForCausalLM if kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            else AutoModelForMaskedLM if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            # a text model saved alone (emu3_text_model): the class config.json names
+            else own if isinstance(own, type) and issubclass(own, transformers.PreTrainedModel)
             else AutoModelForMaskedLM)
     model, info = auto.from_pretrained(path, output_loading_info=True)
     bad = {k: v for k, v in info.items() if v}

@@ -30,7 +30,13 @@ ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyu
                        "hunyuan_v1_moe", "ministral", "modernbert-decoder", "roberta",
                        "xlm-roberta", "xlm-roberta-xl", "afmoe", "electra", "hy_v3", "lfm3",
                        "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text",
-                       "qwen3_next", "rembert"})
+                       "qwen3_next", "rembert",
+                       "albert", "bamba", "bart", "bigbird_pegasus", "blenderbot",
+                       "blenderbot-small", "codegen", "doge", "dory", "falcon_h1", "gptj",
+                       "granitemoehybrid", "marian", "mbart", "mvp", "nemotron_h", "pegasus",
+                       "emu3", "mllama"})
+#: ZOO_BUILT types whose build saves its text model under another model_type (PROVEN's)
+SAVED_AS = {"emu3": "emu3_text_model", "mllama": "mllama_text_model"}
 #: a model above this many parameters has a size key the table does not set: not built
 MAX_PARAMS = 12_000_000
 
@@ -74,7 +80,8 @@ def load(path: Path):
     naming the keys when any is missing, unexpected or mismatched."""
     import json
 
-    auto = _auto(json.loads((Path(path) / "config.json").read_text())["model_type"])
+    saved = json.loads((Path(path) / "config.json").read_text())
+    auto = _auto(saved["model_type"], saved.get("architectures"))
     model, info = auto.from_pretrained(path, output_loading_info=True)
     bad = {k: v for k, v in info.items() if v}
     assert not bad, f"{path} does not load strictly: {bad}"
@@ -83,11 +90,22 @@ def load(path: Path):
     return model.eval()
 
 
-def _auto(model_type: str):
+def _auto(model_type: str, architectures: list[str] | None = None):
     """The causal-LM Auto class, or the masked-LM one for an encoder with no causal head
-    (DeBERTa, CamemBERT, ...: read through the class table)."""
+    (DeBERTa, CamemBERT, ...: read through the class table); for a text model saved alone
+    under a type no Auto class maps (Emu3's ``emu3_text_model``), the built-in class its
+    config.json's ``architectures`` names, as its user loads it."""
+    import transformers
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
 
-    return (AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-            else AutoModelForMaskedLM)
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM
+    own = getattr(transformers, (architectures or [""])[0], None)
+    if model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES and isinstance(own, type) \
+            and issubclass(own, transformers.PreTrainedModel):
+        return own
+    return AutoModelForMaskedLM
