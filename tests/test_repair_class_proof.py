@@ -96,3 +96,23 @@ def test_the_zoo_builds_rope_inside_the_heads(tmp_path: Path, model_type: str) -
     with torch.no_grad():
         logits = model(torch.tensor([[1, 5, 9, 3]])).logits
     assert logits.shape == (1, 4, 512)
+
+
+def test_biogpt_zoo_build_records_its_mlp_under_its_own_key(tmp_path: Path) -> None:
+    """The zoo's BioGPT is read through OPT's fc1 / fc2 layout, whose key is ffn_dim; BioGPT
+    records the width as intermediate_size (padding/families.py WIDTH_KEYS), so the MLP was
+    left unpadded. Now OUT loads strictly in BioGptForCausalLM with the input's logits."""
+    import torch
+
+    from tests import family_models
+    from tests.helpers import gac
+
+    build_tiny("biogpt", "mlp173", tmp_path / "in")
+    run = gac(tmp_path / "in", "--gpu", "h100", "--dtype", "bfloat16", "--repair",
+              tmp_path / "out")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["intermediate_size"] == 176
+    ids = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 64]])
+    with torch.no_grad():
+        logits = [family_models.load(tmp_path / d)(ids).logits for d in ("in", "out")]
+    assert (logits[1] - logits[0]).abs().max().item() <= 1e-5

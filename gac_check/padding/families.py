@@ -33,6 +33,9 @@ WIDTH_KEYS: dict[str, dict[Role, str]] = {
     # Cohere2MoeExperts builds gate_up_proj / down_proj from config.intermediate_size
     # (transformers 5.24 models/cohere2_moe/modeling_cohere2_moe.py, Cohere2MoeExperts.__init__)
     "cohere2_moe": {Role.EXPERT: "intermediate_size"},
+    # BioGptDecoderLayer builds fc1 / fc2 from config.intermediate_size (transformers 5.24
+    # models/biogpt/modeling_biogpt.py), where OPT's fc1 / fc2 layout names ffn_dim
+    "biogpt": {Role.INTERMEDIATE: "intermediate_size"},
 }
 
 #: model_type values whose dense repair is proven in their own class (see module docstring);
