@@ -34,7 +34,7 @@ ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyu
                        "albert", "bamba", "bart", "bigbird_pegasus", "blenderbot",
                        "blenderbot-small", "codegen", "doge", "dory", "falcon_h1", "gptj",
                        "granitemoehybrid", "marian", "mbart", "mvp", "nemotron_h", "pegasus",
-                       "emu3", "mllama"})
+                       "emu3", "mllama", "roberta-prelayernorm"})
 #: ZOO_BUILT types whose build saves its text model under another model_type (PROVEN's)
 SAVED_AS = {"emu3": "emu3_text_model", "mllama": "mllama_text_model"}
 #: a model above this many parameters has a size key the table does not set: not built

@@ -116,3 +116,14 @@ def test_biogpt_zoo_build_records_its_mlp_under_its_own_key(tmp_path: Path) -> N
     with torch.no_grad():
         logits = [family_models.load(tmp_path / d)(ids).logits for d in ("in", "out")]
     assert (logits[1] - logits[0]).abs().max().item() <= 1e-5
+
+
+def test_a_bias_under_a_prefix_named_norm_is_no_norm(tmp_path: Path) -> None:
+    """Every tensor of RoBERTa-PreLayerNorm sits under ``roberta_prelayernorm.``: its MLP's
+    ``intermediate.dense.bias`` was taken for a norm over the MLP width by that prefix, and
+    the width refused as inexact; it is the bias it is, padded with zeros."""
+    ckpt, repair_plan = _planned("roberta-prelayernorm", tmp_path)
+    assert not repair_plan.refused, [r.reason for r in repair_plan.refused]
+    padded = {r.site.name for r in repair_plan.repairs}
+    assert "roberta_prelayernorm.encoder.layer.0.intermediate:intermediate" in padded, padded
+    assert ("intermediate_size", 173, 176) in _moves(prove_on_class(repair_plan, ckpt))

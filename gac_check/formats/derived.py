@@ -128,8 +128,9 @@ class _Group:
 def _kind(entry: dict, name: str, axis: int, ndim: int, label: str) -> AxisKind:
     """Producer (rows that compute the width), consumer, bias or norm, by the module kind."""
     module_kind = entry["kind"]
-    if ndim == 1:
-        return AxisKind.NORM if module_kind == "norm" or "norm" in name else AxisKind.BIAS
+    if ndim == 1:  # named a norm by its own module, not a prefix (roberta_prelayernorm.)
+        own = ".".join(name.split(".")[-2:])
+        return AxisKind.NORM if module_kind == "norm" or "norm" in own else AxisKind.BIAS
     if module_kind == "embedding":
         return AxisKind.PRODUCER if axis == 0 else AxisKind.CONSUMER
     if ndim == 2:

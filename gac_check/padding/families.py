@@ -70,6 +70,8 @@ PROVEN: frozenset[str] = frozenset({
     # a text model saved alone (Emu3ForCausalLM, MllamaForCausalLM): read as dense Llama
     # modules, loaded by the class config.json's architectures names
     "emu3_text_model", "mllama_text_model",
+    # its every bias sits under roberta_prelayernorm.: no longer taken for a norm by its name
+    "roberta-prelayernorm",
 })
 
 def width_key(model_type: object, role: Role) -> str | None:
