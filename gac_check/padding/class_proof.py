@@ -138,10 +138,11 @@ def _bound_counts(ckpt: Checkpoint) -> None:
             if _COUNTS.search(key) and isinstance(value, int) and not isinstance(value, bool)]
     over = [(key, value, most) for key, value, most in over if value > most]
     read = _read(ckpt.config) if over and all(v <= _MOST for _, v, _ in over) else None
+    probe = {**ckpt.config, **{key: most for key, _, most in over}}  # every count bounded
     for key, value, most in over:
         as_read = getattr(read, key, value) if read is not None else value
         if value <= _MOST and ((isinstance(as_read, int) and as_read <= most)
-                               or _shared(ckpt.config, key, most)):
+                               or _shared(probe, key, most)):
             continue
         raise BadInput(f"config.json's {key}={value} is more than the checkpoint's "
                        f"tensors number ({most}); refusing to build its class at "
@@ -160,7 +161,8 @@ def _shared(config: Mapping, key: str, most: int) -> bool:
     """Whether the class builds no module per ``key`` beyond what the tensors number: the
     same tensors at ``most`` and ``most + 1`` (ALBERT shares one layer group across its
     ``num_hidden_layers``; Doge builds no expert unless ``is_moe``), so the config's value is
-    no count of tensors. Every probe is built at the tensors' own count."""
+    no count of tensors. ``config`` holds every count at most the tensors' own, so no probe
+    builds more than they number."""
     try:
         names = [set(_built(config, key, n)) for n in (most, most + 1)]
     except Exception:  # a class that does not build at the tensors' count: not shown shared
