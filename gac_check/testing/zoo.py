@@ -32,7 +32,7 @@ VARIANTS = {
     "hd20": {"hidden_size": 80, "num_attention_heads": 4, "head_dim": 20, "inter": 128},
 }
 _INTER = ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size",
-          "encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size",
+          "encoder_ffn_dim", "decoder_ffn_dim", "dff", "moe_intermediate_size",
           "expert_intermediate_size", "shared_expert_intermediate_size")
 #: sub-configs that hold the language model: built in the variant; any other sub-config
 #: (a vision or audio tower) is built small and aligned, so the class fits in memory
