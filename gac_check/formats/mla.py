@@ -24,6 +24,7 @@ from gac_check.errors import BadInput
 from gac_check.formats.architectures import DEEPSEEK, HEADS_NOT_PADDED, find_family
 from gac_check.formats.base import Format
 from gac_check.formats.layout import Linear, dense_linear
+from gac_check.formats.mla_indexer import indexer_sites, residual_axes
 from gac_check.formats.moe import find_moe
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -113,6 +114,19 @@ class MLA(Format):
             sites.extend(layer_sites(ckpt, f"{prefix}.{i}.self_attn", i))
         return sites
 
+    def sites(self, ckpt: Checkpoint) -> list[DimSite]:
+        """The family's and MLA's sites, with a DSA indexer's residual-stream columns
+        (:mod:`.mla_indexer`) on the hidden site that the family's reader builds."""
+        sites = super().sites(ckpt)
+        extra = residual_axes(ckpt)
+        if extra:
+            hidden = next((s for s in sites if s.role is Role.HIDDEN and s.layer is None), None)
+            if hidden is None:
+                raise BadInput("a DSA lightning indexer reads the residual stream, but no "
+                               "hidden-size site was read to put it on", ckpt.path)
+            hidden.axes.extend(extra)
+        return sites
+
 
 def _linears(ckpt: Checkpoint, module: str) -> MLALinears:
     shapes = ckpt.shapes
@@ -196,6 +210,9 @@ def layer_sites(ckpt: Checkpoint, module: str, layer: int) -> list[DimSite]:
                      inexact=LATENT_NORM_INEXACT.format(norm="q_a_layernorm"))
         _note(qr, cfg, "q_lora_rank", d.q_lora_rank)
         sites.append(qr)
+    indexer, q_latent = indexer_sites(ckpt, module, layer, lin.q_a, lin.kv_a.in_features)
+    if lin.q_a:
+        qr.axes.extend(q_latent)
     elif cfg.get("q_lora_rank") is not None:
         kv.notes.append(f"the config says q_lora_rank={cfg['q_lora_rank']}, tensors have "
                         "q_proj (no q latent)")
@@ -220,4 +237,4 @@ def layer_sites(ckpt: Checkpoint, module: str, layer: int) -> list[DimSite]:
                     attrs={"kv_heads": d.heads})
     _note(heads, cfg, "num_attention_heads", d.heads)
     sites.append(heads)
-    return sites
+    return sites + indexer
