@@ -8,7 +8,13 @@ as the sweep builds it (its own class, saved with save_pretrained) and checked f
 - DiffLlama: the table could not build it (its kv head count must be even), so its
   per-head_dim ``lambda_*`` vectors went unread;
 - DeepSeek-V3.2 and GLM-MoE-DSA: the DSA lightning indexer's linears
-  (formats/mla_indexer.py).
+  (formats/mla_indexer.py);
+- CPM-Ant: its head width key ``dim_head`` and MLP width key ``dim_ff``, and its embedding's
+  vocab + prompt rows, a lookup table's length (formats/derive_rows.py);
+- HRM-Text: its saved gate + q + k + v projection ``gqkv_proj`` (label ``q4``).
+
+AXK2 and HunYuan-V4 stay refused, each in one line naming what differs from DeepSeek's MLA
+layer (formats/mla_layouts.py).
 """
 from __future__ import annotations
 
@@ -38,7 +44,8 @@ def test_a_sequential_position_stays_literal_and_is_found_again() -> None:
     assert lookup(table, expert)[1:] == (1, 7)
 
 
-@pytest.mark.parametrize("model_type", ["ctrl", "diffllama", "deepseek_v32", "glm_moe_dsa"])
+@pytest.mark.parametrize("model_type", ["ctrl", "diffllama", "deepseek_v32", "glm_moe_dsa",
+                                        "cpmant", "hrm_text"])
 def test_the_type_is_judged_with_every_tensor_read(tmp_path: Path, model_type: str) -> None:
     row = run_one(model_type, "mlp173", tmp_path)
     assert row.outcome == "judged", row.detail
@@ -78,7 +85,36 @@ def test_the_dsa_indexers_linears_are_gemm_sites(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("model_type", "overrides"), [
-    ("ctrl", {}), ("diffllama", {}), ("deepseek_v32", DSA_TINY), ("glm_moe_dsa", DSA_TINY)])
+    ("ctrl", {}), ("diffllama", {}), ("cpmant", {}), ("deepseek_v32", DSA_TINY),
+    ("glm_moe_dsa", DSA_TINY)])
 def test_repair_is_exact_in_its_own_class(tmp_path: Path, model_type: str,
                                           overrides: dict) -> None:
     _assert_exact(model_type, tmp_path, **overrides)
+
+
+def test_cpmants_head_dim_and_lookup_rows(tmp_path: Path) -> None:
+    run_one("cpmant", "hd20", tmp_path)
+    result = check(tmp_path / "cpmant-hd20", gpu="h100", dtype="bfloat16")
+    head = [s for s in result.sites if s.role is Role.HEAD_DIM]
+    assert head and {s.value for s in head} == {20}
+    vocab = next(s for s in result.sites if s.role is Role.VOCAB)
+    assert {a.tensor for a in vocab.axes} == {"lm_head.weight"}  # the embedding is a lookup
+
+
+def test_hrm_texts_fused_gate_qkv_is_whole_heads(tmp_path: Path) -> None:
+    run_one("hrm_text", "hd20", tmp_path)
+    result = check(tmp_path / "hrm_text-hd20", gpu="h100", dtype="bfloat16")
+    axes = [a for s in result.sites if s.role is Role.HEAD_DIM for a in s.axes
+            if a.tensor.endswith("gqkv_proj.weight")]
+    assert axes and {(a.blocks, a.stride) for a in axes} == {(16, 20)}  # 4 x 4 heads of 20
+
+
+@pytest.mark.parametrize(("model_type", "says"), [
+    ("axk2", "q_b_proj reads 768 columns, 2 x q_lora_rank"),
+    ("hy_v4", "model.layers.0 lacks mlp.gate_proj; has hc_pre.hc_attn_layer")])
+def test_other_latent_attention_layouts_are_refused_naming_what_differs(
+        tmp_path: Path, model_type: str, says: str) -> None:
+    row = run_one(model_type, "aligned", tmp_path)
+    assert row.outcome == "refused"
+    with pytest.raises(Exception, match=says.replace("(", r"\(")):
+        check(tmp_path / f"{model_type}-aligned", gpu="h100", dtype="bfloat16")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from gac_check.formats.derive_names import pattern as name_pattern
 from gac_check.formats.derive_names import sequential_modules
+from gac_check.formats.derive_rows import label_lookup_rows, ties_head
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
@@ -41,9 +42,9 @@ KEYS = {
     "hidden": ("hidden_size",),
     "heads": ("num_attention_heads", "encoder_attention_heads", "decoder_attention_heads"),
     "kv_heads": ("num_key_value_heads",),
-    "head_dim": ("head_dim",),
+    "head_dim": ("head_dim", "dim_head"),
     "inter": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size",
-              "encoder_ffn_dim", "decoder_ffn_dim", "dff"),
+              "encoder_ffn_dim", "decoder_ffn_dim", "dff", "dim_ff"),
     "expert": ("moe_intermediate_size", "expert_intermediate_size"),
     "shared": ("shared_expert_intermediate_size",),
     "vocab": ("vocab_size",),
@@ -61,7 +62,8 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         "hidden": h, "vocab": v["vocab"], "inter": v["inter"], "inter2": 2 * v["inter"],
         "expert": v["expert"], "expert2": 2 * v["expert"], "shared": v["shared"],
         "shared2": 2 * v["shared"], "q": n * d, "kv": k * d, "qkv": (n + 2 * k) * d,
-        "q3": 3 * n * d, "qkv_mq": (n + 2) * d, "kv2": 2 * k * d, "hd": d, "heads": n,
+        "q3": 3 * n * d, "q4": 4 * n * d, "qkv_mq": (n + 2) * d, "kv2": 2 * k * d, "hd": d,
+        "heads": n,
         "kv_heads": k,
         "experts": v["experts"], "positions": v["positions"],
         "positions2": v["positions"] + 2, "h4": 4 * h, "h3": 3 * h, "cross": v["cross"],
@@ -159,7 +161,7 @@ def _head_dims(model, attention: bool) -> set[int]:
     hybrid's SSM mixer has a head_dim of its own: Falcon-H1, Bamba)."""
     dims = {getattr(m, attr, None) for _, m in model.named_modules()
             if not attention or "attention" in type(m).__name__.lower()
-            for attr in ("head_dim", "attention_head_size", "head_size")}
+            for attr in ("head_dim", "attention_head_size", "head_size", "dim_head")}
     return {d for d in dims if isinstance(d, int) and d > 0}
 
 
@@ -366,11 +368,12 @@ def derive(model_type: str) -> dict:
     if va["head_dim"] * va["heads"] == va["hidden"]:
         _untie_attention(ma, kinds, tensors, seq)
     _label_ssm(ma, kinds, saved, tensors, seq)
+    label_lookup_rows(tensors, ties_head(ma))
     _layer_kinds(sa, tensors, seq)
     return {
         "class": type(ma).__name__,
         "keys": _keys(type(ma.config), ma.config),
-        "tied": bool(getattr(ma.config, "tie_word_embeddings", False)),
+        "tied": bool(getattr(ma.config, "tie_word_embeddings", False)) and ties_head(ma),
         "head_dim_derived": va["head_dim"] * va["heads"] == va["hidden"],
         "tensors": tensors,
     }

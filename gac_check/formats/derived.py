@@ -54,7 +54,7 @@ _WIDTH = {
     "shared": ("shared", 1), "shared2": ("shared", 2), "experts": ("experts", 1),
     "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
 }
-_HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
+_HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "q4", "kv2", "hd", "h3")
 #: site kind -> the derived table's role whose config.json key records it
 _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
@@ -188,7 +188,7 @@ class Derived(Format):
             if tensor is None or len(tensor["axes"]) != len(shape):
                 continue  # not the class's: the accounting names it
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
-                if label.startswith("=") or label.startswith("positions"):  # a table length
+                if label.startswith(("=", "positions", "rows")):  # a table length
                     continue
                 if label == "ssm":
                     _collect_ssm(groups, tensor, name, axis, size, layer)
@@ -205,7 +205,7 @@ class Derived(Format):
 
 def _fixed(label: str, size: int) -> bool:
     """An axis with nothing to judge: the class's fixed size, or a table length."""
-    return label == f"={size}" or label.startswith("positions")
+    return label == f"={size}" or label.startswith(("positions", "rows"))
 
 
 def _missing(entry: dict, ckpt: Checkpoint) -> str | None:

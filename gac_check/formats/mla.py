@@ -25,6 +25,7 @@ from gac_check.formats.architectures import DEEPSEEK, HEADS_NOT_PADDED, find_fam
 from gac_check.formats.base import Format
 from gac_check.formats.layout import Linear, dense_linear
 from gac_check.formats.mla_indexer import indexer_sites, residual_axes
+from gac_check.formats.mla_layouts import gated_query, layout_gap
 from gac_check.formats.moe import find_moe
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -107,7 +108,8 @@ class MLA(Format):
         if found is None or found[0] is not DEEPSEEK:
             raise BadInput("has multi-head latent attention (kv_a_proj_with_mqa) but not "
                            "DeepSeek's layer layout (q_a_proj/q_b_proj or q_proj, "
-                           "kv_a_layernorm, kv_b_proj, o_proj, a gated MLP)", ckpt.path)
+                           "kv_a_layernorm, kv_b_proj, o_proj, a gated MLP)"
+                           + layout_gap(ckpt), ckpt.path)
         _, prefix, layers = found
         sites: list[DimSite] = []
         for i in layers:
@@ -148,6 +150,8 @@ def _dims(ckpt: Checkpoint, module: str, lin: MLALinears) -> MLADims:
     tensors cannot give it (no rope part: q and kv_b then differ by nothing per head)."""
     latent = lin.kv_b.in_features
     rope = lin.kv_a.out_features - latent
+    if lin.q_a and lin.q.in_features == 2 * lin.q_a.out_features:
+        raise BadInput(gated_query(module, lin.q, lin.kv_b, lin.o, rope), ckpt.path)
     q_out, kv_out, o_in = lin.q.out_features, lin.kv_b.out_features, lin.o.in_features
     per_head_rope = q_out - kv_out + o_in  # H x rope
     heads = per_head_rope // rope if rope > 0 and per_head_rope % rope == 0 else None
