@@ -14,12 +14,15 @@ from __future__ import annotations
 
 
 def ties_head(model) -> bool:
-    """Whether the built class reads its head's GEMM from the embedding's tensor (its config's
-    ``tie_word_embeddings`` may say True for a class that never ties: CPM-Ant's)."""
+    """Whether the built class may read its head's GEMM from the embedding's tensor: it ties
+    them, or declares a tie (``_tied_weights_keys``) it applies when the config asks. A config's
+    ``tie_word_embeddings`` may say True for a class that never ties (CPM-Ant's: the key map is
+    empty), and only then is the table's entry untied."""
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     if head is None or embedding is None:
         return False
-    return getattr(head, "weight", None) is getattr(embedding, "weight", None)
+    declared = getattr(model, "_tied_weights_keys", None)
+    return bool(declared) or getattr(head, "weight", None) is getattr(embedding, "weight", None)
 
 
 def label_lookup_rows(tensors: dict[str, dict], tied: bool) -> None:

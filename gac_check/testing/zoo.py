@@ -120,7 +120,7 @@ def _misaligned(model, variant: str) -> bool:
         return any(d in (173, 346) for p in model.parameters() for d in p.shape)
     if variant == "hd20":
         return any(getattr(m, a, None) == 20 for m in model.modules()
-                   for a in ("head_dim", "attention_head_size", "head_size"))
+                   for a in ("head_dim", "attention_head_size", "head_size", "dim_head"))
     return False
 
 
