@@ -62,11 +62,12 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         "hidden": h, "vocab": v["vocab"], "inter": v["inter"], "inter2": 2 * v["inter"],
         "expert": v["expert"], "expert2": 2 * v["expert"], "shared": v["shared"],
         "shared2": 2 * v["shared"], "q": n * d, "kv": k * d, "qkv": (n + 2 * k) * d,
-        "q3": 3 * n * d, "q4": 4 * n * d, "qkv_mq": (n + 2) * d, "kv2": 2 * k * d, "hd": d,
-        "heads": n,
+        "q3": 3 * n * d, "qkv_mq": (n + 2) * d, "kv2": 2 * k * d, "hd": d, "heads": n,
         "kv_heads": k,
         "experts": v["experts"], "positions": v["positions"],
         "positions2": v["positions"] + 2, "h4": 4 * h, "h3": 3 * h, "cross": v["cross"],
+        # after h4: where heads x head_dim is the hidden size, 4 x hidden is an MLP (BLOOM)
+        "q4": 4 * n * d,
     }
 
 
