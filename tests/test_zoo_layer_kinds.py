@@ -13,16 +13,22 @@ as the sweep builds it (its own class, saved with save_pretrained) and checked f
   vocab + prompt rows, a lookup table's length (formats/derive_rows.py);
 - HRM-Text: its saved gate + q + k + v projection ``gqkv_proj`` (label ``q4``).
 
-AXK2 and HunYuan-V4 stay refused, each in one line naming what differs from DeepSeek's MLA
-layer (formats/mla_layouts.py).
+- AXK2: its gated MLA query (``q_b_proj`` reads the normed and raw q latent, 2 x
+  q_lora_rank, and makes per head the query and a value gate: formats/mla_layouts.py) and its
+  gated norms' low-rank gate (``W_down`` / ``W_up``: formats/gated_norm.py).
+
+HunYuan-V4 stays refused, in one line naming what differs from DeepSeek's MLA layer.
 """
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
 
 from gac_check.api import check
+from gac_check.errors import BadInput
 from gac_check.formats.derive_names import lookup, pattern
 from gac_check.sites import Role
 from gac_check.testing.zoo import run_one
@@ -32,6 +38,8 @@ from tests.test_repair_families import _assert_exact
 DSA_TINY = {"num_key_value_heads": 4, "index_head_dim": 64, "q_lora_rank": 64,
             "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
             "v_head_dim": 16}
+#: AXK2's 128 default experts, built small
+AXK2_TINY = {"num_key_value_heads": 4, "n_routed_experts": 4}
 
 
 def test_a_sequential_position_stays_literal_and_is_found_again() -> None:
@@ -45,7 +53,7 @@ def test_a_sequential_position_stays_literal_and_is_found_again() -> None:
 
 
 @pytest.mark.parametrize("model_type", ["ctrl", "diffllama", "deepseek_v32", "glm_moe_dsa",
-                                        "cpmant", "hrm_text"])
+                                        "cpmant", "hrm_text", "axk2"])
 def test_the_type_is_judged_with_every_tensor_read(tmp_path: Path, model_type: str) -> None:
     row = run_one(model_type, "mlp173", tmp_path)
     assert row.outcome == "judged", row.detail
@@ -86,7 +94,7 @@ def test_the_dsa_indexers_linears_are_gemm_sites(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("model_type", "overrides"), [
     ("ctrl", {}), ("diffllama", {}), ("cpmant", {}), ("deepseek_v32", DSA_TINY),
-    ("glm_moe_dsa", DSA_TINY)])
+    ("glm_moe_dsa", DSA_TINY), ("axk2", AXK2_TINY)])
 def test_repair_is_exact_in_its_own_class(tmp_path: Path, model_type: str,
                                           overrides: dict) -> None:
     _assert_exact(model_type, tmp_path, **overrides)
@@ -109,12 +117,35 @@ def test_hrm_texts_fused_gate_qkv_is_whole_heads(tmp_path: Path) -> None:
     assert axes and {(a.blocks, a.stride) for a in axes} == {(16, 20)}  # 4 x 4 heads of 20
 
 
-@pytest.mark.parametrize(("model_type", "says"), [
-    ("axk2", "q_b_proj reads 768 columns, 2 x q_lora_rank"),
-    ("hy_v4", "model.layers.0 lacks mlp.gate_proj; has hc_pre.hc_attn_layer")])
-def test_other_latent_attention_layouts_are_refused_naming_what_differs(
-        tmp_path: Path, model_type: str, says: str) -> None:
-    row = run_one(model_type, "aligned", tmp_path)
+def test_another_latent_attention_layout_is_refused_naming_what_differs(
+        tmp_path: Path) -> None:
+    row = run_one("hy_v4", "aligned", tmp_path)
     assert row.outcome == "refused"
-    with pytest.raises(Exception, match=says.replace("(", r"\(")):
-        check(tmp_path / f"{model_type}-aligned", gpu="h100", dtype="bfloat16")
+    with pytest.raises(BadInput, match=re.escape("model.layers.0 lacks mlp.gate_proj; has hc_pre")):
+        check(tmp_path / "hy_v4-aligned", gpu="h100", dtype="bfloat16")
+
+
+def test_axk2s_gated_query_and_gated_norms_are_read(tmp_path: Path) -> None:
+    """The zoo's AXK2: 4 heads of qk_nope 64 + qk_rope 32 + gate 64 in q_b_proj's 640 rows
+    (DeepSeek's arithmetic counted the gate as query and found no whole heads)."""
+    run_one("axk2", "aligned", tmp_path)
+    result = check(tmp_path / "axk2-aligned", gpu="h100", dtype="bfloat16")
+    by_name = {s.name: s for s in result.sites}
+    module = "model.layers.0.self_attn"
+    q = f"{module}.q_b_proj.weight"
+    qk, v = by_name[f"{module}:qk_head_dim"], by_name[f"{module}:v_head_dim"]
+    assert (qk.value, v.value, by_name[f"{module}:heads"].value) == (96, 64, 4)
+    assert [(a.start, a.blocks, a.stride) for a in qk.axes if a.tensor == q] == [(0, 4, 160)]
+    assert [(a.start, a.blocks, a.stride) for a in v.axes if a.tensor == q] == [(96, 4, 160)]
+    rank = by_name[f"{module}:q_lora_rank"]
+    assert [(a.blocks, a.stride) for a in rank.axes if a.tensor == q] == [(2, 384)]
+    gate = by_name["model.layers.0.input_layernorm:gated_norm_rank"]
+    assert gate.value == 16 and gate.config_field == ("gated_norm_rank",)
+    hidden = {a.tensor for a in by_name["hidden"].axes}
+    assert "model.layers.0.input_layernorm.W_up.weight" in hidden
+
+
+def test_axk2s_repair_pads_the_gate_rank_exactly_in_its_own_class(tmp_path: Path) -> None:
+    _assert_exact("axk2", tmp_path, **AXK2_TINY, gated_norm_rank=13)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["gated_norm_rank"] == 16

@@ -16,6 +16,7 @@ than "not DeepSeek's layout":
 from __future__ import annotations
 
 from gac_check.checkpoint.index import Checkpoint
+from gac_check.errors import BadInput
 from gac_check.formats.architectures import DEEPSEEK, find_family
 from gac_check.formats.layout import Linear
 
@@ -35,20 +36,25 @@ def _module(name: str) -> str:
     return ".".join(name.split(".")[:2])
 
 
-def gated_query(module: str, q: Linear, kv_b: Linear, o: Linear, rope: int) -> str:
-    """The refusal of AXK2's gated query projection, with the class's own arithmetic."""
+def gated_dims(ckpt: Checkpoint, module: str, q: Linear, kv_b: Linear, o: Linear,
+               rope: int) -> tuple[int, int, int]:
+    """AXK2's (heads, qk_nope_head_dim, v_head_dim): the head count is (q - kv_b) / rope,
+    since per head q makes nope + rope + gate (v) rows and kv_b nope + v; BadInput where they
+    split into no whole heads of that layout."""
     q_out, kv_out, o_in = q.out_features, kv_b.out_features, o.in_features
     heads = (q_out - kv_out) // rope if rope > 0 and (q_out - kv_out) % rope == 0 else 0
-    split = ""
-    if heads and not (o_in % heads or kv_out % heads):
-        v = o_in // heads
-        split = (f" ({heads} heads: q {q_out} = {heads} x (qk_nope {kv_out // heads - v} + "
-                 f"qk_rope {rope} + gate {v}), kv_b {kv_out} = {heads} x (qk_nope "
-                 f"{kv_out // heads - v} + v {v}))")
-    return (f"{module}: q_b_proj reads {q.in_features} columns, 2 x q_lora_rank (the normed and "
-            f"the raw q latent side by side), and makes a query and a value gate per head{split}"
-            ": AXK2's gated MLA query, which gac-check's MLA reader does not read; refusing to "
-            "judge it")
+    if heads <= 0 or o_in % heads or kv_out % heads or q_out % heads:
+        raise BadInput(f"{module}: q_b_proj reads 2 x q_lora_rank ({q.in_features}), AXK2's "
+                       f"gated query, but its rows ({q_out}), kv_b_proj's ({kv_out}) and "
+                       f"o_proj's columns ({o_in}) split into no whole heads of query (nope + "
+                       f"rope {rope}) and value gate", ckpt.path)
+    v = o_in // heads
+    nope = kv_out // heads - v
+    if nope < 0 or q_out // heads != nope + rope + v:
+        raise BadInput(f"{module}: q_b_proj makes {q_out // heads} rows per head, but AXK2's "
+                       f"gated query makes qk_nope {nope} + qk_rope {rope} + gate {v} "
+                       f"(kv_b_proj's and o_proj's per head): refusing to guess", ckpt.path)
+    return heads, nope, v
 
 
 def layout_gap(ckpt: Checkpoint) -> str:
