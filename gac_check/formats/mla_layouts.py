@@ -1,17 +1,16 @@
-"""Why a multi-head latent attention model that is not DeepSeek's layout is refused, named.
+"""Multi-head latent attention layouts beside DeepSeek's: AXK2's sizes, and why others are refused.
 
 :mod:`.mla` reads DeepSeek-V2/V3's layer (and V3.2's indexer). Two classes transformers 5.24.0
-ships put other modules around the same latents, and each refusal names what differs rather
-than "not DeepSeek's layout":
+ships put other modules around the same latents:
 
 - AXK2 (``AXK2Attention.__init__``): its query projection, saved as ``q_b_proj``, reads the
   normed and the raw q latent side by side (2 x q_lora_rank columns) and makes, per head, the
   query (qk_nope + qk_rope) and a sigmoid gate over the value (v_head_dim) rows: heads x
   (qk_head_dim + v_head_dim). DeepSeek's arithmetic (q - kv_b + o = heads x rope) counts the
-  gate as query and finds no whole heads; the head count is (q - kv_b) / rope instead, given
-  in the refusal. Its layers' norms are gated too (``input_layernorm.W_up`` / ``W_down``).
-- HunYuan-V4 (``hy_v4``) and others: the layer's modules are listed against DeepSeek's
-  (:func:`layout_gap`: what it lacks, what it has that DeepSeek's does not).
+  gate as query and finds no whole heads; the head count is (q - kv_b) / rope instead
+  (:func:`gated_dims`). Its layers' gated norms are :mod:`.gated_norm`'s.
+- HunYuan-V4 (``hy_v4``) and others are refused, the layer's modules listed against
+  DeepSeek's (:func:`layout_gap`: what it lacks, what it has that DeepSeek's does not).
 """
 from __future__ import annotations
 
