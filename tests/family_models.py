@@ -14,7 +14,7 @@ from pathlib import Path
 #: every config key that records an MLP or expert width in some family
 WIDTH_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "moe_intermediate_size", "d_ff",
               "ffn_hidden_size", "shared_expert_intermediate_size", "decoder_ffn_dim",
-              "inner_hidden_size")
+              "inner_hidden_size", "dff", "dim_ff")
 #: the tiny sizes, under every name a family's config may give them
 SIZES = {"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,

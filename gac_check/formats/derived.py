@@ -31,6 +31,7 @@ from gac_check.formats.architectures import (
     VOCAB_INEXACT,
 )
 from gac_check.formats.base import Format
+from gac_check.formats.derive_names import lookup
 from gac_check.formats.derive_table import layer_part
 from gac_check.formats.moe import EXPERTS_NOT_PADDED
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
@@ -53,7 +54,7 @@ _WIDTH = {
     "shared": ("shared", 1), "shared2": ("shared", 2), "experts": ("experts", 1),
     "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
 }
-_HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
+_HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "q4", "kv2", "hd", "h3")
 #: site kind -> the derived table's role whose config.json key records it
 _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
@@ -104,16 +105,6 @@ def derive_now(model_type: str) -> dict | None:
 _INDEX = re.compile(r"\.(\d+)\.")
 
 
-def _pattern(name: str) -> tuple[str, int | None, int | None]:
-    """``model.layers.3.mlp.experts.7.w1.weight`` -> (``...{i}...{e}...``, 3, 7)."""
-    found = _INDEX.findall(name)
-    pattern = _INDEX.sub(".{i}.", name, count=1)
-    pattern = _INDEX.sub(".{e}.", pattern)
-    layer = int(found[0]) if found else None
-    expert = int(found[1]) if len(found) > 1 else None
-    return pattern, layer, expert
-
-
 @dataclass
 class _Group:
     """The axes of one site being collected, and the widths they imply."""
@@ -159,7 +150,7 @@ class Derived(Format):
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
-            tensor = entry["tensors"].get(_pattern(name)[0])
+            tensor = entry["tensors"].get(lookup(entry["tensors"], name)[0])
             if (tensor and len(tensor["axes"]) == len(shape)
                     and all(_fixed(a, n) for a, n in zip(tensor["axes"], shape, strict=True))):
                 out.add(name)  # the class's fixed size; any other size is not the class's
@@ -171,7 +162,7 @@ class Derived(Format):
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
-            tensor = entry["tensors"].get(_pattern(name)[0])
+            tensor = entry["tensors"].get(lookup(entry["tensors"], name)[0])
             if (tensor and tensor["kind"] != "linear" and len(tensor["axes"]) == len(shape)
                     and "ssm" in tensor["axes"]
                     and not any(name.endswith("." + k[0]) and k[1] == len(shape)
@@ -192,12 +183,12 @@ class Derived(Format):
         head_dim = _head_dim(ckpt.config, entry["keys"])
         groups: dict[tuple, _Group] = {}
         for name, shape in ckpt.shapes.items():
-            pattern, layer, expert = _pattern(name)
+            pattern, layer, expert = lookup(entry["tensors"], name)
             tensor = entry["tensors"].get(pattern)
             if tensor is None or len(tensor["axes"]) != len(shape):
                 continue  # not the class's: the accounting names it
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
-                if label.startswith("=") or label.startswith("positions"):  # a table length
+                if label.startswith(("=", "positions", "rows")):  # a table length
                     continue
                 if label == "ssm":
                     _collect_ssm(groups, tensor, name, axis, size, layer)
@@ -214,7 +205,7 @@ class Derived(Format):
 
 def _fixed(label: str, size: int) -> bool:
     """An axis with nothing to judge: the class's fixed size, or a table length."""
-    return label == f"={size}" or label.startswith("positions")
+    return label == f"={size}" or label.startswith(("positions", "rows"))
 
 
 def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
@@ -228,7 +219,7 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
     layers: dict[int, dict[tuple[str, bool], set[int | None]]] = {}
     kinds: dict[tuple[int, tuple[str, bool]], set[int | None]] = {}
     for name in ckpt.shapes:
-        pattern, layer, expert = _pattern(name)
+        pattern, layer, expert = lookup(entry["tensors"], name)
         tensor = entry["tensors"].get(pattern)
         if tensor is not None and layer is not None and "{i}" in pattern:
             part = layer_part(pattern, tensor)
