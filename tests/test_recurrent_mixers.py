@@ -1,0 +1,98 @@
+"""Recurrent mixers and hybrid blocks beyond Mamba, read through their own classes.
+
+Zamba's shared transformer block (its attention reads concat(hidden, embeddings), 2 x hidden),
+RecurrentGemma (RG-LRU blocks; its MLP is intermediate_size // 2 wide), xLSTM (mLSTM blocks;
+the feed-forward width from ``ffn_proj_factor``) and Bailing-hybrid (linear-attention layers
+saved under other names than their modules'). Each is built tiny by transformers' own class
+(the zoo's build, gac_check/testing/zoo.py), written with ``save_pretrained`` and checked from
+its headers: every tensor accounted, each width on the site its class gives it.
+docs/formats.md "Hybrid and SSM models".
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import gac_check
+from gac_check.errors import BadInput
+from gac_check.formats.derive_table import derive
+from gac_check.formats.derived import table
+from gac_check.sites import Role
+from gac_check.testing.zoo import build_tiny
+
+TYPES = ("zamba", "zamba2", "recurrent_gemma", "xlstm", "bailing_hybrid")
+
+
+def _check(model_type: str, variant: str, tmp_path: Path):
+    build_tiny(model_type, variant, tmp_path / "m")
+    result = gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+    assert result.accounting is not None and result.accounting.unknown == []
+    return result
+
+
+def _on(result, role: Role) -> dict[tuple[str, int], int]:
+    return {(a.tensor, a.axis): s.value for s in result.sites if s.role is role
+            for a in s.axes}
+
+
+@pytest.mark.parametrize("model_type", ["zamba", "zamba2"])
+def test_zamba_shared_block_reads_twice_the_hidden_size(model_type: str,
+                                                        tmp_path: Path) -> None:
+    """q/k/v's columns and the block's input norm are two hidden-wide halves of the hidden
+    site (Zamba's attention_hidden_size = 2 x hidden_size)."""
+    result = _check(model_type, "aligned", tmp_path)
+    hidden = next(s for s in result.sites if s.role is Role.HIDDEN)
+    block = "shared_transf" if model_type == "zamba" else "shared_transformer"
+    q = next(a for a in hidden.axes if a.tensor.endswith(f"{block}.self_attn.q_proj.weight"))
+    halves = sorted(a.start for a in hidden.axes if a.tensor == q.tensor)
+    assert q.axis == 1 and halves == [0, 64]
+    assert result.verdict() == "pass"
+
+
+def test_recurrent_gemma_mlp_is_half_the_config_width(tmp_path: Path) -> None:
+    """intermediate_size 173 builds an MLP 86 wide: judged as the MLP site, said not to be
+    padded (config.json records twice the width), and --repair writes nothing."""
+    result = _check("recurrent_gemma", "mlp173", tmp_path)
+    mlp = _on(result, Role.INTERMEDIATE)
+    assert mlp[("model.layers.0.mlp_block.down_proj.weight", 1)] == 86
+    assert any(f.site.value == 86 for f in result.findings)
+    # RG-LRU's gates and recurrence parameter: the recurrent mixer's own, accounted
+    kinds = result.accounting.kinds
+    assert kinds["model.layers.0.temporal_block.rg_lru.recurrent_param"] == "SSM parameter"
+    site = next(s for s in result.sites if s.name == "model.layers.0.mlp_block:intermediate")
+    assert site.value == 86 and "does not record as itself" in (site.inexact or "")
+    with pytest.raises(BadInput):
+        gac_check.repair(tmp_path / "m", tmp_path / "out", gpu="h100", dtype="bfloat16",
+                         progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_xlstm_ffn_width_and_mlstm_gemms(tmp_path: Path) -> None:
+    """The feed-forward width round_up(64 x 2.667, 64) = 192 is the MLP site; mLSTM's q/k
+    rows (hidden x qk_dim_factor) are GEMM widths of the recurrent mixer."""
+    result = _check("xlstm", "aligned", tmp_path)
+    mlp = _on(result, Role.INTERMEDIATE)
+    assert mlp[("backbone.blocks.0.ffn.proj_down.weight", 1)] == 192
+    assert mlp[("backbone.blocks.0.ffn.proj_up_gate.weight", 0)] == 192
+    ssm = _on(result, Role.SSM)
+    assert ssm[("backbone.blocks.0.mlstm_layer.q.weight", 0)] == 32
+
+
+def test_bailing_linear_attention_read_under_its_saved_names(tmp_path: Path) -> None:
+    """Saved as ``attention.dense`` / ``attention.A_log`` from modules named
+    ``self_attn.o_proj`` / ``self_attn.forget_gate``: still the linear-attention mixer, its
+    projections GEMM sites, its decay, conv and group norm accounted."""
+    result = _check("bailing_hybrid", "aligned", tmp_path)
+    ssm = _on(result, Role.SSM)
+    assert ssm[("model.layers.0.attention.dense.weight", 1)] == 64
+    assert ssm[("model.layers.0.attention.q_proj.weight", 0)] == 64
+    kinds = result.accounting.kinds
+    assert kinds["model.layers.0.attention.o_norm.weight"] == "SSM parameter"
+    assert kinds["model.layers.0.attention.q_conv1d.weight"] == "SSM parameter"
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_shipped_table_matches_the_recurrent_classes(model_type: str) -> None:
+    """Stale after a transformers upgrade: rerun python -m gac_check.formats.derive_table."""
+    assert table()["types"][model_type] == derive(model_type)
