@@ -59,8 +59,8 @@ _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
 _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
 _ROLE = {"mlp": Role.INTERMEDIATE, "mlp_derived": Role.INTERMEDIATE, "expert": Role.EXPERT,
-         "shared": Role.SHARED_EXPERT, "experts": Role.EXPERTS, "heads": Role.HEADS, "hidden": Role.HIDDEN,
-         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN}
+         "shared": Role.SHARED_EXPERT, "experts": Role.EXPERTS, "heads": Role.HEADS,
+         "hidden": Role.HIDDEN, "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN}
 #: a decoder's cross-attention reads an encoder this checkpoint does not hold
 CROSS_INEXACT = ("the encoder's width, which the cross-attention's k/v projections read: "
                  "the encoder is not in this checkpoint, so its output cannot be padded")
