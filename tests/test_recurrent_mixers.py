@@ -3,7 +3,9 @@
 Zamba's shared transformer block (its attention reads concat(hidden, embeddings), 2 x hidden),
 RecurrentGemma (RG-LRU blocks; its MLP is intermediate_size // 2 wide), xLSTM (mLSTM blocks;
 the feed-forward width from ``ffn_proj_factor``) and Bailing-hybrid (linear-attention layers
-saved under other names than their modules'). Each is built tiny by transformers' own class
+saved under other names than their modules'), Kimi-Linear (delta attention beside MoE,
+recognised by its widths as LLM-Pruner's layout) and Inkling (a router over routed and shared
+experts). Each is built tiny by transformers' own class
 (the zoo's build, gac_check/testing/zoo.py), written with ``save_pretrained`` and checked from
 its headers: every tensor accounted, each width on the site its class gives it.
 docs/formats.md "Hybrid and SSM models".
@@ -21,7 +23,8 @@ from gac_check.formats.derived import table
 from gac_check.sites import Role
 from gac_check.testing.zoo import build_tiny
 
-TYPES = ("zamba", "zamba2", "recurrent_gemma", "xlstm", "bailing_hybrid")
+TYPES = ("zamba", "zamba2", "recurrent_gemma", "xlstm", "bailing_hybrid", "kimi_linear",
+         "inkling_text")
 
 
 def _check(model_type: str, variant: str, tmp_path: Path):
@@ -90,6 +93,28 @@ def test_bailing_linear_attention_read_under_its_saved_names(tmp_path: Path) -> 
     kinds = result.accounting.kinds
     assert kinds["model.layers.0.attention.o_norm.weight"] == "SSM parameter"
     assert kinds["model.layers.0.attention.q_conv1d.weight"] == "SSM parameter"
+
+
+def test_kimi_linear_read_by_the_table_where_llm_pruner_leaves_tensors(tmp_path: Path) -> None:
+    """Its delta-attention q_proj (4096) disagrees with heads x head_dim, so LLM-Pruner's
+    layout matches and leaves the MoE unread; the class table reads every tensor: the
+    delta attention's projections as GEMM sites, the experts at 173."""
+    result = _check("kimi_linear", "mlp173", tmp_path)
+    assert result.format.name == "derived"
+    ssm = _on(result, Role.SSM)
+    assert ssm[("model.layers.0.self_attn.q_proj.weight", 0)] == 4096
+    experts = _on(result, Role.EXPERT)
+    assert experts[("model.layers.1.block_sparse_moe.experts.0.w2.weight", 1)] == 173
+    assert result.accounting.kinds["model.layers.0.self_attn.A_log"] == "SSM parameter"
+
+
+def test_inkling_router_scores_routed_and_shared_experts(tmp_path: Path) -> None:
+    """The router's rows are n_routed_experts + n_shared_experts (256 + 2): a site of their
+    own beside the experts' count."""
+    result = _check("inkling_text", "mlp173", tmp_path)
+    router = next(s for s in result.sites if s.name == "model.layers.0.mlp:router_experts")
+    assert router.value == 258 and router.role is Role.EXPERTS
+    assert any(f.site.value == 173 for f in result.findings)
 
 
 @pytest.mark.parametrize("model_type", TYPES)

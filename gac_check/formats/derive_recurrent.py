@@ -12,8 +12,9 @@ checkpoint names differ from its modules (Kimi-Linear's ``self_attn.A_log`` is t
 ``self_attn.forget_gate``'s) is found all the same.
 
 Widths a config derives by a formula of its own (xLSTM's feed-forward: hidden x
-``ffn_proj_factor`` rounded up to ``ffn_round_up_to_multiple_of``) are labels only where the
-config determines them exactly (:func:`config_labels`).
+``ffn_proj_factor`` rounded up to ``ffn_round_up_to_multiple_of``; Inkling's router over the
+routed and shared experts) are labels only where the config determines them exactly
+(:func:`config_labels`).
 """
 from __future__ import annotations
 
@@ -73,14 +74,27 @@ def _layer_leaf(name: str) -> tuple[str, str]:
 
 
 def config_labels(config) -> dict[str, int]:
-    """Widths a config determines by a formula of its own, by label: xLSTM's feed-forward
+    """Widths a config determines by a formula of its own, by label: a router's rows over
+    routed and shared experts (:func:`_router_rows`); xLSTM's feed-forward
     width (transformers 5.24 models/xlstm/modeling_xlstm.py, ``xLSTMFeedForward.__init__``:
     ``round_up_to_next_multiple_of(hidden_size * ffn_proj_factor,
     ffn_round_up_to_multiple_of)``)."""
+    out = _router_rows(config)
     factor = getattr(config, "ffn_proj_factor", None)
     multiple = getattr(config, "ffn_round_up_to_multiple_of", None)
     hidden = getattr(config, "hidden_size", None)
     if (isinstance(factor, float | int) and isinstance(multiple, int) and multiple > 0
             and isinstance(hidden, int)):
-        return {"ffn": int(((hidden * factor + multiple - 1) // multiple) * multiple)}
+        out["ffn"] = int(((hidden * factor + multiple - 1) // multiple) * multiple)
+    return out
+
+
+def _router_rows(config) -> dict[str, int]:
+    """A router scoring the routed and the shared experts together: Inkling's
+    (transformers 5.24 models/inkling/modeling_inkling.py, ``InklingTopkRouter.__init__``:
+    ``n_routed_experts + n_shared_experts`` rows)."""
+    routed = getattr(config, "n_routed_experts", None)
+    shared = getattr(config, "n_shared_experts", None)
+    if isinstance(routed, int) and isinstance(shared, int) and shared > 0:
+        return {"router_all": routed + shared}
     return {}

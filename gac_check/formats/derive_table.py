@@ -77,7 +77,7 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
 
 #: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs);
 #: last, those a config derives by a formula of its own (:func:`.config_labels`).
-LABELS = (*_labels(VARIANTS[0]), "ffn")
+LABELS = (*_labels(VARIANTS[0]), "ffn", "router_all")
 
 
 def _config(config_cls, variant: dict[str, int], layers: int | None):

@@ -53,6 +53,7 @@ _WIDTH = {
     "shared": ("shared", 1), "shared2": ("shared", 2), "experts": ("experts", 1),
     "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
     "hidden2": ("hidden", 2), "inter_half": ("mlp_derived", 1), "ffn": ("mlp_derived", 1),
+    "router_all": ("router", 1),
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
 #: site kind -> the derived table's role whose config.json key records it
@@ -60,7 +61,8 @@ _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "e
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
 _ROLE = {"mlp": Role.INTERMEDIATE, "mlp_derived": Role.INTERMEDIATE, "expert": Role.EXPERT,
          "shared": Role.SHARED_EXPERT, "experts": Role.EXPERTS, "heads": Role.HEADS,
-         "hidden": Role.HIDDEN, "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN}
+         "hidden": Role.HIDDEN, "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN,
+         "router": Role.EXPERTS}
 #: a decoder's cross-attention reads an encoder this checkpoint does not hold
 CROSS_INEXACT = ("the encoder's width, which the cross-attention's k/v projections read: "
                  "the encoder is not in this checkpoint, so its output cannot be padded")
@@ -385,7 +387,8 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
     key = keys.get(_CONFIG.get(g.kind, ""))
     field_ = (key,) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
-               "experts": EXPERTS_NOT_PADDED, "cross_hidden": CROSS_INEXACT,
+               "experts": EXPERTS_NOT_PADDED, "router": EXPERTS_NOT_PADDED,
+               "cross_hidden": CROSS_INEXACT,
                "mlp_derived": DERIVED_INEXACT}.get(g.kind) or _normed(g)
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
@@ -403,5 +406,6 @@ def _normed(g: _Group) -> str | None:
     return NORMED.format(tensor=norm) if norm else None
 
 
-_SITE_NAME = {"mlp": "intermediate", "mlp_derived": "intermediate", "expert": "expert_intermediate",
+_SITE_NAME = {"mlp": "intermediate", "mlp_derived": "intermediate",
+              "router": "router_experts", "expert": "expert_intermediate",
               "shared": "shared_expert_intermediate", "experts": "experts", "heads": "heads"}
