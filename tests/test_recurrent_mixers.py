@@ -92,7 +92,12 @@ def test_bailing_linear_attention_read_under_its_saved_names(tmp_path: Path) -> 
     assert ssm[("model.layers.0.attention.q_proj.weight", 0)] == 64
     kinds = result.accounting.kinds
     assert kinds["model.layers.0.attention.o_norm.weight"] == "SSM parameter"
-    assert kinds["model.layers.0.attention.q_conv1d.weight"] == "SSM parameter"
+    assert kinds["model.layers.0.attention.A_log"] == "SSM parameter"
+    # the q/k/v short convolutions' taps: one conv-width site (causal-conv1d takes 2-4)
+    conv = next(s for s in result.sites if s.name == "model.layers.0.attention:ssm_conv")
+    assert conv.value == 4 and conv.role is Role.SSM_CONV
+    assert {(a.tensor.rsplit(".", 2)[1], a.axis) for a in conv.axes} == {
+        ("q_conv1d", 2), ("k_conv1d", 2), ("v_conv1d", 2)}
 
 
 def test_kimi_linear_read_by_the_table_where_llm_pruner_leaves_tensors(tmp_path: Path) -> None:
@@ -106,6 +111,8 @@ def test_kimi_linear_read_by_the_table_where_llm_pruner_leaves_tensors(tmp_path:
     experts = _on(result, Role.EXPERT)
     assert experts[("model.layers.1.block_sparse_moe.experts.0.w2.weight", 1)] == 173
     assert result.accounting.kinds["model.layers.0.self_attn.A_log"] == "SSM parameter"
+    conv = next(s for s in result.sites if s.name == "model.layers.0.self_attn:ssm_conv")
+    assert conv.value == 4
 
 
 def test_inkling_router_scores_routed_and_shared_experts(tmp_path: Path) -> None:
@@ -115,6 +122,21 @@ def test_inkling_router_scores_routed_and_shared_experts(tmp_path: Path) -> None
     router = next(s for s in result.sites if s.name == "model.layers.0.mlp:router_experts")
     assert router.value == 258 and router.role is Role.EXPERTS
     assert any(f.site.value == 173 for f in result.findings)
+
+
+def test_a_delta_attention_conv_wider_than_4_taps_is_an_error(tmp_path: Path) -> None:
+    """causal-conv1d (and vLLM's Triton port, which Kimi-Linear's delta attention calls)
+    takes 2 to 4 taps: Bailing-hybrid built with short_conv_kernel_size 5 breaks that rule."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model("bailing_hybrid", hidden_size=64, num_attention_heads=4,
+                               num_key_value_heads=4, head_dim=16, intermediate_size=128,
+                               num_hidden_layers=2, vocab_size=512, short_conv_kernel_size=5,
+                               pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
+    result = gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+    broken = {(f.site.name, r.id) for f in result.findings for r in f.rules}
+    assert ("model.layers.0.attention:ssm_conv", "ssm-conv-width") in broken
 
 
 @pytest.mark.parametrize("model_type", TYPES)

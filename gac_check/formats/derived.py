@@ -309,8 +309,12 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
 
 
 #: an SSM mixer's non-linear axes its kernels have a published limit on: (tensor leaf,
-#: ndim, axis) -> site side; the rest of them are accounted (:meth:`Derived.ssm_parameters`)
-_SSM_KERNEL_AXES = {("conv1d.weight", 3, 2): "conv", ("A_log", 2, 1): "state"}
+#: ndim, axis) -> site side; the rest of them are accounted (:meth:`Derived.ssm_parameters`).
+#: A delta-attention mixer's q/k/v short convolutions (Kimi-Linear, Bailing-hybrid) run the
+#: same causal-conv1d kernels (docs/formats.md "Hybrid and SSM models")
+_SSM_KERNEL_AXES = {("conv1d.weight", 3, 2): "conv", ("q_conv1d.weight", 3, 2): "conv",
+                    ("k_conv1d.weight", 3, 2): "conv", ("v_conv1d.weight", 3, 2): "conv",
+                    ("A_log", 2, 1): "state"}
 
 
 def _collect_ssm(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, size: int,
