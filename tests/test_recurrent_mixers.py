@@ -143,3 +143,17 @@ def test_a_delta_attention_conv_wider_than_4_taps_is_an_error(tmp_path: Path) ->
 def test_shipped_table_matches_the_recurrent_classes(model_type: str) -> None:
     """Stale after a transformers upgrade: rerun python -m gac_check.formats.derive_table."""
     assert table()["types"][model_type] == derive(model_type)
+
+
+@pytest.mark.parametrize(("model_type", "pattern", "axis"), [
+    ("phi4_multimodal", "model.layers.{i}.self_attn.qkv_proj.weight", 0),  # (n + 2k) d = 2h
+    ("moshi", "model.layers.{i}.mlp.fc2.weight", 1),  # a gated MLP's ffn_dim // 2
+])
+def test_formula_widths_are_not_matched_by_size_elsewhere(model_type: str, pattern: str,
+                                                          axis: int) -> None:
+    """2 x hidden and intermediate_size // 2 are labels only where the config says so
+    (Zamba's attention_hidden_size, RecurrentGemma): a fused qkv that happens to be 2 x
+    hidden is no concatenated input, Moshi's fc1 writes the full ffn_dim."""
+    derived = derive(model_type)
+    assert derived["tensors"][pattern]["axes"][axis] not in ("hidden2", "inter_half")
+    assert table()["types"][model_type] == derived

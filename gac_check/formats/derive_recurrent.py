@@ -11,10 +11,12 @@ mixer is found here instead and :func:`.derive_table._label_ssm` labels its inne
 checkpoint names differ from its modules (Kimi-Linear's ``self_attn.A_log`` is the module
 ``self_attn.forget_gate``'s) is found all the same.
 
-Widths a config derives by a formula of its own (xLSTM's feed-forward: hidden x
+Widths a config derives by a formula of its own (Zamba's shared block over 2 x hidden,
+RecurrentGemma's MLP of half ``intermediate_size``, xLSTM's feed-forward: hidden x
 ``ffn_proj_factor`` rounded up to ``ffn_round_up_to_multiple_of``; Inkling's router over the
 routed and shared experts) are labels only where the config determines them exactly
-(:func:`config_labels`).
+(:func:`config_labels`): sizes alone would also match them by chance elsewhere (a fused qkv
+of 2 x hidden, a gated MLP's half-width down projection).
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import re
 MARKERS = (".A_log", ".recurrent_param", ".fgate_preact.weight")
 
 _INDEX = re.compile(r"\.(\d+)\.")
+#: the labels :func:`config_labels` may give, in the order a tie is broken
+CONFIG_LABELS = ("hidden2", "inter_half", "ffn", "router_all")
 
 
 def mixer_prefixes(saved: dict[str, tuple[int, ...]]) -> list[str]:
@@ -79,7 +83,7 @@ def config_labels(config) -> dict[str, int]:
     width (transformers 5.24 models/xlstm/modeling_xlstm.py, ``xLSTMFeedForward.__init__``:
     ``round_up_to_next_multiple_of(hidden_size * ffn_proj_factor,
     ffn_round_up_to_multiple_of)``)."""
-    out = _router_rows(config)
+    out = _router_rows(config) | _concat_input(config) | _half_mlp(config)
     factor = getattr(config, "ffn_proj_factor", None)
     multiple = getattr(config, "ffn_round_up_to_multiple_of", None)
     hidden = getattr(config, "hidden_size", None)
@@ -87,6 +91,27 @@ def config_labels(config) -> dict[str, int]:
             and isinstance(hidden, int)):
         out["ffn"] = int(((hidden * factor + multiple - 1) // multiple) * multiple)
     return out
+
+
+def _concat_input(config) -> dict[str, int]:
+    """Zamba's and Zamba2's shared transformer block reads concat(hidden, the original
+    embeddings): ``attention_hidden_size`` (ZambaConfig / Zamba2Config: 2 x hidden_size),
+    the width its q/k/v and input norm are built over (ZambaAttention.__init__)."""
+    width, hidden = (getattr(config, "attention_hidden_size", None),
+                     getattr(config, "hidden_size", None))
+    if isinstance(hidden, int) and width == 2 * hidden:
+        return {"hidden2": width}
+    return {}
+
+
+def _half_mlp(config) -> dict[str, int]:
+    """RecurrentGemma's MLP is ``intermediate_size // 2`` wide (transformers 5.24
+    models/recurrent_gemma/modeling_recurrent_gemma.py, ``RecurrentGemmaMlp.__init__``):
+    named by model type, never matched by size (Moshi's gated fc2 also reads ffn_dim // 2)."""
+    inter = getattr(config, "intermediate_size", None)
+    if getattr(config, "model_type", None) == "recurrent_gemma" and isinstance(inter, int):
+        return {"inter_half": inter // 2}
+    return {}
 
 
 def _router_rows(config) -> dict[str, int]:

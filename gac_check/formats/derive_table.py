@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 
 from gac_check.formats.derive_recurrent import (
+    CONFIG_LABELS,
     config_labels,
     layer_leaf_kinds,
     mixer_kind,
@@ -69,15 +70,12 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         "kv_heads": k,
         "experts": v["experts"], "positions": v["positions"],
         "positions2": v["positions"] + 2, "h4": 4 * h, "h3": 3 * h, "cross": v["cross"],
-        # Zamba's shared block reads concat(hidden, embeddings); RecurrentGemma's MLP is
-        # intermediate_size // 2 wide (RecurrentGemmaMlp.__init__)
-        "hidden2": 2 * h, "inter_half": v["inter"] // 2,
     }
 
 
 #: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs);
 #: last, those a config derives by a formula of its own (:func:`.config_labels`).
-LABELS = (*_labels(VARIANTS[0]), "ffn", "router_all")
+LABELS = (*_labels(VARIANTS[0]), *CONFIG_LABELS)
 
 
 def _config(config_cls, variant: dict[str, int], layers: int | None):
