@@ -157,3 +157,27 @@ def test_formula_widths_are_not_matched_by_size_elsewhere(model_type: str, patte
     derived = derive(model_type)
     assert derived["tensors"][pattern]["axes"][axis] not in ("hidden2", "inter_half")
     assert table()["types"][model_type] == derived
+
+
+def test_an_ssm_warning_alone_leaves_the_minimal_repair_of_the_mlp(tmp_path: Path) -> None:
+    """Zamba2's fused in_proj (392 rows) is only a warning: a minimal repair leaves it, as it
+    leaves every warning, and pads the shared block's MLP 173 -> 176 (OUT strict, logits
+    equal); an optimal repair would pad the in_proj too and is refused naming it."""
+    import torch
+
+    from tests import family_models
+
+    build_tiny("zamba2", "mlp173", tmp_path / "m")
+    with pytest.raises(BadInput, match=r"mamba\.in_proj:ssm_out = 392 is an SSM mixer"):
+        gac_check.repair(tmp_path / "m", tmp_path / "opt", gpu="h100", dtype="bfloat16",
+                         strategy="optimal", progress=False)
+    assert not (tmp_path / "opt").exists()
+    fixed = gac_check.repair(tmp_path / "m", tmp_path / "out", gpu="h100", dtype="bfloat16",
+                             progress=False)
+    assert {(s.value, s.role) for s in fixed.after.sites if s.value == 176} == {
+        (176, Role.INTERMEDIATE)}
+    ids = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 64]])
+    with torch.no_grad():
+        before = family_models.load(tmp_path / "m")(ids, use_cache=False).logits
+        after = family_models.load(tmp_path / "out")(ids, use_cache=False).logits
+    assert (after - before).abs().max().item() <= 1e-5  # fp32; only summation order moves
