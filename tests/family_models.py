@@ -30,8 +30,8 @@ ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyu
                        "hunyuan_v1_moe", "ministral", "modernbert-decoder", "roberta",
                        "xlm-roberta", "xlm-roberta-xl", "afmoe", "electra", "hy_v3", "lfm3",
                        "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text",
-                       "qwen3_next", "rembert", "inkling_text", "kimi_linear", "zamba",
-                       "zamba2"})
+                       "qwen3_next", "rembert", "inkling_text", "kimi_linear", "recurrent_gemma",
+                       "zamba", "zamba2"})
 #: a model above this many parameters has a size key the table does not set: not built
 MAX_PARAMS = 12_000_000
 

@@ -12,6 +12,7 @@ docs/formats.md "Hybrid and SSM models".
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,13 @@ def test_zamba_shared_block_reads_twice_the_hidden_size(model_type: str,
 
 
 def test_recurrent_gemma_mlp_is_half_the_config_width(tmp_path: Path) -> None:
-    """intermediate_size 173 builds an MLP 86 wide: judged as the MLP site, said not to be
-    padded (config.json records twice the width), and --repair writes nothing."""
+    """intermediate_size 173 builds an MLP 86 wide: judged as the MLP site, and repaired to
+    88 with config.json's intermediate_size 176, the class's own key at twice the width
+    (OUT strict, logits equal)."""
+    import torch
+
+    from tests import family_models
+
     result = _check("recurrent_gemma", "mlp173", tmp_path)
     mlp = _on(result, Role.INTERMEDIATE)
     assert mlp[("model.layers.0.mlp_block.down_proj.weight", 1)] == 86
@@ -63,12 +69,14 @@ def test_recurrent_gemma_mlp_is_half_the_config_width(tmp_path: Path) -> None:
     # RG-LRU's gates and recurrence parameter: the recurrent mixer's own, accounted
     kinds = result.accounting.kinds
     assert kinds["model.layers.0.temporal_block.rg_lru.recurrent_param"] == "SSM parameter"
-    site = next(s for s in result.sites if s.name == "model.layers.0.mlp_block:intermediate")
-    assert site.value == 86 and "does not record as itself" in (site.inexact or "")
-    with pytest.raises(BadInput):
-        gac_check.repair(tmp_path / "m", tmp_path / "out", gpu="h100", dtype="bfloat16",
-                         progress=False)
-    assert not (tmp_path / "out").exists()
+    gac_check.repair(tmp_path / "m", tmp_path / "out", gpu="h100", dtype="bfloat16",
+                     progress=False)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["intermediate_size"] == 176
+    ids = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 64]])
+    with torch.no_grad():
+        before = family_models.load(tmp_path / "m")(ids, use_cache=False).logits
+        after = family_models.load(tmp_path / "out")(ids, use_cache=False).logits
+    assert (after - before).abs().max().item() <= 1e-5  # fp32; only summation order moves
 
 
 def test_xlstm_ffn_width_and_mlstm_gemms(tmp_path: Path) -> None:
@@ -80,6 +88,8 @@ def test_xlstm_ffn_width_and_mlstm_gemms(tmp_path: Path) -> None:
     assert mlp[("backbone.blocks.0.ffn.proj_up_gate.weight", 0)] == 192
     ssm = _on(result, Role.SSM)
     assert ssm[("backbone.blocks.0.mlstm_layer.q.weight", 0)] == 32
+    ffn = next(s for s in result.sites if s.name == "backbone.blocks.0.ffn:intermediate")
+    assert "does not record as itself" in (ffn.inexact or "")  # no key holds it: not padded
 
 
 def test_bailing_linear_attention_read_under_its_saved_names(tmp_path: Path) -> None:

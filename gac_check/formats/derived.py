@@ -52,24 +52,25 @@ _WIDTH = {
     "h4": ("mlp", 1), "expert": ("expert", 1), "expert2": ("expert", 2),
     "shared": ("shared", 1), "shared2": ("shared", 2), "experts": ("experts", 1),
     "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
-    "hidden2": ("hidden", 2), "inter_half": ("mlp_derived", 1), "ffn": ("mlp_derived", 1),
+    "hidden2": ("hidden", 2), "inter_half": ("mlp_half", 1), "ffn": ("mlp_derived", 1),
     "router_all": ("router", 1),
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
 #: site kind -> the derived table's role whose config.json key records it
 _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
-_ROLE = {"mlp": Role.INTERMEDIATE, "mlp_derived": Role.INTERMEDIATE, "expert": Role.EXPERT,
-         "shared": Role.SHARED_EXPERT, "experts": Role.EXPERTS, "heads": Role.HEADS,
-         "hidden": Role.HIDDEN, "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN,
-         "router": Role.EXPERTS}
+_ROLE = {"mlp": Role.INTERMEDIATE, "mlp_derived": Role.INTERMEDIATE,
+         "mlp_half": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
+         "experts": Role.EXPERTS, "heads": Role.HEADS, "hidden": Role.HIDDEN,
+         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN, "router": Role.EXPERTS}
 #: a decoder's cross-attention reads an encoder this checkpoint does not hold
 CROSS_INEXACT = ("the encoder's width, which the cross-attention's k/v projections read: "
                  "the encoder is not in this checkpoint, so its output cannot be padded")
 
 
-#: an MLP width config.json records only through a formula (RecurrentGemma's MLP is
-#: intermediate_size // 2, xLSTM's hidden x ffn_proj_factor rounded up)
+#: an MLP width config.json records only through a formula (xLSTM's hidden x ffn_proj_factor
+#: rounded up); RecurrentGemma's, intermediate_size // 2, is padded with that key at twice the
+#: padded width, held to the class by padding/class_proof.py
 DERIVED_INEXACT = ("an MLP width config.json does not record as itself (its class derives it "
                    "from another key by a formula), so OUT's config could not build the "
                    "padded width; gac-check does not rewrite such keys")
@@ -410,6 +411,6 @@ def _normed(g: _Group) -> str | None:
     return NORMED.format(tensor=norm) if norm else None
 
 
-_SITE_NAME = {"mlp": "intermediate", "mlp_derived": "intermediate",
+_SITE_NAME = {"mlp": "intermediate", "mlp_derived": "intermediate", "mlp_half": "intermediate",
               "router": "router_experts", "expert": "expert_intermediate",
               "shared": "shared_expert_intermediate", "experts": "experts", "heads": "heads"}
