@@ -191,3 +191,15 @@ def test_an_ssm_warning_alone_leaves_the_minimal_repair_of_the_mlp(tmp_path: Pat
         before = family_models.load(tmp_path / "m")(ids, use_cache=False).logits
         after = family_models.load(tmp_path / "out")(ids, use_cache=False).logits
     assert (after - before).abs().max().item() <= 1e-5  # fp32; only summation order moves
+
+
+def test_a_mamba_config_with_an_infinite_time_step_limit_is_held_to_its_class(
+        tmp_path: Path) -> None:
+    """Bamba's config.json stores time_step_limit (0, inf) as {"__float__": "Infinity"}: the
+    repair's class proof reads it as transformers does, so the MLP beside the Mamba layers
+    is padded 173 -> 176 rather than refused as a config its class cannot build."""
+    build_tiny("bamba", "mlp173", tmp_path / "m")
+    assert "__float__" in (tmp_path / "m" / "config.json").read_text()
+    gac_check.repair(tmp_path / "m", tmp_path / "out", gpu="h100", dtype="bfloat16",
+                     progress=False)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["intermediate_size"] == 176

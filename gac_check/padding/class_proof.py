@@ -114,7 +114,11 @@ def _config(config: Mapping, edits: list[ConfigEdit]):
         for key in e.path[:-1]:
             node = node[key]
         node[e.path[-1]] = e.new
-    return CONFIG_MAPPING[data["model_type"]].from_dict(data)
+    cls = CONFIG_MAPPING[data["model_type"]]
+    # config.json as transformers itself reads it (configuration_utils.py,
+    # ``_dict_from_json_file``): its ``{"__float__": "Infinity"}`` tags decoded, or a Mamba
+    # config's time_step_limit (0, inf) fails the class's own validation
+    return cls.from_dict(cls._decode_special_floats(data))
 
 
 def _bound_counts(ckpt: Checkpoint) -> None:

@@ -59,7 +59,8 @@ PROVEN: frozenset[str] = frozenset({
     "xlm-roberta-xl", "afmoe", "electra", "hy_v3", "lfm3", "minimax", "qwen3_5", "qwen3_5_moe",
     "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "rembert",
     # hybrids on the zoo's tiny build: the MLP / experts padded, the recurrent mixers aligned
-    "inkling_text", "kimi_linear", "recurrent_gemma", "zamba", "zamba2",
+    "bamba", "falcon_h1", "granitemoehybrid", "inkling_text", "kimi_linear", "nemotron_h",
+    "recurrent_gemma", "zamba", "zamba2",
 })
 
 def width_key(model_type: object, role: Role) -> str | None:
