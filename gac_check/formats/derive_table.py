@@ -27,6 +27,13 @@ from pathlib import Path
 from gac_check.formats.derive_names import pattern as name_pattern
 from gac_check.formats.derive_names import sequential_modules
 from gac_check.formats.derive_rows import label_lookup_rows, ties_head
+from gac_check.formats.derive_recurrent import (
+    CONFIG_LABELS,
+    config_labels,
+    layer_leaf_kinds,
+    mixer_kind,
+    mixer_prefixes,
+)
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
@@ -71,8 +78,9 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
     }
 
 
-#: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs).
-LABELS = tuple(_labels(VARIANTS[0]))
+#: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs);
+#: last, those a config derives by a formula of its own (:func:`.config_labels`).
+LABELS = (*_labels(VARIANTS[0]), *CONFIG_LABELS)
 
 
 def _config(config_cls, variant: dict[str, int], layers: int | None):
@@ -186,7 +194,7 @@ def built_shapes(config) -> dict[str, tuple[int, ...]]:
 def _axis_label(a: int, b: int, la: dict[str, int], lb: dict[str, int]) -> str:
     if a == b:
         return f"={a}"
-    return next((lab for lab in LABELS if la[lab] == a and lb[lab] == b), "?")
+    return next((lab for lab in LABELS if la.get(lab) == a and lb.get(lab) == b), "?")
 
 
 def _kinds(model) -> dict[str, str]:
@@ -254,23 +262,21 @@ def _saved_names(kinds: dict[str, str], saved: dict[str, tuple[int, ...]]) -> di
     return out
 
 
-def _label_ssm(model, kinds: dict[str, str], saved: dict[str, str],
-               tensors: dict[str, dict], seq: frozenset[str]) -> None:
-    """Label every width inside an SSM mixer ``ssm``. A mixer is the module that holds the
-    state recurrence's decay ``A_log`` (Mamba, Mamba2, Jamba, Bamba, Falcon-H1, Zamba,
-    NemotronH, Qwen3-Next's gated delta net). Its inner widths (heads x head width, groups x
-    state size, conv channels, dt rank) are config values the two variants do not all move,
-    so sizes alone would call them ``?`` or a constant; only a linear's hidden axis keeps its
-    label. :mod:`.derived` reads a linear's ``ssm`` axes as GEMM widths, the rest as the
-    mixer's own parameters."""
-    mixers = [n for n, m in model.named_modules() if "A_log" in m._parameters]
-    for name, kind in kinds.items():
-        if not any(name.startswith(m + ".") for m in mixers):
+def _label_ssm(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict],
+               seq: frozenset[str]) -> None:
+    """Label every width inside a recurrent mixer ``ssm`` (:mod:`.derive_recurrent`: the
+    saved prefix of an SSM decay ``A_log``, an RG-LRU ``recurrent_param`` or an mLSTM forget
+    gate). Its inner widths (heads x head width, groups x state size, conv channels, dt
+    rank) are config values the two variants do not all move, so sizes alone would call
+    them ``?`` or a constant; only a linear's hidden axis keeps its label. :mod:`.derived`
+    reads a linear's ``ssm`` axes as GEMM widths, the rest as the mixer's own parameters."""
+    mixers = tuple(mixer_prefixes(shapes))
+    for name, shape in shapes.items():
+        entry = tensors.get(name_pattern(name, seq))
+        if entry is None or not name.startswith(mixers):
             continue
-        entry = tensors.get(name_pattern(saved[name], seq))
-        if entry is None:
-            continue
-        keep = ("hidden", "vocab") if kind == "linear" else ()
+        entry["kind"] = mixer_kind(name, entry["kind"], shape)
+        keep = ("hidden", "vocab") if entry["kind"] == "linear" else ()
         entry["axes"] = [a if a in keep else "ssm" for a in entry["axes"]]
 
 
@@ -353,12 +359,13 @@ def derive(model_type: str) -> dict:
             raise RuntimeError(f"{type(last).__name__}: {str(last).splitlines()[0][:160]}")
         builds.append((model, _actual(model, variant)))
     (ma, va), (mb, vb) = builds
-    la, lb = _labels(va), _labels(vb)
+    la, lb = _labels(va) | config_labels(ma.config), _labels(vb) | config_labels(mb.config)
     sa, sb = _saved_shapes(ma), _saved_shapes(mb)
     kinds = _kinds(ma)
     seq = sequential_modules(ma)
     saved = _saved_names(kinds, sa)
     saved_kinds = {saved[n]: k for n, k in kinds.items()}
+    saved_kinds |= layer_leaf_kinds(kinds, sa, saved_kinds)
     tensors: dict[str, dict] = {}
     for name in sorted(set(sa) & set(sb)):
         if len(sa[name]) != len(sb[name]):
@@ -368,7 +375,7 @@ def derive(model_type: str) -> dict:
                                             "axes": axes})
     if va["head_dim"] * va["heads"] == va["hidden"]:
         _untie_attention(ma, kinds, tensors, seq)
-    _label_ssm(ma, kinds, saved, tensors, seq)
+    _label_ssm(sa, tensors, seq)
     label_lookup_rows(tensors, ties_head(ma))
     _layer_kinds(sa, tensors, seq)
     return {

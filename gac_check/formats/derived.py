@@ -53,17 +53,28 @@ _WIDTH = {
     "h4": ("mlp", 1), "expert": ("expert", 1), "expert2": ("expert", 2),
     "shared": ("shared", 1), "shared2": ("shared", 2), "experts": ("experts", 1),
     "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
+    "hidden2": ("hidden", 2), "inter_half": ("mlp_half", 1), "ffn": ("mlp_derived", 1),
+    "router_all": ("router", 1),
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "q4", "kv2", "hd", "h3")
 #: site kind -> the derived table's role whose config.json key records it
 _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
-_ROLE = {"mlp": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
+_ROLE = {"mlp": Role.INTERMEDIATE, "mlp_derived": Role.INTERMEDIATE,
+         "mlp_half": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
          "experts": Role.EXPERTS, "heads": Role.HEADS, "hidden": Role.HIDDEN,
-         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN}
+         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN, "router": Role.EXPERTS}
 #: a decoder's cross-attention reads an encoder this checkpoint does not hold
 CROSS_INEXACT = ("the encoder's width, which the cross-attention's k/v projections read: "
                  "the encoder is not in this checkpoint, so its output cannot be padded")
+
+
+#: an MLP width config.json records only through a formula (xLSTM's hidden x ffn_proj_factor
+#: rounded up); RecurrentGemma's, intermediate_size // 2, is padded with that key at twice the
+#: padded width, held to the class by padding/class_proof.py
+DERIVED_INEXACT = ("an MLP width config.json does not record as itself (its class derives it "
+                   "from another key by a formula), so OUT's config could not build the "
+                   "padded width; gac-check does not rewrite such keys")
 
 
 @lru_cache(maxsize=1)
@@ -290,8 +301,12 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
 
 
 #: an SSM mixer's non-linear axes its kernels have a published limit on: (tensor leaf,
-#: ndim, axis) -> site side; the rest of them are accounted (:meth:`Derived.ssm_parameters`)
-_SSM_KERNEL_AXES = {("conv1d.weight", 3, 2): "conv", ("A_log", 2, 1): "state"}
+#: ndim, axis) -> site side; the rest of them are accounted (:meth:`Derived.ssm_parameters`).
+#: A delta-attention mixer's q/k/v short convolutions (Kimi-Linear, Bailing-hybrid) run the
+#: same causal-conv1d kernels (docs/formats.md "Hybrid and SSM models")
+_SSM_KERNEL_AXES = {("conv1d.weight", 3, 2): "conv", ("q_conv1d.weight", 3, 2): "conv",
+                    ("k_conv1d.weight", 3, 2): "conv", ("v_conv1d.weight", 3, 2): "conv",
+                    ("A_log", 2, 1): "state"}
 
 
 def _collect_ssm(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, size: int,
@@ -365,11 +380,12 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
         field_ = ("head_dim",) if isinstance(cfg.get("head_dim"), int) else None
         return DimSite(name, Role.HEAD_DIM, value, g.axes, layer=g.layer, module=g.module,
                        config_field=field_, inexact=ROPE_INEXACT, attrs={"derived": cls})
-    key = keys.get(_CONFIG[g.kind])
+    key = keys.get(_CONFIG.get(g.kind, ""))
     field_ = (key,) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
-               "experts": EXPERTS_NOT_PADDED, "cross_hidden": CROSS_INEXACT,
-               }.get(g.kind) or _normed(g)
+               "experts": EXPERTS_NOT_PADDED, "router": EXPERTS_NOT_PADDED,
+               "cross_hidden": CROSS_INEXACT,
+               "mlp_derived": DERIVED_INEXACT}.get(g.kind) or _normed(g)
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
                    config_field=field_, inexact=inexact, attrs={"derived": cls})
@@ -386,5 +402,6 @@ def _normed(g: _Group) -> str | None:
     return NORMED.format(tensor=norm) if norm else None
 
 
-_SITE_NAME = {"mlp": "intermediate", "expert": "expert_intermediate",
+_SITE_NAME = {"mlp": "intermediate", "mlp_derived": "intermediate", "mlp_half": "intermediate",
+              "router": "router_experts", "expert": "expert_intermediate",
               "shared": "shared_expert_intermediate", "experts": "experts", "heads": "heads"}

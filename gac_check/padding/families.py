@@ -59,6 +59,9 @@ PROVEN: frozenset[str] = frozenset({
     "xlm-roberta-xl", "afmoe", "electra", "hy_v3", "lfm3", "minimax", "qwen3_5", "qwen3_5_moe",
     "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "rembert",
     "ctrl", "diffllama", "cpmant",
+    # hybrids on the zoo's tiny build: the MLP / experts padded, the recurrent mixers aligned
+    "bamba", "falcon_h1", "granitemoehybrid", "inkling_text", "kimi_linear", "nemotron_h",
+    "recurrent_gemma", "zamba", "zamba2",
 })
 
 def width_key(model_type: object, role: Role) -> str | None:
