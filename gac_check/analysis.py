@@ -136,16 +136,33 @@ class CheckResult:
         ``never``), as the CLI's exit 1; else ``"pass"``."""
         return "fail" if fails(self.findings, fail_on) else "pass"
 
+    def _blocked_rules(self) -> set[str]:
+        """The rule ids that say only that a target does not load the model."""
+        verdicts = self.contract.targets
+        return {f"target:{spec}" for spec, load in verdicts.loads.items() if not load.loads} \
+            if verdicts else set()
+
     def summary(self, fail_on: str = ERROR) -> Summary:
+        """The counts and the CLI's line. A rule that says only that a target does not load
+        the model is not the site's misalignment: the line counts the sites misaligned by
+        their own rules, as the CLI's verdict does (report/deployment.py ``own_sites``)."""
         errors = sum(f.severity == ERROR for f in self.findings)
         warnings = sum(f.severity == WARNING for f in self.findings)
         verdicts = self.contract.targets
-        head = (f"{len(self.findings)} of {len(self.sites)} sites misaligned ({errors} errors, "
-                f"{warnings} warnings); ")
-        line = head + ("pad the Hugging Face model (--repair), then convert and quantize again"
-                       if self.gguf is not None  # --repair refuses a GGUF: fix the HF model
-                       else f"zero-padding repair (--repair) adds "
-                            f"{self.repair_overhead_fraction:.2%} parameters")
+        gone = self._blocked_rules()
+        own = [[r for r in f.rules if r.id not in gone] for f in self.findings]
+        own = [rules for rules in own if rules]
+        own_errors = sum(any(r.severity == ERROR for r in rules) for rules in own)
+        head = (f"{len(own)} of {len(self.sites)} sites misaligned"
+                + (" by their own rules" if gone else "")
+                + f" ({own_errors} errors, {len(own) - own_errors} warnings)")
+        if self.gguf is not None:  # --repair refuses a GGUF: fix the HF model
+            line = head + "; pad the Hugging Face model (--repair), then convert and quantize again"
+        elif own:
+            line = head + (f"; zero-padding repair (--repair) adds "
+                           f"{self.repair_overhead_fraction:.2%} parameters")
+        else:
+            line = head
         return Summary(self.verdict(fail_on), fail_on, len(self.sites), len(self.findings),
                        errors, warnings, len(self.refusals), self.repair_overhead_fraction,
                        {spec: s["verdict"] for spec, s in verdicts.summary().items()}

@@ -28,6 +28,7 @@ class Role(str, Enum):
     SSM = "ssm_width"  # a GEMM width inside an SSM mixer (Mamba in_proj rows, out_proj columns)
     SSM_CONV = "ssm_conv_width"  # an SSM mixer's causal conv1d taps (d_conv)
     SSM_STATE = "ssm_state"  # a Mamba-1 mixer's state size (d_state: A_log's columns)
+    INDEXER = "indexer_width"  # a DSA lightning indexer's GEMM width (index heads, head_dim)
 
 
 class AxisKind(str, Enum):

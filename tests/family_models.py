@@ -14,7 +14,7 @@ from pathlib import Path
 #: every config key that records an MLP or expert width in some family
 WIDTH_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "moe_intermediate_size", "d_ff",
               "ffn_hidden_size", "shared_expert_intermediate_size", "decoder_ffn_dim",
-              "inner_hidden_size")
+              "inner_hidden_size", "dff", "dim_ff")
 #: the tiny sizes, under every name a family's config may give them
 SIZES = {"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
@@ -30,10 +30,11 @@ ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyu
                        "hunyuan_v1_moe", "ministral", "modernbert-decoder", "roberta",
                        "xlm-roberta", "xlm-roberta-xl", "afmoe", "electra", "hy_v3", "lfm3",
                        "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text",
-                       "qwen3_next", "rembert",
-                       "albert", "bamba", "bart", "bigbird_pegasus", "blenderbot",
-                       "blenderbot-small", "codegen", "doge", "dory", "falcon_h1", "gptj",
-                       "granitemoehybrid", "marian", "mbart", "mvp", "nemotron_h", "pegasus",
+                       "qwen3_next", "rembert", "inkling_text", "kimi_linear", "recurrent_gemma",
+                       "zamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid",
+                       "nemotron_h",
+                       "albert", "bart", "bigbird_pegasus", "blenderbot", "blenderbot-small",
+                       "codegen", "doge", "dory", "gptj", "marian", "mbart", "mvp", "pegasus",
                        "emu3", "mllama", "roberta-prelayernorm"})
 #: ZOO_BUILT types whose build saves its text model under another model_type (PROVEN's)
 SAVED_AS = {"emu3": "emu3_text_model", "mllama": "mllama_text_model"}

@@ -198,3 +198,25 @@ def test_the_text_draws_each_site_as_the_check_without_the_target(lowrank, tmp_p
     assert sites.startswith(f"sites: {count} misaligned by their own rules (the hardware's); "
                             "zero-padding repair adds "), sites
     assert both.stdout.count(REMEDY) == 1
+
+
+def test_the_apis_summary_line_counts_what_the_cli_verdict_counts(lowrank, tmp_path):
+    """``summary().line`` counts the sites misaligned by their own rules, as the CLI's verdict
+    does: at ratio 0.8 every width is aligned, so with vLLM (which does not load factor pairs)
+    the line says 0 misaligned, not the 22 the target refuses; at ratio 0.77 it says the
+    count the check without the target says."""
+    import gac_check
+
+    aligned = gac_check.check(lowrank, gpu="h100", dtype="float16", target="vllm")
+    assert aligned.summary().line == "0 of 22 sites misaligned by their own rules " \
+                                     "(0 errors, 0 warnings)"
+    assert aligned.summary().errors == 22  # the exit code's count: vLLM refuses each site
+    model = tmp_path / "lowrank-077"
+    made = gac("compress", lowrank.parent / "dense", model, "--ratio", "0.77")
+    assert made.returncode == 0, made.stderr
+    plain = gac_check.check(model, gpu="h100", dtype="float16").summary().line
+    served = gac_check.check(model, gpu="h100", dtype="float16", target="vllm").summary()
+    count = plain.split(" sites misaligned")[0]
+    assert served.line.startswith(f"{count} sites misaligned by their own rules ("), \
+        served.line
+    assert plain.split(" (")[1] == served.line.split(" (")[1]  # errors and warnings, and cost

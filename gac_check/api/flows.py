@@ -107,7 +107,7 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     if ckpt.quantization is not None:
         raise BadInput(ckpt.quantization.refuse_padding("--repair"), ckpt.path)
     why = (gguf_instead(before.gguf.ftype) if before.gguf is not None
-           else _ssm_refusal(before)
+           else _ssm_refusal(before, STRATEGIES[strategy])
            or unsupported(before.format.name, before.family, ckpt.config.get("model_type")))
     if why:
         raise BadInput(why, ckpt.path)
@@ -125,10 +125,13 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     return FixResult(before, report, recheck.moved_to(report.out))
 
 
-def _ssm_refusal(before: CheckResult) -> str | None:
-    """Repairing an SSM mixer's widths is out of scope: the first one a rule flags, named."""
+def _ssm_refusal(before: CheckResult, severities: tuple[str, ...]) -> str | None:
+    """Repairing an SSM mixer's widths is out of scope: the first one the strategy would pad,
+    named. A minimal repair pads errors only, so an SSM width with a warning alone (Zamba2's
+    fused in_proj at 392) is left as every other warning is, and the MLP beside it repaired."""
     ssm = (Role.SSM, Role.SSM_CONV, Role.SSM_STATE)
-    site = next((f.site for f in before.findings if f.site.role in ssm), None)
+    site = next((f.site for f in before.findings
+                 if f.site.role in ssm and f.severity in severities), None)
     return f"--repair: {site.name} = {site.value} is {site.inexact}" if site else None
 
 

@@ -29,7 +29,7 @@ FAIL_ON = ("error", "warning", "refused", "fallback", "never")
 TARGET_GATES = {"refused": ("refused",), "fallback": ("fallback", "refused")}
 
 GEMM_ROLES = frozenset({Role.RANK, Role.INTERMEDIATE, Role.KV_LATENT, Role.HIDDEN, Role.VOCAB,
-                        Role.EXPERT, Role.SHARED_EXPERT, Role.SSM})
+                        Role.EXPERT, Role.SHARED_EXPERT, Role.SSM, Role.INDEXER})
 #: FlashAttention-2 compiled head_dim buckets; other sizes run the next one with predication.
 FA2_BUCKETS = (32, 64, 96, 128, 192, 256)
 #: FlashAttention-3 (Hopper) buckets.

@@ -24,6 +24,17 @@ import sys
 import warnings
 from pathlib import Path
 
+from gac_check.formats.derive_names import pattern as name_pattern
+from gac_check.formats.derive_names import sequential_modules
+from gac_check.formats.derive_rows import label_lookup_rows, ties_head
+from gac_check.formats.derive_recurrent import (
+    CONFIG_LABELS,
+    config_labels,
+    layer_leaf_kinds,
+    mixer_kind,
+    mixer_prefixes,
+)
+
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
 #: Two builds with values no two widths share, so each axis's role is read from its sizes.
@@ -38,9 +49,9 @@ KEYS = {
     "hidden": ("hidden_size",),
     "heads": ("num_attention_heads", "encoder_attention_heads", "decoder_attention_heads"),
     "kv_heads": ("num_key_value_heads",),
-    "head_dim": ("head_dim",),
+    "head_dim": ("head_dim", "dim_head"),
     "inter": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size",
-              "encoder_ffn_dim", "decoder_ffn_dim"),
+              "encoder_ffn_dim", "decoder_ffn_dim", "dff", "dim_ff"),
     "expert": ("moe_intermediate_size", "expert_intermediate_size"),
     "shared": ("shared_expert_intermediate_size",),
     "vocab": ("vocab_size",),
@@ -62,11 +73,14 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         "kv_heads": k,
         "experts": v["experts"], "positions": v["positions"],
         "positions2": v["positions"] + 2, "h4": 4 * h, "h3": 3 * h, "cross": v["cross"],
+        # after h4: where heads x head_dim is the hidden size, 4 x hidden is an MLP (BLOOM)
+        "q4": 4 * n * d,
     }
 
 
-#: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs).
-LABELS = tuple(_labels(VARIANTS[0]))
+#: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs);
+#: last, those a config derives by a formula of its own (:func:`.config_labels`).
+LABELS = (*_labels(VARIANTS[0]), *CONFIG_LABELS)
 
 
 def _config(config_cls, variant: dict[str, int], layers: int | None):
@@ -80,12 +94,18 @@ def _config(config_cls, variant: dict[str, int], layers: int | None):
     if layers:
         kwargs["num_hidden_layers"] = layers
     kwargs.update(_ssm_heads(default, variant))
+    if config_cls.model_type in _EVEN_KV_HEADS and variant["kv_heads"] % 2:
+        kwargs["num_key_value_heads"] = variant["kv_heads"] - 1
     kwargs.update(_hybrid_layers(default, layers))
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         if isinstance(getattr(default, token, None), int):
             kwargs[token] = 0  # a default id past the tiny vocabulary will not build
     return config_cls(**kwargs)
 
+
+#: classes whose config requires an even key/value head count (DiffLlamaAttention.__init__
+#: splits the values in two along the heads); the variant's odd count is built one lower
+_EVEN_KV_HEADS = ("diffllama",)
 
 #: (heads key, head width key, expand key) of the SSM mixers whose config requires
 #: heads x head width = expand x hidden (Mamba2Config / BambaConfig.validate_architecture)
@@ -150,7 +170,7 @@ def _head_dims(model, attention: bool) -> set[int]:
     hybrid's SSM mixer has a head_dim of its own: Falcon-H1, Bamba)."""
     dims = {getattr(m, attr, None) for _, m in model.named_modules()
             if not attention or "attention" in type(m).__name__.lower()
-            for attr in ("head_dim", "attention_head_size", "head_size")}
+            for attr in ("head_dim", "attention_head_size", "head_size", "dim_head")}
     return {d for d in dims if isinstance(d, int) and d > 0}
 
 
@@ -171,15 +191,10 @@ def built_shapes(config) -> dict[str, tuple[int, ...]]:
     return _saved_shapes(_build(config))
 
 
-def _pattern(name: str) -> str:
-    name = re.sub(r"\.(\d+)\.", ".{i}.", name, count=1)
-    return re.sub(r"\.(\d+)\.", ".{e}.", name)
-
-
 def _axis_label(a: int, b: int, la: dict[str, int], lb: dict[str, int]) -> str:
     if a == b:
         return f"={a}"
-    return next((lab for lab in LABELS if la[lab] == a and lb[lab] == b), "?")
+    return next((lab for lab in LABELS if la.get(lab) == a and lb.get(lab) == b), "?")
 
 
 def _kinds(model) -> dict[str, str]:
@@ -197,7 +212,8 @@ def _kinds(model) -> dict[str, str]:
     return out
 
 
-def _untie_attention(model, kinds: dict[str, str], tensors: dict[str, dict]) -> None:
+def _untie_attention(model, kinds: dict[str, str], tensors: dict[str, dict],
+                     seq: frozenset[str]) -> None:
     """Where heads x head_dim equals the hidden size, sizes cannot tell the attention's
     per-head axes from the residual stream's: in each outermost attention module, the
     projection registered last is the output (its input is ``q``), the others produce ``q``."""
@@ -212,7 +228,7 @@ def _untie_attention(model, kinds: dict[str, str], tensors: dict[str, dict]) -> 
         if len(named) == 1:  # the output projection by its name, else the last registered
             weights = [w for w in weights if w != named[0]] + named
         for pos, w in enumerate(weights):
-            entry = tensors.get(_pattern(w))
+            entry = tensors.get(name_pattern(w, seq))
             if not entry or len(entry["axes"]) != 2:
                 continue
             out_ax, in_ax = (1, 0) if entry["kind"] == "conv1d" else (0, 1)
@@ -220,7 +236,7 @@ def _untie_attention(model, kinds: dict[str, str], tensors: dict[str, dict]) -> 
                 entry["axes"][in_ax] = _retie(entry["axes"][in_ax])
                 continue
             entry["axes"][out_ax] = _retie(entry["axes"][out_ax])
-            bias = tensors.get(_pattern(w.removesuffix("weight") + "bias"))
+            bias = tensors.get(name_pattern(w.removesuffix("weight") + "bias", seq))
             if bias and len(bias["axes"]) == 1:
                 bias["axes"][0] = _retie(bias["axes"][0])
 
@@ -246,23 +262,21 @@ def _saved_names(kinds: dict[str, str], saved: dict[str, tuple[int, ...]]) -> di
     return out
 
 
-def _label_ssm(model, kinds: dict[str, str], saved: dict[str, str],
-               tensors: dict[str, dict]) -> None:
-    """Label every width inside an SSM mixer ``ssm``. A mixer is the module that holds the
-    state recurrence's decay ``A_log`` (Mamba, Mamba2, Jamba, Bamba, Falcon-H1, Zamba,
-    NemotronH, Qwen3-Next's gated delta net). Its inner widths (heads x head width, groups x
-    state size, conv channels, dt rank) are config values the two variants do not all move,
-    so sizes alone would call them ``?`` or a constant; only a linear's hidden axis keeps its
-    label. :mod:`.derived` reads a linear's ``ssm`` axes as GEMM widths, the rest as the
-    mixer's own parameters."""
-    mixers = [n for n, m in model.named_modules() if "A_log" in m._parameters]
-    for name, kind in kinds.items():
-        if not any(name.startswith(m + ".") for m in mixers):
+def _label_ssm(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict],
+               seq: frozenset[str]) -> None:
+    """Label every width inside a recurrent mixer ``ssm`` (:mod:`.derive_recurrent`: the
+    saved prefix of an SSM decay ``A_log``, an RG-LRU ``recurrent_param`` or an mLSTM forget
+    gate). Its inner widths (heads x head width, groups x state size, conv channels, dt
+    rank) are config values the two variants do not all move, so sizes alone would call
+    them ``?`` or a constant; only a linear's hidden axis keeps its label. :mod:`.derived`
+    reads a linear's ``ssm`` axes as GEMM widths, the rest as the mixer's own parameters."""
+    mixers = tuple(mixer_prefixes(shapes))
+    for name, shape in shapes.items():
+        entry = tensors.get(name_pattern(name, seq))
+        if entry is None or not name.startswith(mixers):
             continue
-        entry = tensors.get(_pattern(saved[name]))
-        if entry is None:
-            continue
-        keep = ("hidden", "vocab") if kind == "linear" else ()
+        entry["kind"] = mixer_kind(name, entry["kind"], shape)
+        keep = ("hidden", "vocab") if entry["kind"] == "linear" else ()
         entry["axes"] = [a if a in keep else "ssm" for a in entry["axes"]]
 
 
@@ -275,7 +289,8 @@ def layer_part(pattern: str, tensor: dict) -> tuple[str, bool]:
     return child, moe
 
 
-def _layer_kinds(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict]) -> None:
+def _layer_kinds(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict],
+                 seq: frozenset[str]) -> None:
     """Where one layer child is a different module in different layers (NemotronH's
     ``mixer``, RecurrentGemma's ``temporal_block``), number each set of its tensors that
     the same layers hold (``layers``), so a layer of one kind is not asked for the other's."""
@@ -283,7 +298,7 @@ def _layer_kinds(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict]) -
     for name in shapes:
         found = re.search(r"\.(\d+)\.", name)
         if found:
-            where.setdefault(_pattern(name), set()).add(int(found.group(1)))
+            where.setdefault(name_pattern(name, seq), set()).add(int(found.group(1)))
     parts: dict[tuple[str, bool], dict[frozenset[int], list[str]]] = {}
     for pattern, layers in where.items():
         if pattern in tensors and "{i}" in pattern:
@@ -344,26 +359,29 @@ def derive(model_type: str) -> dict:
             raise RuntimeError(f"{type(last).__name__}: {str(last).splitlines()[0][:160]}")
         builds.append((model, _actual(model, variant)))
     (ma, va), (mb, vb) = builds
-    la, lb = _labels(va), _labels(vb)
+    la, lb = _labels(va) | config_labels(ma.config), _labels(vb) | config_labels(mb.config)
     sa, sb = _saved_shapes(ma), _saved_shapes(mb)
     kinds = _kinds(ma)
+    seq = sequential_modules(ma)
     saved = _saved_names(kinds, sa)
     saved_kinds = {saved[n]: k for n, k in kinds.items()}
+    saved_kinds |= layer_leaf_kinds(kinds, sa, saved_kinds)
     tensors: dict[str, dict] = {}
     for name in sorted(set(sa) & set(sb)):
         if len(sa[name]) != len(sb[name]):
             continue
         axes = [_axis_label(x, y, la, lb) for x, y in zip(sa[name], sb[name], strict=False)]
-        tensors.setdefault(_pattern(name), {"kind": saved_kinds.get(name, "other"),
+        tensors.setdefault(name_pattern(name, seq), {"kind": saved_kinds.get(name, "other"),
                                             "axes": axes})
     if va["head_dim"] * va["heads"] == va["hidden"]:
-        _untie_attention(ma, kinds, tensors)
-    _label_ssm(ma, kinds, saved, tensors)
-    _layer_kinds(sa, tensors)
+        _untie_attention(ma, kinds, tensors, seq)
+    _label_ssm(sa, tensors, seq)
+    label_lookup_rows(tensors, ties_head(ma))
+    _layer_kinds(sa, tensors, seq)
     return {
         "class": type(ma).__name__,
         "keys": _keys(type(ma.config), ma.config),
-        "tied": bool(getattr(ma.config, "tie_word_embeddings", False)),
+        "tied": bool(getattr(ma.config, "tie_word_embeddings", False)) and ties_head(ma),
         "head_dim_derived": va["head_dim"] * va["heads"] == va["hidden"],
         "tensors": tensors,
     }

@@ -31,6 +31,7 @@ from gac_check.formats.architectures import (
     VOCAB_INEXACT,
 )
 from gac_check.formats.base import Format
+from gac_check.formats.derive_names import lookup
 from gac_check.formats.derive_table import layer_part
 from gac_check.formats.moe import EXPERTS_NOT_PADDED
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
@@ -52,17 +53,28 @@ _WIDTH = {
     "h4": ("mlp", 1), "expert": ("expert", 1), "expert2": ("expert", 2),
     "shared": ("shared", 1), "shared2": ("shared", 2), "experts": ("experts", 1),
     "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
+    "hidden2": ("hidden", 2), "inter_half": ("mlp_half", 1), "ffn": ("mlp_derived", 1),
+    "router_all": ("router", 1),
 }
-_HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
+_HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "q4", "kv2", "hd", "h3")
 #: site kind -> the derived table's role whose config.json key records it
 _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
-_ROLE = {"mlp": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
+_ROLE = {"mlp": Role.INTERMEDIATE, "mlp_derived": Role.INTERMEDIATE,
+         "mlp_half": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
          "experts": Role.EXPERTS, "heads": Role.HEADS, "hidden": Role.HIDDEN,
-         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN}
+         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN, "router": Role.EXPERTS}
 #: a decoder's cross-attention reads an encoder this checkpoint does not hold
 CROSS_INEXACT = ("the encoder's width, which the cross-attention's k/v projections read: "
                  "the encoder is not in this checkpoint, so its output cannot be padded")
+
+
+#: an MLP width config.json records only through a formula (xLSTM's hidden x ffn_proj_factor
+#: rounded up); RecurrentGemma's, intermediate_size // 2, is padded with that key at twice the
+#: padded width, held to the class by padding/class_proof.py
+DERIVED_INEXACT = ("an MLP width config.json does not record as itself (its class derives it "
+                   "from another key by a formula), so OUT's config could not build the "
+                   "padded width; gac-check does not rewrite such keys")
 
 
 @lru_cache(maxsize=1)
@@ -102,16 +114,6 @@ def derive_now(model_type: str) -> dict | None:
 
 
 _INDEX = re.compile(r"\.(\d+)\.")
-
-
-def _pattern(name: str) -> tuple[str, int | None, int | None]:
-    """``model.layers.3.mlp.experts.7.w1.weight`` -> (``...{i}...{e}...``, 3, 7)."""
-    found = _INDEX.findall(name)
-    pattern = _INDEX.sub(".{i}.", name, count=1)
-    pattern = _INDEX.sub(".{e}.", pattern)
-    layer = int(found[0]) if found else None
-    expert = int(found[1]) if len(found) > 1 else None
-    return pattern, layer, expert
 
 
 @dataclass
@@ -160,7 +162,7 @@ class Derived(Format):
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
-            tensor = entry["tensors"].get(_pattern(name)[0])
+            tensor = entry["tensors"].get(lookup(entry["tensors"], name)[0])
             if (tensor and len(tensor["axes"]) == len(shape)
                     and all(_fixed(a, n) for a, n in zip(tensor["axes"], shape, strict=True))):
                 out.add(name)  # the class's fixed size; any other size is not the class's
@@ -172,7 +174,7 @@ class Derived(Format):
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
-            tensor = entry["tensors"].get(_pattern(name)[0])
+            tensor = entry["tensors"].get(lookup(entry["tensors"], name)[0])
             if (tensor and tensor["kind"] != "linear" and len(tensor["axes"]) == len(shape)
                     and "ssm" in tensor["axes"]
                     and not any(name.endswith("." + k[0]) and k[1] == len(shape)
@@ -193,12 +195,12 @@ class Derived(Format):
         head_dim = _head_dim(ckpt.config, entry["keys"])
         groups: dict[tuple, _Group] = {}
         for name, shape in ckpt.shapes.items():
-            pattern, layer, expert = _pattern(name)
+            pattern, layer, expert = lookup(entry["tensors"], name)
             tensor = entry["tensors"].get(pattern)
             if tensor is None or len(tensor["axes"]) != len(shape):
                 continue  # not the class's: the accounting names it
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
-                if label.startswith("=") or label.startswith("positions"):  # a table length
+                if label.startswith(("=", "positions", "rows")):  # a table length
                     continue
                 if label == "ssm":
                     _collect_ssm(groups, tensor, name, axis, size, layer)
@@ -215,7 +217,7 @@ class Derived(Format):
 
 def _fixed(label: str, size: int) -> bool:
     """An axis with nothing to judge: the class's fixed size, or a table length."""
-    return label == f"={size}" or label.startswith("positions")
+    return label == f"={size}" or label.startswith(("positions", "rows"))
 
 
 def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
@@ -229,7 +231,7 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
     layers: dict[int, dict[tuple[str, bool], set[int | None]]] = {}
     kinds: dict[tuple[int, tuple[str, bool]], set[int | None]] = {}
     for name in ckpt.shapes:
-        pattern, layer, expert = _pattern(name)
+        pattern, layer, expert = lookup(entry["tensors"], name)
         tensor = entry["tensors"].get(pattern)
         if tensor is not None and layer is not None and "{i}" in pattern:
             part = layer_part(pattern, tensor)
@@ -300,8 +302,12 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
 
 
 #: an SSM mixer's non-linear axes its kernels have a published limit on: (tensor leaf,
-#: ndim, axis) -> site side; the rest of them are accounted (:meth:`Derived.ssm_parameters`)
-_SSM_KERNEL_AXES = {("conv1d.weight", 3, 2): "conv", ("A_log", 2, 1): "state"}
+#: ndim, axis) -> site side; the rest of them are accounted (:meth:`Derived.ssm_parameters`).
+#: A delta-attention mixer's q/k/v short convolutions (Kimi-Linear, Bailing-hybrid) run the
+#: same causal-conv1d kernels (docs/formats.md "Hybrid and SSM models")
+_SSM_KERNEL_AXES = {("conv1d.weight", 3, 2): "conv", ("q_conv1d.weight", 3, 2): "conv",
+                    ("k_conv1d.weight", 3, 2): "conv", ("v_conv1d.weight", 3, 2): "conv",
+                    ("A_log", 2, 1): "state"}
 
 
 def _collect_ssm(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, size: int,
@@ -375,11 +381,12 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
         field_ = ("head_dim",) if isinstance(cfg.get("head_dim"), int) else None
         return DimSite(name, Role.HEAD_DIM, value, g.axes, layer=g.layer, module=g.module,
                        config_field=field_, inexact=ROPE_INEXACT, attrs={"derived": cls})
-    key = keys.get(_CONFIG[g.kind])
+    key = keys.get(_CONFIG.get(g.kind, ""))
     field_ = (key,) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
-               "experts": EXPERTS_NOT_PADDED, "cross_hidden": CROSS_INEXACT,
-               }.get(g.kind) or _normed(g)
+               "experts": EXPERTS_NOT_PADDED, "router": EXPERTS_NOT_PADDED,
+               "cross_hidden": CROSS_INEXACT,
+               "mlp_derived": DERIVED_INEXACT}.get(g.kind) or _normed(g)
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
                    config_field=field_, inexact=inexact, attrs={"derived": cls})
@@ -396,5 +403,6 @@ def _normed(g: _Group) -> str | None:
     return NORMED.format(tensor=norm) if norm else None
 
 
-_SITE_NAME = {"mlp": "intermediate", "expert": "expert_intermediate",
+_SITE_NAME = {"mlp": "intermediate", "mlp_derived": "intermediate", "mlp_half": "intermediate",
+              "router": "router_experts", "expert": "expert_intermediate",
               "shared": "shared_expert_intermediate", "experts": "experts", "heads": "heads"}

@@ -23,7 +23,10 @@ from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
 from gac_check.formats.architectures import DEEPSEEK, HEADS_NOT_PADDED, find_family
 from gac_check.formats.base import Format
+from gac_check.formats.gated_norm import gated_norm_sites
 from gac_check.formats.layout import Linear, dense_linear
+from gac_check.formats.mla_indexer import indexer_sites, residual_axes
+from gac_check.formats.mla_layouts import gated_dims, layout_gap
 from gac_check.formats.moe import find_moe
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -70,6 +73,8 @@ class MLADims:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    #: AXK2's query projection: per head the query, then a gate over the value (v_head_dim)
+    gated: bool = False
 
     @property
     def qk_head_dim(self) -> int:
@@ -106,11 +111,30 @@ class MLA(Format):
         if found is None or found[0] is not DEEPSEEK:
             raise BadInput("has multi-head latent attention (kv_a_proj_with_mqa) but not "
                            "DeepSeek's layer layout (q_a_proj/q_b_proj or q_proj, "
-                           "kv_a_layernorm, kv_b_proj, o_proj, a gated MLP)", ckpt.path)
+                           "kv_a_layernorm, kv_b_proj, o_proj, a gated MLP)"
+                           + layout_gap(ckpt), ckpt.path)
         _, prefix, layers = found
         sites: list[DimSite] = []
         for i in layers:
             sites.extend(layer_sites(ckpt, f"{prefix}.{i}.self_attn", i))
+        return sites
+
+    def sites(self, ckpt: Checkpoint) -> list[DimSite]:
+        """The family's and MLA's sites, with a DSA indexer's residual-stream columns
+        (:mod:`.mla_indexer`) and AXK2's gated norms' (:mod:`.gated_norm`) on the hidden site
+        that the family's reader builds."""
+        sites = super().sites(ckpt)
+        extra = residual_axes(ckpt)
+        if any(n.endswith(".W_down.weight") for n in ckpt.shapes):  # AXK2's gated norms
+            hidden_size = next((s.value for s in sites if s.role is Role.HIDDEN), 0)
+            gates, residual = gated_norm_sites(ckpt, hidden_size)
+            sites, extra = sites + gates, extra + residual
+        if extra:
+            hidden = next((s for s in sites if s.role is Role.HIDDEN and s.layer is None), None)
+            if hidden is None:
+                raise BadInput("a DSA lightning indexer reads the residual stream, but no "
+                               "hidden-size site was read to put it on", ckpt.path)
+            hidden.axes.extend(extra)
         return sites
 
 
@@ -134,6 +158,9 @@ def _dims(ckpt: Checkpoint, module: str, lin: MLALinears) -> MLADims:
     tensors cannot give it (no rope part: q and kv_b then differ by nothing per head)."""
     latent = lin.kv_b.in_features
     rope = lin.kv_a.out_features - latent
+    if lin.q_a and lin.q.in_features == 2 * lin.q_a.out_features:
+        heads, nope, v = gated_dims(ckpt, module, lin.q, lin.kv_b, lin.o, rope)
+        return MLADims(heads, latent, lin.q_a.out_features, nope, rope, v, gated=True)
     q_out, kv_out, o_in = lin.q.out_features, lin.kv_b.out_features, lin.o.in_features
     per_head_rope = q_out - kv_out + o_in  # H x rope
     heads = per_head_rope // rope if rope > 0 and per_head_rope % rope == 0 else None
@@ -188,7 +215,9 @@ def layer_sites(ckpt: Checkpoint, module: str, layer: int) -> list[DimSite]:
     sites.append(kv)
     if lin.q_a:
         q_norm = f"{module}.q_a_layernorm.weight"
-        axes = lin.q_a.producer_axes(shapes) + lin.q.consumer_axes(shapes)
+        axes = lin.q_a.producer_axes(shapes) + (
+            [TensorAxis(t, a, AxisKind.CONSUMER, blocks=2, stride=d.q_lora_rank)
+             for t, a in lin.q.cols] if d.gated else lin.q.consumer_axes(shapes))
         if shapes.get(q_norm) == (d.q_lora_rank,):
             axes.append(TensorAxis(q_norm, 0, AxisKind.NORM))
         qr = DimSite(f"{module}:q_lora_rank", Role.RANK, lin.q_a.out_features, axes,
@@ -196,11 +225,17 @@ def layer_sites(ckpt: Checkpoint, module: str, layer: int) -> list[DimSite]:
                      inexact=LATENT_NORM_INEXACT.format(norm="q_a_layernorm"))
         _note(qr, cfg, "q_lora_rank", d.q_lora_rank)
         sites.append(qr)
+    indexer, q_latent = indexer_sites(ckpt, module, layer, lin.q_a, lin.kv_a.in_features)
+    if lin.q_a:
+        qr.axes.extend(q_latent)
     elif cfg.get("q_lora_rank") is not None:
         kv.notes.append(f"the config says q_lora_rank={cfg['q_lora_rank']}, tensors have "
                         "q_proj (no q latent)")
+    per_head = d.qk_head_dim + (d.v_head_dim if d.gated else 0)  # q rows per head
+    q_axes = ([TensorAxis(t, a, AxisKind.PRODUCER, blocks=d.heads, stride=per_head)
+               for t, a in lin.q.rows] if d.gated else lin.q.producer_axes(shapes, d.qk_head_dim))
     qk = DimSite(f"{module}:qk_head_dim", Role.HEAD_DIM, d.qk_head_dim,
-                 lin.q.producer_axes(shapes, d.qk_head_dim), layer=layer, module=module,
+                 q_axes, layer=layer, module=module,
                  inexact=QK_INEXACT, attrs={"rope": True, "mla": {**mla, "dim": "qk_head_dim"}})
     for key in ("qk_nope_head_dim", "qk_rope_head_dim"):
         _note(qk, cfg, key, mla[key])
@@ -210,6 +245,9 @@ def layer_sites(ckpt: Checkpoint, module: str, layer: int) -> list[DimSite]:
     v_axes = [TensorAxis(t, a, AxisKind.PRODUCER, start=d.qk_nope_head_dim, blocks=d.heads,
                          stride=d.qk_nope_head_dim + d.v_head_dim) for t, a in lin.kv_b.rows]
     v_axes += lin.o.consumer_axes(shapes, d.v_head_dim)
+    if d.gated:  # AXK2's gate rows, one per value unit, after each head's query
+        v_axes += [TensorAxis(t, a, AxisKind.PRODUCER, start=d.qk_head_dim, blocks=d.heads,
+                              stride=per_head) for t, a in lin.q.rows]
     v = DimSite(f"{module}:v_head_dim", Role.HEAD_DIM, d.v_head_dim, v_axes, layer=layer,
                 module=module, config_field=("v_head_dim",),
                 attrs={"softmax_scale_rows": (), "mla": {**mla, "dim": "v_head_dim"}})
@@ -220,4 +258,4 @@ def layer_sites(ckpt: Checkpoint, module: str, layer: int) -> list[DimSite]:
                     attrs={"kv_heads": d.heads})
     _note(heads, cfg, "num_attention_heads", d.heads)
     sites.append(heads)
-    return sites
+    return sites + indexer

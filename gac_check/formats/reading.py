@@ -4,7 +4,8 @@ The compressor formats and hand-written families (:data:`.FORMATS`) know layouts
 transformers class builds (ASVD, SVD-LLM, PaLU, SliceGPT, LLM-Pruner) and carry the repairs
 proven so far; where they find no layers, or leave a tensor of a plain Hugging Face model
 unread, the layout table derived from transformers' own classes (:mod:`.derived`) reads the
-model instead. A compressor format's refusal stands: its tensors are not a stock class's.
+model instead. A compressor format's refusal stands: its tensors are not a stock class's
+(LLM-Pruner's safetensors layout, known only by its widths, excepted: :func:`_widths_only`).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def read_sites(ckpt: Checkpoint) -> tuple[Format, list[DimSite], Accounting]:
         return fmt, sites, accounting
     except NotRead:
         table = Derived()
-        plain = fmt is None or fmt.name == "dense"
+        plain = fmt is None or fmt.name == "dense" or _widths_only(fmt, ckpt)
         if ckpt.gguf is not None or not plain or not table.matches(ckpt):
             raise
     sites = table.sites(ckpt)
@@ -38,3 +39,12 @@ def read_sites(ckpt: Checkpoint) -> tuple[Format, list[DimSite], Accounting]:
                          ssm=table.ssm_parameters(ckpt))
     require_accounted(accounting, ckpt)
     return table, sites, accounting
+
+
+def _widths_only(fmt: Format, ckpt: Checkpoint) -> bool:
+    """LLM-Pruner's safetensors output is recognised only by layer widths that disagree
+    with config.json, which a stock class with layers of different kinds shows as well
+    (Kimi-Linear's delta-attention q_proj beside its latent attention's head count,
+    Inkling's sliding-window heads): where that reader leaves a tensor unread, the class
+    table may read the model. A pickled LLM-Pruner model stays its reader's."""
+    return fmt.name == "llm-pruner" and ckpt.pickled_model is None

@@ -15,13 +15,10 @@ tests/test_repair_families.py, which is what ``PROVEN`` (padding/families.py) re
 """
 from __future__ import annotations
 
-import json
 import re
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from itertools import product
-from pathlib import Path
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
@@ -69,14 +66,19 @@ def _is_move(edit: ConfigEdit, moves: list[tuple[int, int]]) -> bool:
 def _candidates(repair_plan: RepairPlan, config: Mapping,
                 moves: list[tuple[int, int]]) -> Iterator[list[ConfigEdit]]:
     """Config edits to try, most likely first: the plan's own (the table's key), then per
-    padded width each key holding the old value alone, then all of them together."""
+    padded width each key holding the old value alone, then all of them together; a key
+    holding twice the old value (RecurrentGemma's MLP is ``intermediate_size // 2`` wide,
+    ``RecurrentGemmaMlp.__init__``) set to twice the new one, last."""
     yield [e for e in repair_plan.config_edits if _is_move(e, moves)]
     per_move = []
     for old, new in moves:
         keys = sorted(k for k, v in config.items()
                       if v == old and isinstance(v, int) and not isinstance(v, bool))
         options = [[k] for k in keys] + ([keys] if len(keys) > 1 else [])
-        per_move.append([[ConfigEdit((k,), None, old, new) for k in ks] for ks in options])
+        edits = [[ConfigEdit((k,), None, old, new) for k in ks] for ks in options]
+        edits += [[ConfigEdit((k,), None, v, 2 * new)] for k, v in sorted(config.items())
+                  if isinstance(v, int) and not isinstance(v, bool) and v // 2 == old]
+        per_move.append(edits)
     for combo in product(*per_move):
         yield [e for edits in combo for e in edits]
 
@@ -105,11 +107,7 @@ def _misfit(ckpt: Checkpoint, edits: list[ConfigEdit],
 
 
 def _config(config: Mapping, edits: list[ConfigEdit]):
-    """OUT's config.json (the edits applied) as its own built-in config class, read the way
-    ``from_pretrained`` reads it: from a JSON file, so the special floats transformers writes
-    as ``{"__float__": "Infinity"}`` (Mamba-2 mixers' ``time_step_limit``) are decoded
-    (``PreTrainedConfig.from_json_file``), where ``from_dict`` would hand the tag itself to
-    the strict config class."""
+    """OUT's config.json (the edits applied) as its own built-in config class."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     data = {k: v for k, v in config.items() if k != "auto_map"}
@@ -118,10 +116,11 @@ def _config(config: Mapping, edits: list[ConfigEdit]):
         for key in e.path[:-1]:
             node = node[key]
         node[e.path[-1]] = e.new
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "config.json"
-        path.write_text(json.dumps(data))
-        return CONFIG_MAPPING[data["model_type"]].from_json_file(path)
+    cls = CONFIG_MAPPING[data["model_type"]]
+    # config.json as transformers itself reads it (configuration_utils.py,
+    # ``_dict_from_json_file``): its ``{"__float__": "Infinity"}`` tags decoded, or a Mamba
+    # config's time_step_limit (0, inf) fails the class's own validation
+    return cls.from_dict(cls._decode_special_floats(data))
 
 
 def _bound_counts(ckpt: Checkpoint) -> None:

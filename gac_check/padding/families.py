@@ -61,12 +61,15 @@ PROVEN: frozenset[str] = frozenset({
     "ministral", "modernbert-decoder", "roberta", "xlm-roberta",
     "xlm-roberta-xl", "afmoe", "electra", "hy_v3", "lfm3", "minimax", "qwen3_5", "qwen3_5_moe",
     "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "rembert",
-    # the same, once the class proof read config.json as from_pretrained does (Mamba-2
-    # hybrids' Infinity), counted layers as their config class does (ALBERT, Dory, Doge) and
-    # the zoo built GPT-J's RoPE inside its heads (a forward that ran: BART's family too)
-    "albert", "bamba", "bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "codegen",
-    "doge", "dory", "falcon_h1", "gptj", "granitemoehybrid", "marian", "mbart", "mvp",
-    "nemotron_h", "pegasus",
+    "ctrl", "diffllama", "cpmant",
+    # hybrids on the zoo's tiny build: the MLP / experts padded, the recurrent mixers aligned
+    "bamba", "falcon_h1", "granitemoehybrid", "inkling_text", "kimi_linear", "nemotron_h",
+    "recurrent_gemma", "zamba", "zamba2",
+    # the same, once the class proof counted layers as their config class does (ALBERT, Dory,
+    # Doge) and the zoo built GPT-J's RoPE inside its heads (a forward that ran: BART's family
+    # too)
+    "albert", "bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "codegen",
+    "doge", "dory", "gptj", "marian", "mbart", "mvp", "pegasus",
     # a text model saved alone (Emu3ForCausalLM, MllamaForCausalLM): read as dense Llama
     # modules, loaded by the class config.json's architectures names
     "emu3_text_model", "mllama_text_model",

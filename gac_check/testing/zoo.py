@@ -32,7 +32,7 @@ VARIANTS = {
     "hd20": {"hidden_size": 80, "num_attention_heads": 4, "head_dim": 20, "inter": 128},
 }
 _INTER = ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size",
-          "encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size",
+          "encoder_ffn_dim", "decoder_ffn_dim", "dff", "dim_ff", "moe_intermediate_size",
           "expert_intermediate_size", "shared_expert_intermediate_size")
 #: sub-configs that hold the language model: built in the variant; any other sub-config
 #: (a vision or audio tower) is built small and aligned, so the class fits in memory
@@ -61,6 +61,8 @@ def _kwargs(config_cls, v: dict[str, int], text: bool) -> dict[str, object]:
     for key in ("hidden_size", "num_attention_heads", "head_dim"):
         if hasattr(default, key) and not isinstance(getattr(config_cls, key, None), property):
             kwargs[key] = v[key]
+    if isinstance(getattr(default, "dim_head", None), int):  # CPM-Ant's head_dim key
+        kwargs["dim_head"] = v["head_dim"]
     kwargs.update({k: v["inter"] for k in _INTER if hasattr(default, k)})
     if hasattr(default, "num_key_value_heads"):
         kwargs["num_key_value_heads"] = 2
@@ -121,7 +123,7 @@ def _misaligned(model, variant: str) -> bool:
         return any(d in (173, 346) for p in model.parameters() for d in p.shape)
     if variant == "hd20":
         return any(getattr(m, a, None) == 20 for m in model.modules()
-                   for a in ("head_dim", "attention_head_size", "head_size"))
+                   for a in ("head_dim", "attention_head_size", "head_size", "dim_head"))
     return False
 
 

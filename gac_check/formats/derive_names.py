@@ -1,0 +1,65 @@
+"""How a saved tensor name is turned into the class table's pattern, and looked up again.
+
+A layer's index becomes ``{i}`` and a further list index ``{e}`` (an expert's, or one of a
+list of like modules: ALBERT's ``albert_layers``, LongCat-Flash's two ``mlps``). An index
+into an ``nn.Sequential`` is a position, not a list entry: CTRL's ``ffn.0`` is the MLP's up
+projection and ``ffn.2`` its down projection (``ffn.1`` is the ReLU), so folding both into
+``ffn.{e}`` made them one tensor with two shapes and refused the model ("hidden width
+disagrees"). The deriver keeps such positions literal (:func:`pattern` with the class's
+Sequential modules) and the check, which has no class, tries the folded name first and then
+the literal ones (:func:`lookup`).
+"""
+from __future__ import annotations
+
+import re
+from itertools import product
+
+_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def sequential_modules(model) -> frozenset[str]:
+    """The names of the model's ``nn.Sequential`` modules (positions, not lists)."""
+    import torch.nn as nn
+
+    return frozenset(n for n, m in model.named_modules() if isinstance(m, nn.Sequential))
+
+
+def pattern(name: str, sequential: frozenset[str] = frozenset()) -> str:
+    """``model.layers.3.mlp.experts.7.w1.weight`` -> ``model.layers.{i}.mlp.experts.{e}.w1
+    .weight``; an index into one of ``sequential`` stays as it is."""
+    head = _INDEX.sub(".{i}.", name, count=1)
+    owners = {_INDEX.sub(".{i}.", s, count=1).split(".", 1)[-1] for s in sequential}
+    out, pos = [], 0
+    for m in _INDEX.finditer(head):
+        out.append(head[pos:m.start()])
+        literal = head[:m.start()].split(".", 1)[-1] in owners
+        out.append(m.group(0) if literal else ".{e}.")
+        pos = m.end()
+    out.append(head[pos:])
+    return "".join(out)
+
+
+def lookup(tensors: dict, name: str) -> tuple[str, int | None, int | None]:
+    """(the table's pattern for ``name``, its layer, its expert): the folded pattern if the
+    table has it, else the first with some later indices kept literal (a Sequential's
+    positions); the folded one, which the table lacks, when none matches."""
+    found = _INDEX.findall(name)
+    layer = int(found[0]) if found else None
+    folded = _INDEX.sub(".{i}.", name, count=1)
+    folded = _INDEX.sub(".{e}.", folded)
+    if folded in tensors or len(found) < 2:
+        return folded, layer, int(found[1]) if len(found) > 1 else None
+    head = _INDEX.sub(".{i}.", name, count=1)
+    parts = re.split(r"(\.\d+\.)", head)  # text, index, text, ...
+    slots = range(1, len(parts), 2)
+    for keep in product((False, True), repeat=len(slots)):
+        trial = list(parts)
+        for slot, literal in zip(slots, keep, strict=True):
+            if not literal:
+                trial[slot] = ".{e}."
+        candidate = "".join(trial)
+        if candidate in tensors:
+            experts = [int(parts[s].strip(".")) for s, k in zip(slots, keep, strict=True)
+                       if not k]
+            return candidate, layer, experts[0] if experts else None
+    return folded, layer, int(found[1])

@@ -1,0 +1,125 @@
+"""Recurrent and hybrid mixers in the class table: which saved tensors form a mixer, and the
+widths their config determines that no plain label names.
+
+:mod:`.derive_table` labels an axis by its sizes in two builds. Inside a recurrent mixer
+(Mamba's selective scan, a gated delta net or Kimi's delta attention, RecurrentGemma's RG-LRU,
+xLSTM's mLSTM) most widths are config values the two builds do not move together (state
+size, heads x head width, a dt rank), so sizes alone would call them ``?`` or a constant; the
+mixer is found here instead and :func:`.derive_table._label_ssm` labels its inner widths
+``ssm``. A mixer is the saved prefix of a tensor named for its recurrence
+(:data:`MARKERS`), found in the names ``save_pretrained`` writes, so a class whose
+checkpoint names differ from its modules (Kimi-Linear's ``self_attn.A_log`` is the module
+``self_attn.forget_gate``'s) is found all the same.
+
+Widths a config derives by a formula of its own (Zamba's shared block over 2 x hidden,
+RecurrentGemma's MLP of half ``intermediate_size``, xLSTM's feed-forward: hidden x
+``ffn_proj_factor`` rounded up to ``ffn_round_up_to_multiple_of``; Inkling's router over the
+routed and shared experts) are labels only where the config determines them exactly
+(:func:`config_labels`): sizes alone would also match them by chance elsewhere (a fused qkv
+of 2 x hidden, a gated MLP's half-width down projection).
+"""
+from __future__ import annotations
+
+import re
+
+#: saved-name tails that mark their prefix as a recurrent mixer: the SSM / delta-rule decay
+#: (Mamba, Mamba2, Jamba, Bamba, Zamba, NemotronH, Qwen3-Next, Kimi-Linear, Bailing-hybrid),
+#: RG-LRU's recurrence parameter (RecurrentGemma), mLSTM's forget gate (xLSTM)
+MARKERS = (".A_log", ".recurrent_param", ".fgate_preact.weight")
+
+_INDEX = re.compile(r"\.(\d+)\.")
+#: the labels :func:`config_labels` may give, in the order a tie is broken
+CONFIG_LABELS = ("hidden2", "inter_half", "ffn", "router_all")
+
+
+def mixer_prefixes(saved: dict[str, tuple[int, ...]]) -> list[str]:
+    """Each recurrent mixer's saved prefix (``model.layers.3.mamba.``), from its marker."""
+    out = []
+    for name in saved:
+        tail = next((m for m in MARKERS if name.endswith(m)), None)
+        if tail is not None:
+            out.append(name[:-len(tail)] + ".")
+    return out
+
+
+def mixer_kind(name: str, kind: str, shape: tuple[int, ...]) -> str:
+    """A mixer tensor's module kind: the class's own where the saved name is a module's; a
+    2-D ``weight`` whose saved name is no module's (Bailing's ``attention.dense``, saved
+    from ``self_attn.o_proj``) is a linear, since these mixers hold no other 2-D weight."""
+    if kind == "other" and len(shape) == 2 and name.endswith(".weight"):
+        return "linear"
+    return kind
+
+
+def layer_leaf_kinds(kinds: dict[str, str], saved: dict[str, tuple[int, ...]],
+                     named: dict[str, str]) -> dict[str, str]:
+    """Saved name -> module kind for a mixer's saved names that are no parameter's, matched
+    by layer and leaf (``model.layers.0.self_attn.f_a_proj.weight`` saved from
+    ``...self_attn.forget_gate.f_a_proj.weight``) where exactly one parameter of that layer
+    has that leaf. Only inside a mixer: elsewhere a renamed tensor keeps the kind it has."""
+    by_leaf: dict[tuple[str, str], list[str]] = {}
+    for name in kinds:
+        by_leaf.setdefault(_layer_leaf(name), []).append(name)
+    mixers = tuple(mixer_prefixes(saved))
+    out = {}
+    for name in saved:
+        if name in named or not name.startswith(mixers):
+            continue
+        match = by_leaf.get(_layer_leaf(name), [])
+        if len(match) == 1:
+            out[name] = kinds[match[0]]
+    return out
+
+
+def _layer_leaf(name: str) -> tuple[str, str]:
+    found = _INDEX.search(name)
+    layer = found.group(1) if found else ""
+    return layer, ".".join(name.split(".")[-2:])
+
+
+def config_labels(config) -> dict[str, int]:
+    """Widths a config determines by a formula of its own, by label: a router's rows over
+    routed and shared experts (:func:`_router_rows`); xLSTM's feed-forward
+    width (transformers 5.24 models/xlstm/modeling_xlstm.py, ``xLSTMFeedForward.__init__``:
+    ``round_up_to_next_multiple_of(hidden_size * ffn_proj_factor,
+    ffn_round_up_to_multiple_of)``)."""
+    out = _router_rows(config) | _concat_input(config) | _half_mlp(config)
+    factor = getattr(config, "ffn_proj_factor", None)
+    multiple = getattr(config, "ffn_round_up_to_multiple_of", None)
+    hidden = getattr(config, "hidden_size", None)
+    if (isinstance(factor, float | int) and isinstance(multiple, int) and multiple > 0
+            and isinstance(hidden, int)):
+        out["ffn"] = int(((hidden * factor + multiple - 1) // multiple) * multiple)
+    return out
+
+
+def _concat_input(config) -> dict[str, int]:
+    """Zamba's and Zamba2's shared transformer block reads concat(hidden, the original
+    embeddings): ``attention_hidden_size`` (ZambaConfig / Zamba2Config: 2 x hidden_size),
+    the width its q/k/v and input norm are built over (ZambaAttention.__init__)."""
+    width, hidden = (getattr(config, "attention_hidden_size", None),
+                     getattr(config, "hidden_size", None))
+    if isinstance(hidden, int) and width == 2 * hidden:
+        return {"hidden2": width}
+    return {}
+
+
+def _half_mlp(config) -> dict[str, int]:
+    """RecurrentGemma's MLP is ``intermediate_size // 2`` wide (transformers 5.24
+    models/recurrent_gemma/modeling_recurrent_gemma.py, ``RecurrentGemmaMlp.__init__``):
+    named by model type, never matched by size (Moshi's gated fc2 also reads ffn_dim // 2)."""
+    inter = getattr(config, "intermediate_size", None)
+    if getattr(config, "model_type", None) == "recurrent_gemma" and isinstance(inter, int):
+        return {"inter_half": inter // 2}
+    return {}
+
+
+def _router_rows(config) -> dict[str, int]:
+    """A router scoring the routed and the shared experts together: Inkling's
+    (transformers 5.24 models/inkling/modeling_inkling.py, ``InklingTopkRouter.__init__``:
+    ``n_routed_experts + n_shared_experts`` rows)."""
+    routed = getattr(config, "n_routed_experts", None)
+    shared = getattr(config, "n_shared_experts", None)
+    if isinstance(routed, int) and isinstance(shared, int) and shared > 0:
+        return {"router_all": routed + shared}
+    return {}
