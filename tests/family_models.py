@@ -35,7 +35,7 @@ ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyu
                        "nemotron_h",
                        "albert", "bart", "bigbird_pegasus", "blenderbot", "blenderbot-small",
                        "codegen", "doge", "dory", "gptj", "marian", "mbart", "mvp", "pegasus",
-                       "emu3", "mllama", "roberta-prelayernorm"})
+                       "emu3", "mllama", "roberta-prelayernorm", "hrm_text"})
 #: ZOO_BUILT types whose build saves its text model under another model_type (PROVEN's)
 SAVED_AS = {"emu3": "emu3_text_model", "mllama": "mllama_text_model"}
 #: a model above this many parameters has a size key the table does not set: not built

@@ -75,6 +75,8 @@ PROVEN: frozenset[str] = frozenset({
     "emu3_text_model", "mllama_text_model",
     # its every bias sits under roberta_prelayernorm.: no longer taken for a norm by its name
     "roberta-prelayernorm",
+    # read by another branch (its H and L modules' MLPs), proven on the zoo's tiny build
+    "hrm_text",
 })
 
 def width_key(model_type: object, role: Role) -> str | None:
