@@ -4,7 +4,9 @@ The compressor formats and hand-written families (:data:`.FORMATS`) know layouts
 transformers class builds (ASVD, SVD-LLM, PaLU, SliceGPT, LLM-Pruner) and carry the repairs
 proven so far; where they find no layers, or leave a tensor of a plain Hugging Face model
 unread, the layout table derived from transformers' own classes (:mod:`.derived`) reads the
-model instead. A compressor format's refusal stands: its tensors are not a stock class's.
+model instead. A compressor format's refusal stands: its tensors are not a stock class's,
+except where the layers that format read are an encoder tower's in the class table (a
+multimodal model's vision tower is no pruned language model: formats/derived_towers.py).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def read_sites(ckpt: Checkpoint) -> tuple[Format, list[DimSite], Accounting]:
         return fmt, sites, accounting
     except NotRead:
         table = Derived()
-        plain = fmt is None or fmt.name == "dense"
+        plain = fmt is None or fmt.name == "dense" or table.family_in_tower(ckpt)
         if ckpt.gguf is not None or not plain or not table.matches(ckpt):
             raise
     sites = table.sites(ckpt)
