@@ -70,6 +70,7 @@ def collect(groups: dict[tuple, TowerGroup], label: str, name: str, axis: int, s
             kind: AxisKind, block: str, ckpt: Checkpoint) -> None:
     """Put one tower-labelled axis on its site."""
     scope, base = label.split(":", 1)
+    block = block or name.rsplit(".", 2)[0]  # a tower's head outside its layers
     if base in _HEAD_LABELS:
         head_dim = _tower_head_dim(ckpt.config.get(scope))
         if not head_dim or size % head_dim:
