@@ -25,7 +25,7 @@ _TOWER = re.compile(r"^(vision|audio|speech|image)_config$")
 #: (tests/test_composite_models.py holds the table to both)
 TOWER_VARIANTS = (
     ({"hidden": 56, "heads": 2, "inter": 104}, {"hidden": 88, "heads": 4, "inter": 232}),
-    ({"hidden": 72, "heads": 4, "inter": 144}, {"hidden": 108, "heads": 4, "inter": 264}),
+    ({"hidden": 72, "heads": 4, "inter": 144}, {"hidden": 112, "heads": 7, "inter": 264}),
 )
 #: a tower config's keys per role (GOT-OCR2's ViT calls its MLP width ``mlp_dim``)
 _TOWER_KEYS = {"hidden": ("hidden_size",), "heads": ("num_attention_heads",),

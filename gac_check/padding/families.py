@@ -58,6 +58,9 @@ PROVEN: frozenset[str] = frozenset({
     "ministral", "modernbert-decoder", "roberta", "xlm-roberta",
     "xlm-roberta-xl", "afmoe", "electra", "hy_v3", "lfm3", "minimax", "qwen3_5", "qwen3_5_moe",
     "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "rembert",
+    # composites (text_config / towers: formats/derive_composite.py), the text model's MLP
+    # padded under text_config's key, on the zoo's tiny build (tests/test_composite_models.py)
+    "fuyu", "gemma3", "git", "got_ocr2", "moss_transcribe_diarize", "phi4_multimodal",
 })
 
 def width_key(model_type: object, role: Role) -> str | None:
