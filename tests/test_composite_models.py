@@ -13,6 +13,7 @@ OUT strictly with equal logits.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,37 @@ def test_a_tied_head_is_read_from_config_json_and_an_untied_missing_one_refused(
     assert check(path, gpu="h100", dtype="bfloat16").verdict() == "pass"
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
-    with pytest.raises(BadInput, match="language_model.lm_head.weight is missing"):
+    with pytest.raises(BadInput, match=re.escape("language_model.lm_head.weight is missing")):
+        check(path, gpu="h100", dtype="bfloat16")
+
+
+def _gemma3(tmp_path: Path, **vision: object) -> Path:
+    """A tiny Gemma-3, its vision tower's config overridden with ``vision``."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "vocab_size": 512}
+    tower = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+             "num_attention_heads": 4, **vision}
+    torch.manual_seed(0)
+    Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=tower,
+                                                 image_token_index=0, boi_token_index=1,
+                                                 eoi_token_index=2)).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_a_tower_part_its_config_turns_off_is_not_asked_for(tmp_path: Path) -> None:
+    """Gemma-3's checkpoints turn SigLIP's pooling head off (``vision_use_head: false``):
+    the class builds no head, so none is missing; with the head on, a head torn in half is."""
+    path = _gemma3(tmp_path / "off", vision_use_head=False)
+    result = check(path, gpu="h100", dtype="bfloat16")
+    assert result.accounting is not None and not result.accounting.unknown
+    path = _gemma3(tmp_path / "on", vision_use_head=True)
+    weights = load_file(path / "model.safetensors")
+    del weights["vision_tower.head.probe"]
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(BadInput, match=re.escape("vision_tower.head.probe is missing")):
         check(path, gpu="h100", dtype="bfloat16")
 
 
@@ -81,7 +112,7 @@ def test_a_torn_tower_is_refused(tmp_path: Path) -> None:
     weights = load_file(path / "model.safetensors")
     del weights["vision_tower.encoder.layers.1.mlp.fc2.weight"]
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(BadInput, match="layers.1.mlp.fc2.weight is missing"):
+    with pytest.raises(BadInput, match=re.escape("layers.1.mlp.fc2.weight is missing")):
         check(path, gpu="h100", dtype="bfloat16")
 
 
@@ -89,18 +120,7 @@ def test_a_misaligned_tower_is_a_finding_repair_never_pads(tmp_path: Path) -> No
     """A vision tower whose MLP is 173 wide: judged on the tower's own site (a GEMM width
     like the text model's) under vision_config's key, and refused by --repair with why. Its
     one layer is not asked for the text model's second (each stack's layers its own)."""
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
-
-    text = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-            "vocab_size": 512}
-    vision = {"hidden_size": 64, "intermediate_size": 173, "num_hidden_layers": 1,
-              "num_attention_heads": 4}
-    torch.manual_seed(0)
-    Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision,
-                                                 image_token_index=0, boi_token_index=1,
-                                                 eoi_token_index=2)).save_pretrained(tmp_path)
-    ckpt = open_checkpoint(tmp_path)
+    ckpt = open_checkpoint(_gemma3(tmp_path, intermediate_size=173))
     _, sites, _ = read_sites(ckpt)
     tower = [s for s in sites if s.value == 173]
     assert {s.name for s in tower} == {"vision_tower.encoder.layers.0.mlp:mlp",

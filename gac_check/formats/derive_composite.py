@@ -117,3 +117,30 @@ def tower_keys(config, config_cls) -> dict[str, dict[str, str]]:
                      for role, keys in _TOWER_KEYS.items()
                      if any(isinstance(saved.get(k), int) for k in keys)}
     return out
+
+
+def mark_optional(config, build, pattern, tensors: dict[str, dict]) -> None:
+    """Mark the tensors a tower builds only under one of its ``use_`` flags
+    (``vision_use_head``: SigLIP's pooling head, which Gemma-3 turns off) ``optional`` with
+    that flag, so a checkpoint whose config turns the part off is not refused as torn.
+    ``build(config)`` returns the saved shapes; ``pattern(name)`` a name's table pattern."""
+    _, towers = sub_configs(type(config))
+    try:
+        base = set(build(config)) if towers else set()
+    except Exception:  # a class built only through its parent's Auto mapping: no flags read
+        return
+    for name in towers:
+        sub = getattr(config, name, None)
+        flags = [k for k, v in (sub.to_dict() if sub is not None else {}).items()
+                 if isinstance(v, bool) and "use_" in k]
+        for flag in flags:
+            setattr(sub, flag, not getattr(sub, flag))
+            try:
+                gone = base - set(build(config))
+            except Exception:  # the flag will not build flipped: nothing is optional by it
+                gone = set()
+            setattr(sub, flag, not getattr(sub, flag))
+            for tensor in gone:
+                entry = tensors.get(pattern(tensor)) or tensors.get(tensor)
+                if entry is not None:
+                    entry["optional"] = f"{name}.{flag}"

@@ -384,6 +384,8 @@ def derive(model_type: str) -> dict:
         _untie_attention(ma, kinds, tensors)
     _label_ssm(ma, kinds, saved, tensors)
     _layer_kinds(sa, tensors)
+    if subs:
+        composite.mark_optional(ma.config, built_shapes, _pattern, tensors)
     text = composite.text_config(ma.config) if subs else ma.config
     entry = {
         "class": type(ma).__name__,

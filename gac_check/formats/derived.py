@@ -245,7 +245,9 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
     every tensor of each part that layer has (for each expert it has). A torn checkpoint
     (one router deleted) would otherwise be judged by what is left of it. Where one child
     holds different modules in different layers (NemotronH's ``mixer``: Mamba, attention or
-    MLP), the table's ``layers`` kind says which of its tensors go together."""
+    MLP), the table's ``layers`` kind says which of its tensors go together; a tower part a
+    config flag turns off (the table's ``optional``) is asked for only where one of its
+    tensors is there."""
     tied = towers.tied(entry, ckpt.config)
     layers: dict[int, dict[tuple[str, str, bool], set[int | None]]] = {}
     kinds: dict[tuple[int, tuple[str, str, bool]], set[int | None]] = {}
@@ -256,9 +258,10 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
             part = _part(pattern, tensor)
             layers.setdefault(layer, {}).setdefault(part, set()).add(expert)
             kinds.setdefault((layer, part), set()).add(tensor.get("layers"))
+    switched = {"", *towers.parts_present(entry, ckpt)}  # "": a part no flag turns off
     for pattern, tensor in entry["tensors"].items():
-        if "{i}" in pattern:
-            continue
+        if "{i}" in pattern or tensor.get("optional", "") not in switched:
+            continue  # a layer's (below), or a tower part its config turns off
         if pattern not in ckpt.shapes and not (tied and tensor["kind"] != "embedding"
                                                and "vocab" in tensor["axes"]):
             return pattern
@@ -267,8 +270,9 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
         for pattern, tensor in layered:
             part = _part(pattern, tensor)
             experts = parts.get(part)
-            if experts is None or tensor.get("layers") not in kinds[(layer, part)]:
-                continue  # a part this layer does not have, or another kind of it
+            if (experts is None or tensor.get("layers") not in kinds[(layer, part)]
+                    or tensor.get("optional", "") not in switched):
+                continue  # a part this layer does not have, another kind, one turned off
             names = ([pattern.replace("{e}", str(e)) for e in sorted(experts - {None})]
                      if "{e}" in pattern else [pattern])
             for name in (n.replace("{i}", str(layer), 1) for n in names):

@@ -55,6 +55,16 @@ def is_tower(entry: Mapping, prefix: str) -> bool:
                for p, t in entry["tensors"].items())
 
 
+def parts_present(entry: Mapping, ckpt: Checkpoint) -> set[str]:
+    """The optional tower parts (``vision_config.vision_use_head``) the checkpoint holds a
+    tensor of: those are held whole, like every other part."""
+    present: set[str] = set()
+    for name, tensor in entry["tensors"].items():
+        if "optional" in tensor and name in ckpt.shapes:
+            present.add(tensor["optional"])
+    return present
+
+
 @dataclass
 class TowerGroup:
     """The axes of one tower site being collected, and the widths they imply."""
