@@ -106,6 +106,24 @@ def test_a_tower_part_its_config_turns_off_is_not_asked_for(tmp_path: Path) -> N
         check(path, gpu="h100", dtype="bfloat16")
 
 
+def test_a_layer_part_its_config_turns_off_is_not_asked_for(tmp_path: Path) -> None:
+    """GOT-OCR2's ViT without relative positions (``use_rel_pos: false``): its layers build
+    no rel_pos tables, so none is missing from any layer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gac_check.testing.zoo import VARIANTS as ZOO
+    from gac_check.testing.zoo import _kwargs
+
+    config_cls = type(AutoConfig.for_model("got_ocr2"))
+    kwargs = _kwargs(config_cls, ZOO["aligned"], text=True)
+    kwargs["vision_config"].use_rel_pos = False
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config_cls(**kwargs)).save_pretrained(tmp_path)
+    assert not any("rel_pos" in n for n in load_file(tmp_path / "model.safetensors"))
+    result = check(tmp_path, gpu="h100", dtype="bfloat16")
+    assert result.accounting is not None and not result.accounting.unknown
+
+
 def test_a_torn_tower_is_refused(tmp_path: Path) -> None:
     """A tower layer with its MLP deleted is not judged by what is left of it."""
     path = _built(tmp_path, "gemma3", "aligned")
