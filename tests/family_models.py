@@ -32,7 +32,8 @@ ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyu
                        "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text",
                        "qwen3_next", "rembert", "inkling_text", "kimi_linear", "recurrent_gemma",
                        "zamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid",
-                       "nemotron_h"})
+                       "nemotron_h", "fuyu", "gemma3", "git", "got_ocr2",
+                       "moss_transcribe_diarize", "phi4_multimodal"})
 #: a model above this many parameters has a size key the table does not set: not built
 MAX_PARAMS = 12_000_000
 

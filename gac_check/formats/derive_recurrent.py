@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import re
 
+from gac_check.formats.derive_names import pattern as name_pattern
+
 #: saved-name tails that mark their prefix as a recurrent mixer: the SSM / delta-rule decay
 #: (Mamba, Mamba2, Jamba, Bamba, Zamba, NemotronH, Qwen3-Next, Kimi-Linear, Bailing-hybrid),
 #: RG-LRU's recurrence parameter (RecurrentGemma), mLSTM's forget gate (xLSTM)
@@ -49,6 +51,24 @@ def mixer_kind(name: str, kind: str, shape: tuple[int, ...]) -> str:
     if kind == "other" and len(shape) == 2 and name.endswith(".weight"):
         return "linear"
     return kind
+
+
+def label_mixers(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict],
+                 seq: frozenset[str]) -> None:
+    """Label every width inside a recurrent mixer ``ssm`` (:func:`mixer_prefixes`: the
+    saved prefix of an SSM decay ``A_log``, an RG-LRU ``recurrent_param`` or an mLSTM forget
+    gate). Its inner widths (heads x head width, groups x state size, conv channels, dt
+    rank) are config values the two variants do not all move, so sizes alone would call
+    them ``?`` or a constant; only a linear's hidden axis keeps its label. :mod:`.derived`
+    reads a linear's ``ssm`` axes as GEMM widths, the rest as the mixer's own parameters."""
+    mixers = tuple(mixer_prefixes(shapes))
+    for name, shape in shapes.items():
+        entry = tensors.get(name_pattern(name, seq))
+        if entry is None or not name.startswith(mixers):
+            continue
+        entry["kind"] = mixer_kind(name, entry["kind"], shape)
+        keep = ("hidden", "vocab") if entry["kind"] == "linear" else ()
+        entry["axes"] = [a if a in keep else "ssm" for a in entry["axes"]]
 
 
 def layer_leaf_kinds(kinds: dict[str, str], saved: dict[str, tuple[int, ...]],

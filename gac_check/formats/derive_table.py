@@ -17,23 +17,23 @@ tests/test_derived_table.py fails when the shipped table disagrees with the inst
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import sys
 import warnings
 from pathlib import Path
 
+from gac_check.formats import derive_composite as composite
 from gac_check.formats.derive_names import pattern as name_pattern
 from gac_check.formats.derive_names import sequential_modules
-from gac_check.formats.derive_rows import label_lookup_rows, ties_head
 from gac_check.formats.derive_recurrent import (
     CONFIG_LABELS,
     config_labels,
+    label_mixers,
     layer_leaf_kinds,
-    mixer_kind,
-    mixer_prefixes,
 )
+from gac_check.formats.derive_rows import label_lookup_rows, ties_head
+from gac_check.formats.derive_saved import renamed, saved_names, saved_shapes
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
@@ -83,8 +83,20 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
 LABELS = (*_labels(VARIANTS[0]), *CONFIG_LABELS)
 
 
-def _config(config_cls, variant: dict[str, int], layers: int | None):
+def _config(config_cls, variant: dict[str, int], layers: int | None, subs: bool = True):
+    """The config of one build; with ``subs``, a composite's text sub-config in the variant
+    and each tower at its own widths (:mod:`.derive_composite`)."""
     default = config_cls()
+    kwargs = _kwargs(config_cls, default, variant, layers)
+    if subs:
+        kwargs.update(composite.sub_kwargs(
+            config_cls, default, VARIANTS.index(variant),
+            lambda sub_cls: _kwargs(sub_cls, sub_cls(), variant, layers)))
+    return config_cls(**kwargs)
+
+
+def _kwargs(config_cls, default, variant: dict[str, int], layers: int | None) -> dict:
+    """The variant's widths under every key ``config_cls`` has (one config, no sub-configs)."""
     kwargs: dict[str, object] = {}
     for role, keys in KEYS.items():
         for key in keys:
@@ -100,7 +112,7 @@ def _config(config_cls, variant: dict[str, int], layers: int | None):
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         if isinstance(getattr(default, token, None), int):
             kwargs[token] = 0  # a default id past the tiny vocabulary will not build
-    return config_cls(**kwargs)
+    return kwargs
 
 
 #: classes whose config requires an even key/value head count (DiffLlamaAttention.__init__
@@ -154,13 +166,18 @@ def _build(config):
         return auto.from_config(config)
 
 
-def _actual(model, variant: dict[str, int]) -> dict[str, int]:
-    """The sizes the class really built with (head_dim may be hidden / heads)."""
+def _actual(model, variant: dict[str, int], subs: bool) -> dict[str, int]:
+    """The sizes the class really built with (head_dim may be hidden / heads; a tower's
+    attention modules have head widths of their own)."""
     v = dict(variant)
-    dims = _head_dims(model, attention=True) or _head_dims(model, attention=False)
+    towers = (composite.tower_head_dims(type(model.config), VARIANTS.index(variant)) if subs
+              else set())
+    dims = (_head_dims(model, attention=True) - towers) or (_head_dims(model, attention=False)
+                                                            - towers)
     if len(dims) == 1:
         v["head_dim"] = dims.pop()
-    kv = getattr(model.config, "num_key_value_heads", None)
+    text = composite.text_config(model.config) if subs else model.config
+    kv = getattr(text, "num_key_value_heads", None)
     v["kv_heads"] = kv if isinstance(kv, int) and kv > 0 else v["heads"]
     return v
 
@@ -174,27 +191,37 @@ def _head_dims(model, attention: bool) -> set[int]:
     return {d for d in dims if isinstance(d, int) and d > 0}
 
 
-def _saved_shapes(model) -> dict[str, tuple[int, ...]]:
-    """The tensors ``save_pretrained`` would write (key conversion reverted), by shape."""
-    from transformers.core_model_loading import revert_weight_conversion
-
-    state = model.state_dict()
-    with contextlib.suppress(Exception):
-        state = revert_weight_conversion(model, state)
-    return {n: tuple(t.shape) for n, t in state.items()}
-
-
 def built_shapes(config) -> dict[str, tuple[int, ...]]:
     """What ``config``'s own class builds on the meta device, as ``save_pretrained`` names and
     shapes it (no memory; built-in classes only): what a repair's output is held to
     (:mod:`gac_check.padding.class_proof`)."""
-    return _saved_shapes(_build(config))
+    return saved_shapes(_build(config))
 
 
 def _axis_label(a: int, b: int, la: dict[str, int], lb: dict[str, int]) -> str:
     if a == b:
         return f"={a}"
-    return next((lab for lab in LABELS if la.get(lab) == a and lb.get(lab) == b), "?")
+    return next((lab for lab in la if la[lab] == a and lb.get(lab) == b), "?")
+
+
+def _literal(sa: dict, sb: dict, kinds: dict[str, str], la: dict[str, int], lb: dict[str, int],
+             tensors: dict[str, dict], seq: frozenset[str]) -> None:
+    """Where an index is a position in a ``Sequential``, not a layer (GIT's visual projection:
+    ``0`` a linear, ``1`` its LayerNorm; Phi-4-multimodal's audio subsampling convs), one
+    pattern would stand for tensors of different shapes: where the indexed module holds the
+    tensor itself (``proj.{i}.weight``, no layer block between), each is recorded under its
+    own name instead; a layer stack whose layers differ keeps its pattern."""
+    shapes: dict[str, dict[str, tuple]] = {}
+    for name in set(sa) & set(sb):
+        shapes.setdefault(name_pattern(name, seq), {})[name] = (sa[name], sb[name])
+    for pattern, names in shapes.items():
+        if (pattern in tensors and "." not in pattern.split("{i}.", 1)[-1]
+                and len(set(names.values())) > 1
+                and all(len(a) == len(b) for a, b in names.values())):
+            del tensors[pattern]
+            for name, (a, b) in names.items():
+                tensors[name] = {"kind": kinds.get(name, "other"), "axes": [
+                    _axis_label(x, y, la, lb) for x, y in zip(a, b, strict=True)]}
 
 
 def _kinds(model) -> dict[str, str]:
@@ -246,38 +273,6 @@ _OUTPUT = re.compile(r"\.(o_proj|out_proj|dense|c_proj|wo|o|output\.dense|proj|o
 
 def _retie(label: str) -> str:
     return "q" if label == "hidden" else label
-
-
-def _saved_names(kinds: dict[str, str], saved: dict[str, tuple[int, ...]]) -> dict[str, str]:
-    """Parameter name -> the name ``save_pretrained`` writes it under: itself, or the one
-    saved name that differs only in its first component (NemotronH's ``model.`` is saved
-    as ``backbone.``)."""
-    tails: dict[str, list[str]] = {}
-    for name in saved:
-        tails.setdefault(name.split(".", 1)[-1], []).append(name)
-    out = {}
-    for name in kinds:
-        match = tails.get(name.split(".", 1)[-1], [])
-        out[name] = name if name in saved or len(match) != 1 else match[0]
-    return out
-
-
-def _label_ssm(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict],
-               seq: frozenset[str]) -> None:
-    """Label every width inside a recurrent mixer ``ssm`` (:mod:`.derive_recurrent`: the
-    saved prefix of an SSM decay ``A_log``, an RG-LRU ``recurrent_param`` or an mLSTM forget
-    gate). Its inner widths (heads x head width, groups x state size, conv channels, dt
-    rank) are config values the two variants do not all move, so sizes alone would call
-    them ``?`` or a constant; only a linear's hidden axis keeps its label. :mod:`.derived`
-    reads a linear's ``ssm`` axes as GEMM widths, the rest as the mixer's own parameters."""
-    mixers = tuple(mixer_prefixes(shapes))
-    for name, shape in shapes.items():
-        entry = tensors.get(name_pattern(name, seq))
-        if entry is None or not name.startswith(mixers):
-            continue
-        entry["kind"] = mixer_kind(name, entry["kind"], shape)
-        keep = ("hidden", "vocab") if entry["kind"] == "linear" else ()
-        entry["axes"] = [a if a in keep else "ssm" for a in entry["axes"]]
 
 
 def layer_part(pattern: str, tensor: dict) -> tuple[str, bool]:
@@ -341,29 +336,39 @@ def _depths(config_cls) -> tuple[int | None, ...]:
 _LAYER_KINDS = ("layers_block_type", "layer_types")
 
 
+def _builds(config_cls) -> tuple[tuple, tuple, bool]:
+    """Both variants' (model, actual sizes), and whether the sub-configs were varied: where a
+    composite will not build with them (a per-layer text config), both without them."""
+    last: Exception | None = None
+    for subs in (True, False):
+        builds = []
+        for variant in VARIANTS:
+            for layers in _depths(config_cls):
+                try:
+                    model = _build(_config(config_cls, variant, layers, subs))
+                    builds.append((model, _actual(model, variant, subs)))
+                    break
+                except Exception as e:  # any class that will not build is recorded with why
+                    last = e
+        if len(builds) == len(VARIANTS):
+            return builds[0], builds[1], subs
+    raise RuntimeError(f"{type(last).__name__}: {str(last).splitlines()[0][:160]}")
+
+
 def derive(model_type: str) -> dict:
     """One model_type's entry: its class and every saved tensor pattern's axis labels."""
     from transformers import AutoConfig
 
     config_cls = type(AutoConfig.for_model(model_type))
-    builds = []
-    for variant in VARIANTS:
-        last: Exception | None = None
-        for layers in _depths(config_cls):
-            try:
-                model = _build(_config(config_cls, variant, layers))
-                break
-            except Exception as e:  # any class that will not build is recorded with why
-                last = e
-        else:
-            raise RuntimeError(f"{type(last).__name__}: {str(last).splitlines()[0][:160]}")
-        builds.append((model, _actual(model, variant)))
-    (ma, va), (mb, vb) = builds
-    la, lb = _labels(va) | config_labels(ma.config), _labels(vb) | config_labels(mb.config)
-    sa, sb = _saved_shapes(ma), _saved_shapes(mb)
+    (ma, va), (mb, vb), subs = _builds(config_cls)
+    la = {**_labels(va), **config_labels(ma.config),
+          **(composite.all_tower_labels(config_cls, 0) if subs else {})}
+    lb = {**_labels(vb), **config_labels(mb.config),
+          **(composite.all_tower_labels(config_cls, 1) if subs else {})}
+    sa, sb = saved_shapes(ma), saved_shapes(mb)
     kinds = _kinds(ma)
     seq = sequential_modules(ma)
-    saved = _saved_names(kinds, sa)
+    saved = saved_names(kinds, sa, renamed(ma))
     saved_kinds = {saved[n]: k for n, k in kinds.items()}
     saved_kinds |= layer_leaf_kinds(kinds, sa, saved_kinds)
     tensors: dict[str, dict] = {}
@@ -373,18 +378,28 @@ def derive(model_type: str) -> dict:
         axes = [_axis_label(x, y, la, lb) for x, y in zip(sa[name], sb[name], strict=False)]
         tensors.setdefault(name_pattern(name, seq), {"kind": saved_kinds.get(name, "other"),
                                             "axes": axes})
+    _literal(sa, sb, saved_kinds, la, lb, tensors, seq)
     if va["head_dim"] * va["heads"] == va["hidden"]:
         _untie_attention(ma, kinds, tensors, seq)
-    _label_ssm(sa, tensors, seq)
+    label_mixers(sa, tensors, seq)
     label_lookup_rows(tensors, ties_head(ma))
     _layer_kinds(sa, tensors, seq)
-    return {
+    if subs:
+        composite.mark_optional(ma.config, built_shapes, name_pattern, tensors)
+    text = composite.text_config(ma.config) if subs else ma.config
+    entry = {
         "class": type(ma).__name__,
-        "keys": _keys(type(ma.config), ma.config),
+        "keys": _keys(type(text), text),
         "tied": bool(getattr(ma.config, "tie_word_embeddings", False)) and ties_head(ma),
         "head_dim_derived": va["head_dim"] * va["heads"] == va["hidden"],
         "tensors": tensors,
     }
+    if text is not ma.config:
+        entry["text_config"] = composite.TEXT
+    towers = composite.tower_keys(ma.config, config_cls) if subs else {}
+    if towers:
+        entry["towers"] = towers
+    return entry
 
 
 def model_types() -> list[str]:

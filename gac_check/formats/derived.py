@@ -24,11 +24,13 @@ from pathlib import Path
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
+from gac_check.formats import derived_towers as towers
 from gac_check.formats.architectures import (
     HEADS_NOT_PADDED,
     HIDDEN_INEXACT,
     ROPE_INEXACT,
     VOCAB_INEXACT,
+    find_family,
 )
 from gac_check.formats.base import Format
 from gac_check.formats.derive_names import lookup
@@ -116,6 +118,13 @@ def derive_now(model_type: str) -> dict | None:
 _INDEX = re.compile(r"\.(\d+)\.")
 
 
+def _entry(entry: dict, name: str) -> dict | None:
+    """The table's record of a tensor: under its own name where the table keeps one (an index
+    that is no layer's), else under its pattern (:func:`.derive_names.lookup`)."""
+    tensors = entry["tensors"]
+    return tensors.get(name) or tensors.get(lookup(tensors, name)[0])
+
+
 @dataclass
 class _Group:
     """The axes of one site being collected, and the widths they imply."""
@@ -161,11 +170,17 @@ class Derived(Format):
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
-            tensor = entry["tensors"].get(lookup(entry["tensors"], name)[0])
+            tensor = _entry(entry, name)
             if (tensor and len(tensor["axes"]) == len(shape)
                     and all(_fixed(a, n) for a, n in zip(tensor["axes"], shape, strict=True))):
                 out.add(name)  # the class's fixed size; any other size is not the class's
         return frozenset(out)
+
+    def family_in_tower(self, ckpt: Checkpoint) -> bool:
+        """Whether the layers a hand-written family found are an encoder tower's."""
+        entry = entry_for(ckpt)
+        found = find_family(ckpt, strict=False)
+        return bool(entry and found and towers.is_tower(entry, found[1]))
 
     def ssm_parameters(self, ckpt: Checkpoint) -> frozenset[str]:
         """An SSM mixer's tensors that are not a linear's (conv taps, ``A_log``, ``D``,
@@ -173,7 +188,7 @@ class Derived(Format):
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
-            tensor = entry["tensors"].get(lookup(entry["tensors"], name)[0])
+            tensor = _entry(entry, name)
             if (tensor and tensor["kind"] != "linear" and len(tensor["axes"]) == len(shape)
                     and "ssm" in tensor["axes"]
                     and not any(name.endswith("." + k[0]) and k[1] == len(shape)
@@ -191,11 +206,13 @@ class Derived(Format):
             raise BadInput(f"{missing} is missing: {cls} builds it beside the tensors of that "
                            "part the checkpoint does hold, so its own class would not load it "
                            "as saved; refusing to judge a model with a part torn out", ckpt.path)
-        head_dim = _head_dim(ckpt.config, entry["keys"])
+        text, path = towers.text_scope(entry, ckpt.config)
+        head_dim = _head_dim(text, entry["keys"])
         groups: dict[tuple, _Group] = {}
+        tower_groups: dict[tuple, towers.TowerGroup] = {}
         for name, shape in ckpt.shapes.items():
             pattern, layer, expert = lookup(entry["tensors"], name)
-            tensor = entry["tensors"].get(pattern)
+            tensor = _entry(entry, name)
             if tensor is None or len(tensor["axes"]) != len(shape):
                 continue  # not the class's: the accounting names it
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
@@ -204,6 +221,11 @@ class Derived(Format):
                 if label == "ssm":
                     _collect_ssm(groups, tensor, name, axis, size, layer)
                     continue
+                if ":" in label:  # an encoder tower's width (formats/derived_towers.py)
+                    towers.collect(tower_groups, label, name, axis, size,
+                                   _kind(tensor, name, axis, len(shape), label), _block(name),
+                                   ckpt)
+                    continue
                 if label == "?":
                     raise BadInput(
                         f"{name} axis {axis} ({size}): a width of {cls}'s "
@@ -211,7 +233,8 @@ class Derived(Format):
                         "refusing to judge it", ckpt.path)
                 _collect(groups, tensor, name, axis, label, size, layer, expert, head_dim,
                          ckpt)
-        return [_site(g, ckpt, cls, entry["keys"]) for g in groups.values()]
+        return (towers.sites(tower_groups, ckpt, cls, entry.get("towers", {}))
+                + [_site(g, ckpt, cls, entry["keys"], text, path) for g in groups.values()])
 
 
 def _fixed(label: str, size: int) -> bool:
@@ -225,36 +248,45 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
     every tensor of each part that layer has (for each expert it has). A torn checkpoint
     (one router deleted) would otherwise be judged by what is left of it. Where one child
     holds different modules in different layers (NemotronH's ``mixer``: Mamba, attention or
-    MLP), the table's ``layers`` kind says which of its tensors go together."""
-    tied = bool(entry.get("tied") or ckpt.config.get("tie_word_embeddings"))
-    layers: dict[int, dict[tuple[str, bool], set[int | None]]] = {}
-    kinds: dict[tuple[int, tuple[str, bool]], set[int | None]] = {}
+    MLP), the table's ``layers`` kind says which of its tensors go together; a tower part a
+    config flag turns off (the table's ``optional``) is asked for only where one of its
+    tensors is there."""
+    tied = towers.tied(entry, ckpt.config)
+    layers: dict[int, dict[tuple[str, str, bool], set[int | None]]] = {}
+    kinds: dict[tuple[int, tuple[str, str, bool]], set[int | None]] = {}
     for name in ckpt.shapes:
         pattern, layer, expert = lookup(entry["tensors"], name)
-        tensor = entry["tensors"].get(pattern)
+        tensor = entry["tensors"].get(pattern)  # a tensor under its own name is top-level
         if tensor is not None and layer is not None and "{i}" in pattern:
-            part = layer_part(pattern, tensor)
+            part = _part(pattern, tensor)
             layers.setdefault(layer, {}).setdefault(part, set()).add(expert)
             kinds.setdefault((layer, part), set()).add(tensor.get("layers"))
+    switched = {"", *towers.parts_present(entry, ckpt)}  # "": a part no flag turns off
     for pattern, tensor in entry["tensors"].items():
-        if "{i}" in pattern:
-            continue
+        if "{i}" in pattern or tensor.get("optional", "") not in switched:
+            continue  # a layer's (below), or a tower part its config turns off
         if pattern not in ckpt.shapes and not (tied and tensor["kind"] != "embedding"
                                                and "vocab" in tensor["axes"]):
             return pattern
     layered = [(p, t) for p, t in entry["tensors"].items() if "{i}" in p]
     for layer, parts in sorted(layers.items()):
         for pattern, tensor in layered:
-            part = layer_part(pattern, tensor)
+            part = _part(pattern, tensor)
             experts = parts.get(part)
-            if experts is None or tensor.get("layers") not in kinds[(layer, part)]:
-                continue  # a part this layer does not have, or another kind of it
+            if (experts is None or tensor.get("layers") not in kinds[(layer, part)]
+                    or tensor.get("optional", "") not in switched):
+                continue  # a part this layer does not have, another kind, one turned off
             names = ([pattern.replace("{e}", str(e)) for e in sorted(experts - {None})]
                      if "{e}" in pattern else [pattern])
             for name in (n.replace("{i}", str(layer), 1) for n in names):
                 if name not in ckpt.shapes:
                     return name
     return None
+
+
+def _part(pattern: str, tensor: dict) -> tuple[str, str, bool]:
+    """A layer part within its stack: a tower's layer 3 is not the language model's."""
+    return (pattern.split("{i}", 1)[0], *layer_part(pattern, tensor))
 
 
 def _layer_kind(pattern: str) -> str:
@@ -359,7 +391,8 @@ def _head_dim(cfg: dict, keys: dict[str, str]) -> int | None:
     return None
 
 
-def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSite:
+def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str], cfg: dict,
+          path: tuple[str, ...]) -> DimSite:
     sizes = set(g.widths.values())
     if len(sizes) > 1:
         first = {w: t for t, w in sorted(g.widths.items(), reverse=True)}  # one per width
@@ -367,7 +400,6 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
         raise BadInput(f"{cls}'s {g.kind} width disagrees across its tensors ({shown}): "
                        "refusing to judge a layout its own class would not load", ckpt.path)
     value = sizes.pop()
-    cfg = ckpt.config
     if g.kind == "ssm":
         first = g.axes[0]
         side = next((v for k, v in _SSM_KERNEL_AXES.items() if first.tensor.endswith(k[0])),
@@ -377,11 +409,11 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
                        module=g.module, inexact=SSM_NOT_PADDED, attrs={"derived": cls})
     if g.kind == "head_dim":
         name = f"{g.module}:head_dim"
-        field_ = ("head_dim",) if isinstance(cfg.get("head_dim"), int) else None
+        field_ = (*path, "head_dim") if isinstance(cfg.get("head_dim"), int) else None
         return DimSite(name, Role.HEAD_DIM, value, g.axes, layer=g.layer, module=g.module,
                        config_field=field_, inexact=ROPE_INEXACT, attrs={"derived": cls})
     key = keys.get(_CONFIG.get(g.kind, ""))
-    field_ = (key,) if key and isinstance(cfg.get(key), int) else None
+    field_ = (*path, key) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
                "experts": EXPERTS_NOT_PADDED, "router": EXPERTS_NOT_PADDED,
                "cross_hidden": CROSS_INEXACT,
@@ -389,8 +421,9 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
                    config_field=field_, inexact=inexact, attrs={"derived": cls})
-    if field_ and cfg[field_[0]] != value and g.kind in ("hidden", "vocab", "mlp"):
-        site.notes.append(f"the config says {field_[0]}={cfg[field_[0]]}, tensors have {value}")
+    if field_ and cfg[field_[-1]] != value and g.kind in ("hidden", "vocab", "mlp"):
+        site.notes.append(f"the config says {'.'.join(field_)}={cfg[field_[-1]]}, "
+                          f"tensors have {value}")
     return site
 
 

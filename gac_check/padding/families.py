@@ -62,6 +62,9 @@ PROVEN: frozenset[str] = frozenset({
     # hybrids on the zoo's tiny build: the MLP / experts padded, the recurrent mixers aligned
     "bamba", "falcon_h1", "granitemoehybrid", "inkling_text", "kimi_linear", "nemotron_h",
     "recurrent_gemma", "zamba", "zamba2",
+    # composites (text_config / towers: formats/derive_composite.py), the text model's MLP
+    # padded under text_config's key, on the zoo's tiny build (tests/test_composite_models.py)
+    "fuyu", "gemma3", "git", "got_ocr2", "moss_transcribe_diarize", "phi4_multimodal",
 })
 
 def width_key(model_type: object, role: Role) -> str | None:
