@@ -24,6 +24,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from gac_check.formats import derive_config
+
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
 #: Two builds with values no two widths share, so each axis's role is read from its sizes.
@@ -33,6 +35,7 @@ VARIANTS = (
     {"hidden": 120, "heads": 6, "kv_heads": 3, "head_dim": 24, "inter": 184, "expert": 200,
      "shared": 216, "vocab": 541, "experts": 7, "positions": 160, "cross": 112},
 )
+STREAMS = derive_config.STREAMS
 #: config keys set to each variant value, where the config class has them
 KEYS = {
     "hidden": ("hidden_size",),
@@ -62,11 +65,13 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         "kv_heads": k,
         "experts": v["experts"], "positions": v["positions"],
         "positions2": v["positions"] + 2, "h4": 4 * h, "h3": 3 * h, "cross": v["cross"],
+        # a hyper-connection class's residual streams (:mod:`.derive_config`), else none
+        **({"streams": v["streams"], "hc": v["streams"] * h} if "streams" in v else {}),
     }
 
 
 #: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs).
-LABELS = tuple(_labels(VARIANTS[0]))
+LABELS = tuple(_labels({**VARIANTS[0], "streams": STREAMS[0]}))
 
 
 def _config(config_cls, variant: dict[str, int], layers: int | None):
@@ -81,6 +86,7 @@ def _config(config_cls, variant: dict[str, int], layers: int | None):
         kwargs["num_hidden_layers"] = layers
     kwargs.update(_ssm_heads(default, variant))
     kwargs.update(_hybrid_layers(default, layers))
+    kwargs.update(derive_config.completions(default, variant, VARIANTS.index(variant)))
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         if isinstance(getattr(default, token, None), int):
             kwargs[token] = 0  # a default id past the tiny vocabulary will not build
@@ -142,6 +148,8 @@ def _actual(model, variant: dict[str, int]) -> dict[str, int]:
         v["head_dim"] = dims.pop()
     kv = getattr(model.config, "num_key_value_heads", None)
     v["kv_heads"] = kv if isinstance(kv, int) and kv > 0 else v["heads"]
+    if isinstance(getattr(model.config, "hc_count", None), int):
+        v["streams"] = model.config.hc_count
     return v
 
 
@@ -179,7 +187,7 @@ def _pattern(name: str) -> str:
 def _axis_label(a: int, b: int, la: dict[str, int], lb: dict[str, int]) -> str:
     if a == b:
         return f"={a}"
-    return next((lab for lab in LABELS if la[lab] == a and lb[lab] == b), "?")
+    return next((lab for lab in LABELS if lab in la and la[lab] == a and lb[lab] == b), "?")
 
 
 def _kinds(model) -> dict[str, str]:

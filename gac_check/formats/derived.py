@@ -52,6 +52,7 @@ _WIDTH = {
     "h4": ("mlp", 1), "expert": ("expert", 1), "expert2": ("expert", 2),
     "shared": ("shared", 1), "shared2": ("shared", 2), "experts": ("experts", 1),
     "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
+    "hc": ("hidden", 0),  # hyper-connections: hc_count residual streams of hidden, side by side
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
 #: site kind -> the derived table's role whose config.json key records it
@@ -197,8 +198,8 @@ class Derived(Format):
             if tensor is None or len(tensor["axes"]) != len(shape):
                 continue  # not the class's: the accounting names it
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
-                if label.startswith("=") or label.startswith("positions"):  # a table length
-                    continue
+                if label.startswith(("=", "positions")) or label == "streams":
+                    continue  # a fixed size, a table length, a residual-stream count
                 if label == "ssm":
                     _collect_ssm(groups, tensor, name, axis, size, layer)
                     continue
@@ -281,6 +282,8 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
         raise BadInput(f"{name} axis {axis}: the class table names its width {label!r}, "
                        "which this gac-check does not read; refusing to judge it", ckpt.path)
     site_kind, parts = _WIDTH[label]
+    if not parts:
+        parts = _streams(ckpt, name, axis)
     if site_kind in ("hidden", "vocab", "cross_hidden"):
         key: tuple = (site_kind,)
         layer = None
@@ -326,6 +329,16 @@ def _collect_ssm(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int
     g = groups.setdefault(("ssm", layer, module, side), _Group("ssm", layer, module))
     g.axes.append(TensorAxis(name, axis, kind))
     g.widths[name] = size
+
+
+def _streams(ckpt: Checkpoint, name: str, axis: int) -> int:
+    """config.json's residual-stream count of a hyper-connection class (Qwen4-Exp's
+    ``hc_count``): its axes are that many hidden widths side by side."""
+    count = ckpt.config.get("hc_count")
+    if not isinstance(count, int) or count < 1:
+        raise BadInput(f"{name} axis {axis} holds hc_count residual streams of the hidden "
+                       "width, and config.json has no hc_count: refusing to guess it", ckpt.path)
+    return count
 
 
 def _block(name: str) -> str:

@@ -1,0 +1,36 @@
+"""Classes whose layers are not all alike, read from the class table (issue 38): each was
+refused in every zoo variant ("no transformer layers found", a width the table could not
+name, a tensor missing or unread) although transformers builds it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import gac_check
+from gac_check.formats.derived import table
+from gac_check.sites import Role
+from gac_check.testing.zoo import _build as build
+
+
+def _judged(path: Path):
+    result = gac_check.check(path, gpu="h100", dtype="bfloat16")
+    assert result.accounting is not None and result.accounting.unknown == []
+    return result
+
+
+@pytest.mark.parametrize("model_type", ["qwen4_exp", "qwen4_exp_text"])
+def test_qwen4_exp_is_in_the_table_and_judged(model_type: str, tmp_path: Path) -> None:
+    """Qwen4-Exp's config refused the table's build (top-k 10 of 5 experts; its indexed
+    attention needs the QSA indexer's widths), so the table lacked it and a tiny Qwen4-Exp
+    was "not a format gac-check recognises". Its hyper-connections' streams x hidden axes
+    are read as the hidden width, once per stream."""
+    assert "qwen4_exp_text" in table()["types"]
+    _, misaligned = build(model_type, "mlp173", tmp_path / "m")
+    assert misaligned
+    result = _judged(tmp_path / "m")
+    assert result.verdict() == "fail"
+    assert 173 in {s.value for s in result.sites if s.role is Role.EXPERT}
+    hidden = next(s for s in result.sites if s.role is Role.HIDDEN and s.layer is None)
+    streams = [a for a in hidden.axes if a.tensor.endswith("hc_norm.weight")]
+    assert len(streams) == 4 * 5  # hc_count streams: the mixer, two residuals in two layers
