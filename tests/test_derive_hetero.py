@@ -34,3 +34,24 @@ def test_qwen4_exp_is_in_the_table_and_judged(model_type: str, tmp_path: Path) -
     hidden = next(s for s in result.sites if s.role is Role.HIDDEN and s.layer is None)
     streams = [a for a in hidden.axes if a.tensor.endswith("hc_norm.weight")]
     assert len(streams) == 4 * 5  # hc_count streams: the mixer, two residuals in two layers
+
+
+def _save(model_type: str, path: Path, **config) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config)).save_pretrained(path)
+
+
+def test_moshi_gated_mlp_is_read_at_its_half_width(tmp_path: Path) -> None:
+    """Moshi's fc1 makes ffn_dim rows (gate and up fused), fc2 reads ffn_dim // 2, and its
+    embedding has vocab + 1 rows: the table named neither, so Moshi was refused in every
+    variant. The MLP's GEMM width is the half (173 of ffn_dim 346), fc1 two halves of it."""
+    _save("moshi", tmp_path / "m", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+          head_dim=16, num_hidden_layers=2, ffn_dim=346, vocab_size=512)
+    result = _judged(tmp_path / "m")
+    assert result.verdict() == "fail"
+    mlp = [s for s in result.sites if s.role is Role.INTERMEDIATE]
+    assert {s.value for s in mlp} == {173} and len(mlp) == 2
+    assert {s.value for s in result.sites if s.role is Role.VOCAB} == {512}

@@ -24,7 +24,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from gac_check.formats import derive_config
+from gac_check.formats import derive_config, derive_relabel
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
@@ -65,6 +65,9 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         "kv_heads": k,
         "experts": v["experts"], "positions": v["positions"],
         "positions2": v["positions"] + 2, "h4": 4 * h, "h3": 3 * h, "cross": v["cross"],
+        # an embedding with one more row than the vocabulary (Moshi's padding token); the half
+        # of a fused gate-and-up width a gated MLP reads back (:mod:`.derive_relabel`)
+        "vocab1": v["vocab"] + 1, "inter_half": v["inter"] // 2,
         # a hyper-connection class's residual streams (:mod:`.derive_config`), else none
         **({"streams": v["streams"], "hc": v["streams"] * h} if "streams" in v else {}),
     }
@@ -366,6 +369,8 @@ def derive(model_type: str) -> dict:
                                             "axes": axes})
     if va["head_dim"] * va["heads"] == va["hidden"]:
         _untie_attention(ma, kinds, tensors)
+    derive_relabel.halve_gated(tensors)
+    derive_relabel.table_rows(tensors)
     _label_ssm(ma, kinds, saved, tensors)
     _layer_kinds(sa, tensors)
     return {

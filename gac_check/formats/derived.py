@@ -198,7 +198,7 @@ class Derived(Format):
             if tensor is None or len(tensor["axes"]) != len(shape):
                 continue  # not the class's: the accounting names it
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
-                if label.startswith(("=", "positions")) or label == "streams":
+                if label.startswith(("=", "positions", "vocab1")) or label == "streams":
                     continue  # a fixed size, a table length, a residual-stream count
                 if label == "ssm":
                     _collect_ssm(groups, tensor, name, axis, size, layer)
@@ -214,8 +214,9 @@ class Derived(Format):
 
 
 def _fixed(label: str, size: int) -> bool:
-    """An axis with nothing to judge: the class's fixed size, or a table length."""
-    return label == f"={size}" or label.startswith("positions")
+    """An axis with nothing to judge: the class's fixed size, or a table length (positions;
+    an embedding's rows past the vocabulary's, which no GEMM has as a width)."""
+    return label == f"={size}" or label.startswith(("positions", "vocab1"))
 
 
 def _missing(entry: dict, ckpt: Checkpoint) -> str | None:

@@ -1,0 +1,28 @@
+"""Axis labels the sizes of two builds cannot give alone, fixed from the class's structure.
+
+:mod:`.derive_table` names an axis by the width its sizes match in both builds. A gated MLP
+that fuses gate and up into one projection of ``ffn_dim`` rows and reads half of it back
+(Moshi's ``MoshiGatingMLP``: ``fc1`` out ``ffn_dim``, ``fc2`` in ``ffn_dim // 2``) matches
+``inter`` and ``inter_half``; the GEMM width is the half, so the fused producer is two
+halves of it (``inter2``) and the consumer's half is the width (``inter``).
+
+An embedding's rows past the vocabulary's (``vocab1``: Moshi's ``vocab_size + 1``) are a
+table length, read by a gather, no GEMM; on any other module the same size stays unnamed.
+"""
+from __future__ import annotations
+
+
+def halve_gated(tensors: dict[str, dict]) -> None:
+    """Relabel each module whose consumer reads half of its producer's ``inter`` rows."""
+    modules = {p.rsplit(".", 2)[0] for p, t in tensors.items() if "inter_half" in t["axes"]}
+    for pattern, tensor in tensors.items():
+        if pattern.rsplit(".", 2)[0] in modules:
+            tensor["axes"] = [{"inter": "inter2", "inter_half": "inter"}.get(a, a)
+                              for a in tensor["axes"]]
+
+
+def table_rows(tensors: dict[str, dict]) -> None:
+    """Keep ``vocab1`` on embeddings only: a GEMM with vocab + 1 rows is a width to judge."""
+    for tensor in tensors.values():
+        if tensor["kind"] != "embedding":
+            tensor["axes"] = ["?" if a == "vocab1" else a for a in tensor["axes"]]
