@@ -41,7 +41,8 @@ def _save(model_type: str, path: Path, **config) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config)).save_pretrained(path)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config))
+    model.save_pretrained(path)
 
 
 def test_moshi_gated_mlp_is_read_at_its_half_width(tmp_path: Path) -> None:
