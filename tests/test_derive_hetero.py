@@ -56,3 +56,21 @@ def test_moshi_gated_mlp_is_read_at_its_half_width(tmp_path: Path) -> None:
     mlp = [s for s in result.sites if s.role is Role.INTERMEDIATE]
     assert {s.value for s in mlp} == {173} and len(mlp) == 2
     assert {s.value for s in result.sites if s.role is Role.VOCAB} == {512}
+
+
+def test_prophetnet_decoder_with_its_cross_attention_is_judged(tmp_path: Path) -> None:
+    """ProphetNet's table build failed (its head counts are num_decoder_attention_heads), so
+    243 tensors went unread. Its decoder embedding is tied to the shared one (not saved); its
+    relative-position projection makes num_buckets x heads rows, read as the heads count."""
+    _, misaligned = build("prophetnet", "mlp173", tmp_path / "m")
+    assert misaligned
+    result = _judged(tmp_path / "m")
+    assert result.verdict() == "fail"
+    layer = "prophetnet.decoder.layers.1"
+    assert 173 in {s.value for s in result.sites if s.role is Role.INTERMEDIATE}
+    heads = next(s for s in result.sites if s.role is Role.HEADS and s.layer == 1)
+    assert heads.value == 16  # ProphetNet's default head count: the zoo sets another key
+    assert len(heads.axes) == 2 * 32  # weight and bias, num_buckets blocks of heads each
+    hidden = next(s for s in result.sites if s.name == "hidden")
+    assert (f"{layer}.cross_attn.key_proj.weight", 1) in {(a.tensor, a.axis)
+                                                          for a in hidden.axes}

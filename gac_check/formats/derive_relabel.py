@@ -26,3 +26,13 @@ def table_rows(tensors: dict[str, dict]) -> None:
     for tensor in tensors.values():
         if tensor["kind"] != "embedding":
             tensor["axes"] = ["?" if a == "vocab1" else a for a in tensor["axes"]]
+
+
+def mark_tied(model, tensors: dict[str, dict]) -> None:
+    """Each tensor the class ties to another (``all_tied_weights_keys``: ProphetNet's decoder
+    embedding and LM head to its shared embedding) records that one as ``tied``:
+    ``save_pretrained`` writes only the target, so the alias is not missing when it holds."""
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    for alias, target in tied.items():
+        if alias in tensors and isinstance(target, str):
+            tensors[alias]["tied"] = target

@@ -39,7 +39,8 @@ STREAMS = derive_config.STREAMS
 #: config keys set to each variant value, where the config class has them
 KEYS = {
     "hidden": ("hidden_size",),
-    "heads": ("num_attention_heads", "encoder_attention_heads", "decoder_attention_heads"),
+    "heads": ("num_attention_heads", "encoder_attention_heads", "decoder_attention_heads",
+              "num_encoder_attention_heads", "num_decoder_attention_heads"),
     "kv_heads": ("num_key_value_heads",),
     "head_dim": ("head_dim",),
     "inter": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size",
@@ -70,11 +71,13 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         "vocab1": v["vocab"] + 1, "inter_half": v["inter"] // 2,
         # a hyper-connection class's residual streams (:mod:`.derive_config`), else none
         **({"streams": v["streams"], "hc": v["streams"] * h} if "streams" in v else {}),
+        # relative-position buckets x heads (ProphetNet's relative_pos_embeddings)
+        **({"buckets_heads": v["buckets"] * n} if "buckets" in v else {}),
     }
 
 
 #: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs).
-LABELS = tuple(_labels({**VARIANTS[0], "streams": STREAMS[0]}))
+LABELS = tuple(_labels({**VARIANTS[0], "streams": STREAMS[0], "buckets": 32}))
 
 
 def _config(config_cls, variant: dict[str, int], layers: int | None):
@@ -153,6 +156,8 @@ def _actual(model, variant: dict[str, int]) -> dict[str, int]:
     v["kv_heads"] = kv if isinstance(kv, int) and kv > 0 else v["heads"]
     if isinstance(getattr(model.config, "hc_count", None), int):
         v["streams"] = model.config.hc_count
+    if isinstance(getattr(model.config, "num_buckets", None), int):
+        v["buckets"] = model.config.num_buckets
     return v
 
 
@@ -371,6 +376,7 @@ def derive(model_type: str) -> dict:
         _untie_attention(ma, kinds, tensors)
     derive_relabel.halve_gated(tensors)
     derive_relabel.table_rows(tensors)
+    derive_relabel.mark_tied(ma, tensors)
     _label_ssm(ma, kinds, saved, tensors)
     _layer_kinds(sa, tensors)
     return {

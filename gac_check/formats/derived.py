@@ -52,7 +52,9 @@ _WIDTH = {
     "h4": ("mlp", 1), "expert": ("expert", 1), "expert2": ("expert", 2),
     "shared": ("shared", 1), "shared2": ("shared", 2), "experts": ("experts", 1),
     "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
-    "hc": ("hidden", 0),  # hyper-connections: hc_count residual streams of hidden, side by side
+    # as many widths side by side as config.json's key says: hyper-connections' residual
+    # streams of hidden (Qwen4-Exp), relative-position buckets of heads (ProphetNet)
+    "hc": ("hidden", "hc_count"), "buckets_heads": ("heads", "num_buckets"),
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
 #: site kind -> the derived table's role whose config.json key records it
@@ -239,8 +241,8 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
     for pattern, tensor in entry["tensors"].items():
         if "{i}" in pattern:
             continue
-        if pattern not in ckpt.shapes and not (tied and tensor["kind"] != "embedding"
-                                               and "vocab" in tensor["axes"]):
+        if pattern not in ckpt.shapes and tensor.get("tied") not in ckpt.shapes and not (
+                tied and tensor["kind"] != "embedding" and "vocab" in tensor["axes"]):
             return pattern
     layered = [(p, t) for p, t in entry["tensors"].items() if "{i}" in p]
     for layer, parts in sorted(layers.items()):
@@ -283,8 +285,8 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
         raise BadInput(f"{name} axis {axis}: the class table names its width {label!r}, "
                        "which this gac-check does not read; refusing to judge it", ckpt.path)
     site_kind, parts = _WIDTH[label]
-    if not parts:
-        parts = _streams(ckpt, name, axis)
+    if isinstance(parts, str):
+        parts = _count(ckpt, parts, name, axis)
     if site_kind in ("hidden", "vocab", "cross_hidden"):
         key: tuple = (site_kind,)
         layer = None
@@ -332,13 +334,13 @@ def _collect_ssm(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int
     g.widths[name] = size
 
 
-def _streams(ckpt: Checkpoint, name: str, axis: int) -> int:
-    """config.json's residual-stream count of a hyper-connection class (Qwen4-Exp's
-    ``hc_count``): its axes are that many hidden widths side by side."""
-    count = ckpt.config.get("hc_count")
+def _count(ckpt: Checkpoint, key: str, name: str, axis: int) -> int:
+    """config.json's count of the widths an axis holds side by side (``hc_count``,
+    ``num_buckets``); a refusal when config.json does not say it."""
+    count = ckpt.config.get(key)
     if not isinstance(count, int) or count < 1:
-        raise BadInput(f"{name} axis {axis} holds hc_count residual streams of the hidden "
-                       "width, and config.json has no hc_count: refusing to guess it", ckpt.path)
+        raise BadInput(f"{name} axis {axis} holds {key} widths side by side, and config.json "
+                       f"has no {key}: refusing to guess it", ckpt.path)
     return count
 
 
