@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import gac_check
+from gac_check.errors import BadInput
 from gac_check.formats.derived import table
 from gac_check.sites import Role
 from gac_check.testing.zoo import _build as build
@@ -74,3 +75,29 @@ def test_prophetnet_decoder_with_its_cross_attention_is_judged(tmp_path: Path) -
     hidden = next(s for s in result.sites if s.name == "hidden")
     assert (f"{layer}.cross_attn.key_proj.weight", 1) in {(a.tensor, a.axis)
                                                           for a in hidden.axes}
+
+
+def test_mimo_v2_flash_layer_kinds_and_value_heads(tmp_path: Path) -> None:
+    """MiMo-V2-Flash's value heads are v_head_dim wide (not head_dim): o_proj's input was a
+    width the table could not name, so it was refused in every variant. Its sliding-window
+    layers hold twice the key/value heads: the table records the labels per layer kind, and
+    config.json's layer_types says which kind each layer is."""
+    import json
+
+    build("mimo_v2_flash", "hd20", tmp_path / "m")
+    result = _judged(tmp_path / "m")
+    assert result.verdict() == "fail"
+    sites = {s.name: s for s in result.sites}
+    for layer, kv_heads in ((0, 2), (1, 4)):  # full attention, then sliding window
+        attn = f"model.layers.{layer}.self_attn"
+        assert sites[f"{attn}:head_dim"].value == 20
+        value = sites[f"{attn}:v_head_dim"]
+        assert value.value == 128 and value.config_field == ("v_head_dim",)
+        assert {(a.tensor, a.blocks) for a in value.axes} == {
+            (f"{attn}.v_proj.weight", kv_heads), (f"{attn}.o_proj.weight", 4)}
+    config = tmp_path / "m" / "config.json"
+    cfg = json.loads(config.read_text())
+    del cfg["layer_types"]
+    config.write_text(json.dumps(cfg))
+    with pytest.raises(BadInput, match="layer_types does not say layer 0's kind"):
+        gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")

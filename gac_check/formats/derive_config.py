@@ -14,6 +14,9 @@ from __future__ import annotations
 #: the residual-stream count of hyper-connections (Qwen4-Exp's ``hc_count``): per variant,
 #: so an axis of streams x hidden is told from 4 x hidden (an MLP width)
 STREAMS = (3, 5)
+#: a value head width of its own beside head_dim (MiMo-V2-Flash's ``v_head_dim``), per
+#: variant; never a latent-attention class's (its own reader, :mod:`.mla`)
+V_HEAD_DIM = (28, 36)
 
 
 def completions(default, variant: dict[str, int], index: int) -> dict[str, object]:
@@ -31,6 +34,9 @@ def completions(default, variant: dict[str, int], index: int) -> dict[str, objec
                    indexer_compress_ratio=4)
     if isinstance(getattr(default, "hc_count", None), int):
         out["hc_count"] = STREAMS[index]
+    if (isinstance(getattr(default, "v_head_dim", None), int) and hasattr(default, "head_dim")
+            and not hasattr(default, "qk_nope_head_dim")):
+        out["v_head_dim"] = V_HEAD_DIM[index]
     text = getattr(default, "text_config", None)
     if not out and text is not None and hasattr(text, "to_dict"):
         # a composite keeps its text model's defaults: complete them from those

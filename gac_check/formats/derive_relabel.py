@@ -29,10 +29,10 @@ def table_rows(tensors: dict[str, dict]) -> None:
 
 
 def mark_tied(model, tensors: dict[str, dict]) -> None:
-    """Each tensor the class ties to another (``all_tied_weights_keys``: ProphetNet's decoder
-    embedding and LM head to its shared embedding) records that one as ``tied``:
+    """Each embedding the class ties to another (``all_tied_weights_keys``: ProphetNet's
+    decoder embedding to its shared one) records that one as ``tied``:
     ``save_pretrained`` writes only the target, so the alias is not missing when it holds."""
     tied = getattr(model, "all_tied_weights_keys", None) or {}
-    for alias, target in tied.items():
-        if alias in tensors and isinstance(target, str):
+    for alias, target in tied.items():  # an LM head's tie is config.json's to say
+        if alias in tensors and tensors[alias]["kind"] == "embedding" and isinstance(target, str):
             tensors[alias]["tied"] = target

@@ -24,7 +24,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from gac_check.formats import derive_config, derive_relabel
+from gac_check.formats import derive_config, derive_layers, derive_relabel
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
@@ -71,13 +71,17 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         "vocab1": v["vocab"] + 1, "inter_half": v["inter"] // 2,
         # a hyper-connection class's residual streams (:mod:`.derive_config`), else none
         **({"streams": v["streams"], "hc": v["streams"] * h} if "streams" in v else {}),
+        # value heads of their own width (MiMo-V2-Flash's v_head_dim; :mod:`.derive_config`)
+        **({"vq": n * v["v_head_dim"], "vkv": k * v["v_head_dim"],
+            "vkv2": 2 * k * v["v_head_dim"]} if "v_head_dim" in v else {}),
         # relative-position buckets x heads (ProphetNet's relative_pos_embeddings)
         **({"buckets_heads": v["buckets"] * n} if "buckets" in v else {}),
     }
 
 
 #: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs).
-LABELS = tuple(_labels({**VARIANTS[0], "streams": STREAMS[0], "buckets": 32}))
+LABELS = tuple(_labels({**VARIANTS[0], "streams": STREAMS[0], "buckets": 32,
+                        "v_head_dim": derive_config.V_HEAD_DIM[0]}))
 
 
 def _config(config_cls, variant: dict[str, int], layers: int | None):
@@ -156,6 +160,8 @@ def _actual(model, variant: dict[str, int]) -> dict[str, int]:
     v["kv_heads"] = kv if isinstance(kv, int) and kv > 0 else v["heads"]
     if isinstance(getattr(model.config, "hc_count", None), int):
         v["streams"] = model.config.hc_count
+    if getattr(model.config, "v_head_dim", None) in derive_config.V_HEAD_DIM:
+        v["v_head_dim"] = model.config.v_head_dim
     if isinstance(getattr(model.config, "num_buckets", None), int):
         v["buckets"] = model.config.num_buckets
     return v
@@ -374,6 +380,9 @@ def derive(model_type: str) -> dict:
                                             "axes": axes})
     if va["head_dim"] * va["heads"] == va["hidden"]:
         _untie_attention(ma, kinds, tensors)
+    else:  # per-head axes told apart by size alone, so each layer kind's labels hold
+        derive_layers.by_kind(ma.config, (sa, sb), lambda x, y: _axis_label(x, y, la, lb),
+                              _pattern, tensors)
     derive_relabel.halve_gated(tensors)
     derive_relabel.table_rows(tensors)
     derive_relabel.mark_tied(ma, tensors)

@@ -31,6 +31,7 @@ from gac_check.formats.architectures import (
     VOCAB_INEXACT,
 )
 from gac_check.formats.base import Format
+from gac_check.formats.derive_layers import resolve
 from gac_check.formats.derive_table import layer_part
 from gac_check.formats.moe import EXPERTS_NOT_PADDED
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
@@ -57,6 +58,9 @@ _WIDTH = {
     "hc": ("hidden", "hc_count"), "buckets_heads": ("heads", "num_buckets"),
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
+#: value heads of config.json's v_head_dim, a width of their own (MiMo-V2-Flash)
+_V_HEAD_LABELS = ("vq", "vkv", "vkv2")
+V_NOT_PADDED = "a value head width of its own (v_head_dim) is reported, not padded"
 #: site kind -> the derived table's role whose config.json key records it
 _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
@@ -162,7 +166,7 @@ class Derived(Format):
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
-            tensor = entry["tensors"].get(_pattern(name)[0])
+            tensor = _tensor(entry, ckpt, name)
             if (tensor and len(tensor["axes"]) == len(shape)
                     and all(_fixed(a, n) for a, n in zip(tensor["axes"], shape, strict=True))):
                 out.add(name)  # the class's fixed size; any other size is not the class's
@@ -196,7 +200,7 @@ class Derived(Format):
         groups: dict[tuple, _Group] = {}
         for name, shape in ckpt.shapes.items():
             pattern, layer, expert = _pattern(name)
-            tensor = entry["tensors"].get(pattern)
+            tensor = _tensor(entry, ckpt, name)
             if tensor is None or len(tensor["axes"]) != len(shape):
                 continue  # not the class's: the accounting names it
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
@@ -213,6 +217,13 @@ class Derived(Format):
                 _collect(groups, tensor, name, axis, label, size, layer, expert, head_dim,
                          ckpt)
         return [_site(g, ckpt, cls, entry["keys"]) for g in groups.values()]
+
+
+def _tensor(entry: dict, ckpt: Checkpoint, name: str) -> dict | None:
+    """The table's entry for tensor ``name``, with its layer kind's labels."""
+    pattern, layer, _ = _pattern(name)
+    tensor = entry["tensors"].get(pattern)
+    return tensor and resolve(tensor, ckpt.config, name, layer, ckpt.path)
 
 
 def _fixed(label: str, size: int) -> bool:
@@ -272,12 +283,14 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
     ndim = len(tensor["axes"])
     kind = _kind(tensor, name, axis, ndim, label)
     prefix = _block(name)
-    if label in _HEAD_LABELS:
-        if not head_dim or size % head_dim:
-            raise BadInput(f"{name} axis {axis} ({size}) is not whole heads of head_dim "
+    site_kind = "v_head_dim" if label in _V_HEAD_LABELS else "head_dim"
+    if label in _V_HEAD_LABELS:
+        head_dim = ckpt.config.get("v_head_dim")
+    if label in _HEAD_LABELS or label in _V_HEAD_LABELS:
+        if not isinstance(head_dim, int) or not head_dim or size % head_dim:
+            raise BadInput(f"{name} axis {axis} ({size}) is not whole heads of {site_kind} "
                            f"{head_dim} (config.json): refusing to guess the heads", ckpt.path)
-        g = groups.setdefault(("head_dim", layer, prefix),
-                              _Group("head_dim", layer, prefix))
+        g = groups.setdefault((site_kind, layer, prefix), _Group(site_kind, layer, prefix))
         g.axes.append(TensorAxis(name, axis, kind, blocks=size // head_dim, stride=head_dim))
         g.widths[name] = head_dim
         return
@@ -385,11 +398,12 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
         role = {"conv": Role.SSM_CONV, "state": Role.SSM_STATE}.get(side, Role.SSM)
         return DimSite(f"{g.module}:ssm_{side}", role, value, g.axes, layer=g.layer,
                        module=g.module, inexact=SSM_NOT_PADDED, attrs={"derived": cls})
-    if g.kind == "head_dim":
-        name = f"{g.module}:head_dim"
-        field_ = ("head_dim",) if isinstance(cfg.get("head_dim"), int) else None
+    if g.kind in ("head_dim", "v_head_dim"):
+        name = f"{g.module}:{g.kind}"
+        field_ = (g.kind,) if isinstance(cfg.get(g.kind), int) else None
+        inexact = ROPE_INEXACT if g.kind == "head_dim" else V_NOT_PADDED
         return DimSite(name, Role.HEAD_DIM, value, g.axes, layer=g.layer, module=g.module,
-                       config_field=field_, inexact=ROPE_INEXACT, attrs={"derived": cls})
+                       config_field=field_, inexact=inexact, attrs={"derived": cls})
     key = keys.get(_CONFIG[g.kind])
     field_ = (key,) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
