@@ -1,48 +1,65 @@
-"""Config values a class needs before it builds at all, for the table's meta-device builds.
+"""Config values the table's meta-device builds set beyond :data:`.derive_table.KEYS`.
 
-:mod:`.derive_table` sets a few widths to distinctive values; some classes then refuse their
-own config (Qwen4-Exp's router picks 10 experts of a table build's 5; its indexed-attention
-layers need the QSA indexer's widths, which default to unset). A class the table cannot build
-is unknown at check time ("no transformer layers found"), so each such value is completed
-here, from the variant's own widths, so that every kind of layer the default depth holds is
-built and its tensors labelled. Read in each class's config validation and ``__init__``
-(transformers 5.24: ``Qwen4ExpTextConfig.validate_architecture``,
-``Qwen4ExpTextQSAIndexer.__init__``).
+Two kinds. :func:`distinct`: a width a class has beside the ones the table varies, set per
+variant so the axes it sizes get a label of their own (Qwen4-Exp's hyper-connection stream
+count, else 4 x hidden would read as an MLP width; MiMo-V2-Flash's value head width).
+:func:`rescue`: values a class needs before it builds at all, tried only where the plain
+build fails, so no class that built before is built otherwise (Qwen4-Exp's router picks 10
+experts of a table build's 5; its indexed-attention layers need the QSA indexer's widths,
+unset by default). A class the table cannot build is unknown at check time ("no transformer
+layers found"). Read in each class's config validation and ``__init__`` (transformers 5.24:
+``Qwen4ExpTextConfig.validate_architecture``, ``Qwen4ExpTextQSAIndexer.__init__``,
+``MiMoV2FlashAttention.__init__``).
 """
 from __future__ import annotations
 
-#: the residual-stream count of hyper-connections (Qwen4-Exp's ``hc_count``): per variant,
-#: so an axis of streams x hidden is told from 4 x hidden (an MLP width)
+#: the residual-stream count of hyper-connections (Qwen4-Exp's ``hc_count``), per variant
 STREAMS = (3, 5)
 #: a value head width of its own beside head_dim (MiMo-V2-Flash's ``v_head_dim``), per
 #: variant; never a latent-attention class's (its own reader, :mod:`.mla`)
 V_HEAD_DIM = (28, 36)
 
 
-def completions(default, variant: dict[str, int], index: int) -> dict[str, object]:
-    """Keyword arguments that make ``default``'s class build in ``variant`` (the ``index``-th
-    of :data:`.derive_table.VARIANTS`): a top-k no larger than the expert count, an unset
-    indexer given the variant's head widths, the hyper-connection stream count."""
+def _get(config, name: str):
+    """``config.name``, or None where it is absent or ambiguous (a per-layer config refuses
+    a global read of a per-layer attribute: Gemma-4's ``head_dim``)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # AmbiguousGlobalPerLayerAttributeError is no AttributeError
+        return None
+
+
+def distinct(default, index: int) -> dict[str, object]:
+    """Per-variant values (the ``index``-th of :data:`.derive_table.VARIANTS`) for widths
+    the table would otherwise see constant or tied to another's."""
     out: dict[str, object] = {}
-    top_k = getattr(default, "num_experts_per_tok", None)
+    if isinstance(_get(default, "hc_count"), int):
+        out["hc_count"] = STREAMS[index]
+    if (isinstance(_get(default, "v_head_dim"), int) and isinstance(_get(default, "head_dim"), int)
+            and _get(default, "qk_nope_head_dim") is None):
+        out["v_head_dim"] = V_HEAD_DIM[index]
+    return out
+
+
+def rescue(default, variant: dict[str, int]) -> dict[str, object]:
+    """Values that make ``default``'s class build in ``variant`` where it would not: a top-k
+    no larger than the expert count, an unset indexer given the variant's head widths; for
+    a composite config, its text config's."""
+    out: dict[str, object] = {}
+    top_k = _get(default, "num_experts_per_tok")
     if isinstance(top_k, int) and top_k > variant["experts"]:
         out["num_experts_per_tok"] = 2
-    if hasattr(default, "indexer_n_heads") and default.indexer_n_heads is None:
+    if hasattr(default, "indexer_n_heads") and _get(default, "indexer_n_heads") is None:
         # Qwen4ExpTextQSAIndexer: one key head; the rotary width must fit its head_dim
         out.update(indexer_n_heads=variant["heads"], indexer_kv_heads=1,
                    indexer_head_dim=variant["head_dim"], indexer_budget=64,
                    indexer_compress_ratio=4)
-    if isinstance(getattr(default, "hc_count", None), int):
-        out["hc_count"] = STREAMS[index]
-    if (isinstance(getattr(default, "v_head_dim", None), int) and hasattr(default, "head_dim")
-            and not hasattr(default, "qk_nope_head_dim")):
-        out["v_head_dim"] = V_HEAD_DIM[index]
-    text = getattr(default, "text_config", None)
+    text = _get(default, "text_config")
     if not out and text is not None and hasattr(text, "to_dict"):
         # a composite keeps its text model's defaults: complete them from those
-        own = {**variant, "head_dim": getattr(text, "head_dim", variant["head_dim"]),
-               "experts": getattr(text, "num_experts", variant["experts"])}
-        inner = completions(text, own, index)
+        own = {**variant, "head_dim": _get(text, "head_dim") or variant["head_dim"],
+               "experts": _get(text, "num_experts") or variant["experts"]}
+        inner = rescue(text, own)
         if inner:
             out["text_config"] = {**text.to_dict(), **inner}
     return out

@@ -12,13 +12,22 @@ table length, read by a gather, no GEMM; on any other module the same size stays
 from __future__ import annotations
 
 
-def halve_gated(tensors: dict[str, dict]) -> None:
-    """Relabel each module whose consumer reads half of its producer's ``inter`` rows."""
+def halve_gated(tensors: dict[str, dict]) -> bool:
+    """Relabel each module whose GEMMs are half its config's MLP width (gate/up/down of
+    ``intermediate_size // 2``: RecurrentGemma), or read half of a producer's ``inter``
+    rows back (Moshi); whether any was."""
     modules = {p.rsplit(".", 2)[0] for p, t in tensors.items() if "inter_half" in t["axes"]}
     for pattern, tensor in tensors.items():
         if pattern.rsplit(".", 2)[0] in modules:
             tensor["axes"] = [{"inter": "inter2", "inter_half": "inter"}.get(a, a)
                               for a in tensor["axes"]]
+    return bool(modules)
+
+
+def without_halved(keys: dict[str, str], halved: bool) -> dict[str, str]:
+    """The config keys per role, less the MLP width's where the config records twice it: a
+    repair must refuse to pad a width whose config key it cannot write, never write it."""
+    return {r: k for r, k in keys.items() if not (halved and r == "inter")}
 
 
 def table_rows(tensors: dict[str, dict]) -> None:

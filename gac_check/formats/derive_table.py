@@ -84,7 +84,7 @@ LABELS = tuple(_labels({**VARIANTS[0], "streams": STREAMS[0], "buckets": 32,
                         "v_head_dim": derive_config.V_HEAD_DIM[0]}))
 
 
-def _config(config_cls, variant: dict[str, int], layers: int | None):
+def _config(config_cls, variant: dict[str, int], layers: int | None, rescue: bool = False):
     default = config_cls()
     kwargs: dict[str, object] = {}
     for role, keys in KEYS.items():
@@ -96,7 +96,9 @@ def _config(config_cls, variant: dict[str, int], layers: int | None):
         kwargs["num_hidden_layers"] = layers
     kwargs.update(_ssm_heads(default, variant))
     kwargs.update(_hybrid_layers(default, layers))
-    kwargs.update(derive_config.completions(default, variant, VARIANTS.index(variant)))
+    kwargs.update(derive_config.distinct(default, VARIANTS.index(variant)))
+    if rescue:
+        kwargs.update(derive_config.rescue(default, variant))
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         if isinstance(getattr(default, token, None), int):
             kwargs[token] = 0  # a default id past the tiny vocabulary will not build
@@ -356,12 +358,12 @@ def derive(model_type: str) -> dict:
     builds = []
     for variant in VARIANTS:
         last: Exception | None = None
-        for layers in _depths(config_cls):
+        for layers, rescue in ((d, r) for d in _depths(config_cls) for r in (False, True)):
             try:
-                model = _build(_config(config_cls, variant, layers))
+                model = _build(_config(config_cls, variant, layers, rescue))
                 break
             except Exception as e:  # any class that will not build is recorded with why
-                last = e
+                last = last if rescue and last else e
         else:
             raise RuntimeError(f"{type(last).__name__}: {str(last).splitlines()[0][:160]}")
         builds.append((model, _actual(model, variant)))
@@ -383,14 +385,14 @@ def derive(model_type: str) -> dict:
     else:  # per-head axes told apart by size alone, so each layer kind's labels hold
         derive_layers.by_kind(ma.config, (sa, sb), lambda x, y: _axis_label(x, y, la, lb),
                               _pattern, tensors)
-    derive_relabel.halve_gated(tensors)
+    halved = derive_relabel.halve_gated(tensors)
     derive_relabel.table_rows(tensors)
     derive_relabel.mark_tied(ma, tensors)
     _label_ssm(ma, kinds, saved, tensors)
     _layer_kinds(sa, tensors)
     return {
         "class": type(ma).__name__,
-        "keys": _keys(type(ma.config), ma.config),
+        "keys": derive_relabel.without_halved(_keys(type(ma.config), ma.config), halved),
         "tied": bool(getattr(ma.config, "tie_word_embeddings", False)),
         "head_dim_derived": va["head_dim"] * va["heads"] == va["hidden"],
         "tensors": tensors,
