@@ -101,3 +101,21 @@ def test_mimo_v2_flash_layer_kinds_and_value_heads(tmp_path: Path) -> None:
     config.write_text(json.dumps(cfg))
     with pytest.raises(BadInput, match="layer_types does not say layer 0's kind"):
         gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+
+
+def test_longcat_flash_identity_experts_and_latent_attention(tmp_path: Path) -> None:
+    """LongCat-Flash's identity experts hold gate and up but no down (the fused gate_up is
+    built for n_routed_experts + zero_expert_num, down for the routed ones): expert 512's
+    down_proj was "missing", so it was refused in every variant. Its router reads every
+    expert, and its two latent attentions per layer are read as DeepSeek's."""
+    _, misaligned = build("longcat_flash", "mlp173", tmp_path / "m")
+    assert misaligned
+    result = _judged(tmp_path / "m")
+    assert result.verdict() == "fail"
+    experts = [s for s in result.sites if s.role is Role.EXPERT and s.layer == 0]
+    assert {s.value for s in experts} == {173}
+    assert len(experts) == 512 + 256  # the identity experts' gate/up rows are a width too
+    router = next(s for s in result.sites if s.role is Role.EXPERTS and s.layer == 0)
+    assert router.value == 512 + 256
+    latents = {s.name for s in result.sites if s.role is Role.KV_LATENT}
+    assert latents == {f"model.layers.0.self_attn.{k}:kv_lora_rank" for k in (0, 1)}

@@ -45,3 +45,17 @@ def mark_tied(model, tensors: dict[str, dict]) -> None:
     for alias, target in tied.items():  # an LM head's tie is config.json's to say
         if alias in tensors and tensors[alias]["kind"] == "embedding" and isinstance(target, str):
             tensors[alias]["tied"] = target
+
+
+def label_mla(model, kinds: dict[str, str], saved: dict[str, str], tensors: dict[str, dict],
+              pattern) -> None:
+    """Label ``mla`` every width inside a multi-head latent attention (a module holding
+    ``kv_a_proj_with_mqa``: LongCat-Flash's two per layer) but the hidden one: the latents
+    and per-head sizes are read from the tensors by :func:`.mla.layer_sites`, as DeepSeek's."""
+    modules = [n for n, m in model.named_modules() if hasattr(m, "kv_a_proj_with_mqa")
+               and hasattr(m, "kv_b_proj")]
+    for name in kinds:
+        if any(name.startswith(m + ".") for m in modules):
+            entry = tensors.get(pattern(saved[name]))
+            if entry is not None:
+                entry["axes"] = [a if a == "hidden" else "mla" for a in entry["axes"]]

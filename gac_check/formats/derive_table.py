@@ -24,7 +24,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from gac_check.formats import derive_config, derive_layers, derive_relabel
+from gac_check.formats import derive_config, derive_experts, derive_layers, derive_relabel
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
@@ -74,6 +74,8 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         # value heads of their own width (MiMo-V2-Flash's v_head_dim; :mod:`.derive_config`)
         **({"vq": n * v["v_head_dim"], "vkv": k * v["v_head_dim"],
             "vkv2": 2 * k * v["v_head_dim"]} if "v_head_dim" in v else {}),
+        # a router over real and identity experts (LongCat-Flash; :mod:`.derive_experts`)
+        **({"experts_total": v["experts"] + v["zero_experts"]} if "zero_experts" in v else {}),
         # relative-position buckets x heads (ProphetNet's relative_pos_embeddings)
         **({"buckets_heads": v["buckets"] * n} if "buckets" in v else {}),
     }
@@ -81,7 +83,8 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
 
 #: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs).
 LABELS = tuple(_labels({**VARIANTS[0], "streams": STREAMS[0], "buckets": 32,
-                        "v_head_dim": derive_config.V_HEAD_DIM[0]}))
+                        "v_head_dim": derive_config.V_HEAD_DIM[0],
+                        "zero_experts": derive_experts.ZERO_EXPERTS[0]}))
 
 
 def _config(config_cls, variant: dict[str, int], layers: int | None, rescue: bool = False):
@@ -97,6 +100,7 @@ def _config(config_cls, variant: dict[str, int], layers: int | None, rescue: boo
     kwargs.update(_ssm_heads(default, variant))
     kwargs.update(_hybrid_layers(default, layers))
     kwargs.update(derive_config.distinct(default, VARIANTS.index(variant)))
+    kwargs.update(derive_experts.distinct(default, VARIANTS.index(variant)))
     if rescue:
         kwargs.update(derive_config.rescue(default, variant))
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
@@ -162,6 +166,8 @@ def _actual(model, variant: dict[str, int]) -> dict[str, int]:
     v["kv_heads"] = kv if isinstance(kv, int) and kv > 0 else v["heads"]
     if isinstance(getattr(model.config, "hc_count", None), int):
         v["streams"] = model.config.hc_count
+    if getattr(model.config, "zero_expert_num", None) in derive_experts.ZERO_EXPERTS:
+        v["zero_experts"] = model.config.zero_expert_num
     if getattr(model.config, "v_head_dim", None) in derive_config.V_HEAD_DIM:
         v["v_head_dim"] = model.config.v_head_dim
     if isinstance(getattr(model.config, "num_buckets", None), int):
@@ -386,9 +392,11 @@ def derive(model_type: str) -> dict:
         derive_layers.by_kind(ma.config, (sa, sb), lambda x, y: _axis_label(x, y, la, lb),
                               _pattern, tensors)
     halved = derive_relabel.halve_gated(tensors)
+    derive_experts.counts((sa, sb), lambda x, y: _axis_label(x, y, la, lb), _pattern, tensors)
     derive_relabel.table_rows(tensors)
     derive_relabel.mark_tied(ma, tensors)
     _label_ssm(ma, kinds, saved, tensors)
+    derive_relabel.label_mla(ma, kinds, saved, tensors, _pattern)
     _layer_kinds(sa, tensors)
     return {
         "class": type(ma).__name__,

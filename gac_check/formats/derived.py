@@ -31,8 +31,10 @@ from gac_check.formats.architectures import (
     VOCAB_INEXACT,
 )
 from gac_check.formats.base import Format
+from gac_check.formats.derive_experts import held
 from gac_check.formats.derive_layers import resolve
 from gac_check.formats.derive_table import layer_part
+from gac_check.formats.mla import layer_sites
 from gac_check.formats.moe import EXPERTS_NOT_PADDED
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -56,6 +58,7 @@ _WIDTH = {
     # as many widths side by side as config.json's key says: hyper-connections' residual
     # streams of hidden (Qwen4-Exp), relative-position buckets of heads (ProphetNet)
     "hc": ("hidden", "hc_count"), "buckets_heads": ("heads", "num_buckets"),
+    "experts_total": ("experts", 1),  # a router over real and identity experts (LongCat)
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
 #: value heads of config.json's v_head_dim, a width of their own (MiMo-V2-Flash)
@@ -198,6 +201,7 @@ class Derived(Format):
                            "as saved; refusing to judge a model with a part torn out", ckpt.path)
         head_dim = _head_dim(ckpt.config, entry["keys"])
         groups: dict[tuple, _Group] = {}
+        latent: dict[str, int | None] = {}
         for name, shape in ckpt.shapes.items():
             pattern, layer, expert = _pattern(name)
             tensor = _tensor(entry, ckpt, name)
@@ -209,6 +213,9 @@ class Derived(Format):
                 if label == "ssm":
                     _collect_ssm(groups, tensor, name, axis, size, layer)
                     continue
+                if label == "mla":  # read whole by the latent-attention reader, below
+                    latent[name.rsplit(".", 2)[0]] = layer
+                    continue
                 if label == "?":
                     raise BadInput(
                         f"{name} axis {axis} ({size}): a width of {cls}'s "
@@ -216,7 +223,8 @@ class Derived(Format):
                         "refusing to judge it", ckpt.path)
                 _collect(groups, tensor, name, axis, label, size, layer, expert, head_dim,
                          ckpt)
-        return [_site(g, ckpt, cls, entry["keys"]) for g in groups.values()]
+        sites = [_site(g, ckpt, cls, entry["keys"]) for g in groups.values()]
+        return sites + [s for m, i in sorted(latent.items()) for s in layer_sites(ckpt, m, i)]
 
 
 def _tensor(entry: dict, ckpt: Checkpoint, name: str) -> dict | None:
@@ -262,7 +270,8 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
             experts = parts.get(part)
             if experts is None or tensor.get("layers") not in kinds[(layer, part)]:
                 continue  # a part this layer does not have, or another kind of it
-            names = ([pattern.replace("{e}", str(e)) for e in sorted(experts - {None})]
+            names = ([pattern.replace("{e}", str(e)) for e in
+                      sorted(held(tensor, ckpt.config, entry["keys"], experts - {None}))]
                      if "{e}" in pattern else [pattern])
             for name in (n.replace("{i}", str(layer), 1) for n in names):
                 if name not in ckpt.shapes:
