@@ -18,6 +18,12 @@ STREAMS = (3, 5)
 #: a value head width of its own beside head_dim (MiMo-V2-Flash's ``v_head_dim``), per
 #: variant; never a latent-attention class's (its own reader, :mod:`.mla`)
 V_HEAD_DIM = (28, 36)
+#: the identity-expert count per variant (LongCat-Flash's ``zero_expert_num``,
+#: :mod:`.derive_experts`)
+ZERO_EXPERTS = (2, 3)
+#: one value of each, so :data:`.derive_table.LABELS` lists every label in its order
+EVERY = {"streams": STREAMS[0], "v_head_dim": V_HEAD_DIM[0], "zero_experts": ZERO_EXPERTS[0],
+         "buckets": 32}
 
 
 def _get(config, name: str):
@@ -38,6 +44,38 @@ def distinct(default, index: int) -> dict[str, object]:
     if (isinstance(_get(default, "v_head_dim"), int) and isinstance(_get(default, "head_dim"), int)
             and _get(default, "qk_nope_head_dim") is None):
         out["v_head_dim"] = V_HEAD_DIM[index]
+    if isinstance(_get(default, "zero_expert_num"), int):
+        out["zero_expert_num"] = ZERO_EXPERTS[index]
+    return out
+
+
+def sizes(config) -> dict[str, int]:
+    """The sizes of these widths a build really has (:func:`labels` names axes by them)."""
+    out = {}
+    for size, key, mine in (("streams", "hc_count", STREAMS), ("v_head_dim", "v_head_dim",
+                            V_HEAD_DIM), ("zero_experts", "zero_expert_num", ZERO_EXPERTS)):
+        if _get(config, key) in mine:  # set by distinct(), not a class's own constant
+            out[size] = _get(config, key)
+    if isinstance(_get(config, "num_buckets"), int):
+        out["buckets"] = _get(config, "num_buckets")
+    return out
+
+
+def labels(v: dict[str, int]) -> dict[str, int]:
+    """Labels for the widths a build has (:func:`sizes`): hyper-connection streams and
+    streams x hidden; value heads of v_head_dim (q, kv, 2 x kv of them); a router over real
+    and identity experts; ProphetNet's relative-position buckets x heads."""
+    h, n, k = v["hidden"], v["heads"], v["kv_heads"]
+    out = {}
+    if "streams" in v:
+        out.update(streams=v["streams"], hc=v["streams"] * h)
+    if "v_head_dim" in v:
+        vd = v["v_head_dim"]
+        out.update(vq=n * vd, vkv=k * vd, vkv2=2 * k * vd)
+    if "zero_experts" in v:
+        out["experts_total"] = v["experts"] + v["zero_experts"]
+    if "buckets" in v:
+        out["buckets_heads"] = v["buckets"] * n
     return out
 
 

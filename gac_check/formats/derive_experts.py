@@ -14,18 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-#: the identity-expert count per variant (LongCat-Flash's ``zero_expert_num``)
-ZERO_EXPERTS = (2, 3)
 _EXPERT = re.compile(r"^(.*?)\.(\d+)\.(.*?)\.(\d+)\.(.*)$")
-
-
-def distinct(default, index: int) -> dict[str, int]:
-    """``zero_expert_num`` per variant, where the class has it, so its axes get a label."""
-    try:
-        zero = getattr(default, "zero_expert_num", None)
-    except Exception:  # a per-layer config's ambiguous global
-        zero = None
-    return {"zero_expert_num": ZERO_EXPERTS[index]} if isinstance(zero, int) else {}
 
 
 def counts(shapes: tuple[dict, dict], label: Callable[[int, int], str],

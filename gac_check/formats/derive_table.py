@@ -35,7 +35,6 @@ VARIANTS = (
     {"hidden": 120, "heads": 6, "kv_heads": 3, "head_dim": 24, "inter": 184, "expert": 200,
      "shared": 216, "vocab": 541, "experts": 7, "positions": 160, "cross": 112},
 )
-STREAMS = derive_config.STREAMS
 #: config keys set to each variant value, where the config class has them
 KEYS = {
     "hidden": ("hidden_size",),
@@ -69,22 +68,12 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         # an embedding with one more row than the vocabulary (Moshi's padding token); the half
         # of a fused gate-and-up width a gated MLP reads back (:mod:`.derive_relabel`)
         "vocab1": v["vocab"] + 1, "inter_half": v["inter"] // 2,
-        # a hyper-connection class's residual streams (:mod:`.derive_config`), else none
-        **({"streams": v["streams"], "hc": v["streams"] * h} if "streams" in v else {}),
-        # value heads of their own width (MiMo-V2-Flash's v_head_dim; :mod:`.derive_config`)
-        **({"vq": n * v["v_head_dim"], "vkv": k * v["v_head_dim"],
-            "vkv2": 2 * k * v["v_head_dim"]} if "v_head_dim" in v else {}),
-        # a router over real and identity experts (LongCat-Flash; :mod:`.derive_experts`)
-        **({"experts_total": v["experts"] + v["zero_experts"]} if "zero_experts" in v else {}),
-        # relative-position buckets x heads (ProphetNet's relative_pos_embeddings)
-        **({"buckets_heads": v["buckets"] * n} if "buckets" in v else {}),
+        **derive_config.labels(v),  # widths only some classes have, where they do
     }
 
 
 #: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs).
-LABELS = tuple(_labels({**VARIANTS[0], "streams": STREAMS[0], "buckets": 32,
-                        "v_head_dim": derive_config.V_HEAD_DIM[0],
-                        "zero_experts": derive_experts.ZERO_EXPERTS[0]}))
+LABELS = tuple(_labels({**VARIANTS[0], **derive_config.EVERY}))
 
 
 def _config(config_cls, variant: dict[str, int], layers: int | None, rescue: bool = False):
@@ -100,7 +89,6 @@ def _config(config_cls, variant: dict[str, int], layers: int | None, rescue: boo
     kwargs.update(_ssm_heads(default, variant))
     kwargs.update(_hybrid_layers(default, layers))
     kwargs.update(derive_config.distinct(default, VARIANTS.index(variant)))
-    kwargs.update(derive_experts.distinct(default, VARIANTS.index(variant)))
     if rescue:
         kwargs.update(derive_config.rescue(default, variant))
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
@@ -164,14 +152,7 @@ def _actual(model, variant: dict[str, int]) -> dict[str, int]:
         v["head_dim"] = dims.pop()
     kv = getattr(model.config, "num_key_value_heads", None)
     v["kv_heads"] = kv if isinstance(kv, int) and kv > 0 else v["heads"]
-    if isinstance(getattr(model.config, "hc_count", None), int):
-        v["streams"] = model.config.hc_count
-    if getattr(model.config, "zero_expert_num", None) in derive_experts.ZERO_EXPERTS:
-        v["zero_experts"] = model.config.zero_expert_num
-    if getattr(model.config, "v_head_dim", None) in derive_config.V_HEAD_DIM:
-        v["v_head_dim"] = model.config.v_head_dim
-    if isinstance(getattr(model.config, "num_buckets", None), int):
-        v["buckets"] = model.config.num_buckets
+    v.update(derive_config.sizes(model.config))
     return v
 
 
