@@ -119,3 +119,19 @@ def test_longcat_flash_identity_experts_and_latent_attention(tmp_path: Path) -> 
     assert router.value == 512 + 256
     latents = {s.name for s in result.sites if s.role is Role.KV_LATENT}
     assert latents == {f"model.layers.0.self_attn.{k}:kv_lora_rank" for k in (0, 1)}
+
+
+def test_xmod_adapters_are_judged_for_every_language(tmp_path: Path) -> None:
+    """X-MOD's per-language adapters (hidden -> hidden // adapter_reduction_factor -> hidden)
+    were a width the table could not name, under a language the table named literally
+    (en_XX): refused in every variant. Every language config.json lists is read, its
+    bottleneck judged as a GEMM width (64 // 3 = 21 here) and reported, not padded."""
+    _save("xmod", tmp_path / "m", hidden_size=64, num_attention_heads=4, intermediate_size=128,
+          num_hidden_layers=2, vocab_size=512, languages=["en_XX", "de_DE"],
+          adapter_reduction_factor=3, is_decoder=True, pad_token_id=0, bos_token_id=0,
+          eos_token_id=0)
+    result = _judged(tmp_path / "m")
+    assert result.verdict() == "fail"
+    site = next(s for s in result.sites if s.name.endswith("layer.1.output:adapter_bottleneck"))
+    assert site.value == 21 and site.inexact and site.config_field is None
+    assert {a.tensor.split(".")[-3] for a in site.axes} == {"en_XX", "de_DE"}

@@ -24,7 +24,13 @@ import sys
 import warnings
 from pathlib import Path
 
-from gac_check.formats import derive_config, derive_experts, derive_layers, derive_relabel
+from gac_check.formats import (
+    derive_adapters,
+    derive_config,
+    derive_experts,
+    derive_layers,
+    derive_relabel,
+)
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
@@ -183,7 +189,7 @@ def built_shapes(config) -> dict[str, tuple[int, ...]]:
 
 
 def _pattern(name: str) -> str:
-    name = re.sub(r"\.(\d+)\.", ".{i}.", name, count=1)
+    name = re.sub(r"\.(\d+)\.", ".{i}.", derive_adapters.pattern(name), count=1)
     return re.sub(r"\.(\d+)\.", ".{e}.", name)
 
 

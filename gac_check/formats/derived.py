@@ -24,6 +24,7 @@ from pathlib import Path
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
+from gac_check.formats import derive_adapters as adapters
 from gac_check.formats.architectures import (
     HEADS_NOT_PADDED,
     HIDDEN_INEXACT,
@@ -59,6 +60,7 @@ _WIDTH = {
     # streams of hidden (Qwen4-Exp), relative-position buckets of heads (ProphetNet)
     "hc": ("hidden", "hc_count"), "buckets_heads": ("heads", "num_buckets"),
     "experts_total": ("experts", 1),  # a router over real and identity experts (LongCat)
+    "adapter": ("adapter", 1),  # X-MOD's per-language bottlenecks (:mod:`.derive_adapters`)
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
 #: value heads of config.json's v_head_dim, a width of their own (MiMo-V2-Flash)
@@ -69,7 +71,7 @@ _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "e
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
 _ROLE = {"mlp": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
          "experts": Role.EXPERTS, "heads": Role.HEADS, "hidden": Role.HIDDEN,
-         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN}
+         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN, "adapter": Role.INTERMEDIATE}
 #: a decoder's cross-attention reads an encoder this checkpoint does not hold
 CROSS_INEXACT = ("the encoder's width, which the cross-attention's k/v projections read: "
                  "the encoder is not in this checkpoint, so its output cannot be padded")
@@ -117,7 +119,7 @@ _INDEX = re.compile(r"\.(\d+)\.")
 def _pattern(name: str) -> tuple[str, int | None, int | None]:
     """``model.layers.3.mlp.experts.7.w1.weight`` -> (``...{i}...{e}...``, 3, 7)."""
     found = _INDEX.findall(name)
-    pattern = _INDEX.sub(".{i}.", name, count=1)
+    pattern = _INDEX.sub(".{i}.", adapters.pattern(name), count=1)
     pattern = _INDEX.sub(".{e}.", pattern)
     layer = int(found[0]) if found else None
     expert = int(found[1]) if len(found) > 1 else None
@@ -273,7 +275,8 @@ def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
             names = ([pattern.replace("{e}", str(e)) for e in
                       sorted(held(tensor, ckpt.config, entry["keys"], experts - {None}))]
                      if "{e}" in pattern else [pattern])
-            for name in (n.replace("{i}", str(layer), 1) for n in names):
+            for name in (lang for n in names for lang in
+                         adapters.names(n.replace("{i}", str(layer), 1), ckpt.config)):
                 if name not in ckpt.shapes:
                     return name
     return None
@@ -413,11 +416,11 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
         inexact = ROPE_INEXACT if g.kind == "head_dim" else V_NOT_PADDED
         return DimSite(name, Role.HEAD_DIM, value, g.axes, layer=g.layer, module=g.module,
                        config_field=field_, inexact=inexact, attrs={"derived": cls})
-    key = keys.get(_CONFIG[g.kind])
+    key = keys.get(_CONFIG.get(g.kind, ""))  # none for an adapter bottleneck
     field_ = (key,) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
                "experts": EXPERTS_NOT_PADDED, "cross_hidden": CROSS_INEXACT,
-               }.get(g.kind) or _normed(g)
+               "adapter": adapters.ADAPTER_NOT_PADDED}.get(g.kind) or _normed(g)
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
                    config_field=field_, inexact=inexact, attrs={"derived": cls})
@@ -435,4 +438,5 @@ def _normed(g: _Group) -> str | None:
 
 
 _SITE_NAME = {"mlp": "intermediate", "expert": "expert_intermediate",
-              "shared": "shared_expert_intermediate", "experts": "experts", "heads": "heads"}
+              "shared": "shared_expert_intermediate", "experts": "experts", "heads": "heads",
+              "adapter": "adapter_bottleneck"}
