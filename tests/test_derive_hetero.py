@@ -135,3 +135,17 @@ def test_xmod_adapters_are_judged_for_every_language(tmp_path: Path) -> None:
     site = next(s for s in result.sites if s.name.endswith("layer.1.output:adapter_bottleneck"))
     assert site.value == 21 and site.inexact and site.config_field is None
     assert {a.tensor.split(".")[-3] for a in site.axes} == {"en_XX", "de_DE"}
+
+
+def test_roc_bert_concatenated_embeddings_are_one_gemm_width(tmp_path: Path) -> None:
+    """RoCBert's map_inputs_layer reads the word, pronunciation and shape embeddings side by
+    side (hidden + 768 + 512): a width the table could not name, so RoCBert was refused in
+    every variant. It is judged as the GEMM K it is (68 + 1280 = 1348 here) and reported."""
+    _save("roc_bert", tmp_path / "m", hidden_size=68, num_attention_heads=4,
+          intermediate_size=128, num_hidden_layers=2, vocab_size=512, is_decoder=True,
+          pad_token_id=0)
+    result = _judged(tmp_path / "m")
+    site = next(s for s in result.sites if s.name == "concat")
+    assert site.value == 68 + 768 + 512 and site.inexact
+    assert [(a.tensor, a.axis) for a in site.axes] == [
+        ("roc_bert.embeddings.map_inputs_layer.weight", 1)]

@@ -18,6 +18,10 @@ ADAPTER_NOT_PADDED = ("an adapter's bottleneck is hidden_size // adapter_reducti
                       "config.json holds no key for the width itself, so it is reported, "
                       "not padded")
 
+#: RoCBert's map_inputs_layer reads its embeddings side by side (:mod:`.derive_config`)
+CONCAT_NOT_PADDED = ("the concatenated input embeddings' width is hidden_size plus the "
+                     "pronunciation and shape embedding widths: it is reported, not padded")
+
 
 def pattern(name: str) -> str:
     """``...adapter_modules.de_DE.dense1.weight`` -> ``...adapter_modules.{lang}.dense1...``."""

@@ -23,7 +23,7 @@ V_HEAD_DIM = (28, 36)
 ZERO_EXPERTS = (2, 3)
 #: one value of each, so :data:`.derive_table.LABELS` lists every label in its order
 EVERY = {"streams": STREAMS[0], "v_head_dim": V_HEAD_DIM[0], "zero_experts": ZERO_EXPERTS[0],
-         "buckets": 32, "reduction": 2}
+         "buckets": 32, "reduction": 2, "concat": 1280}
 
 
 def _get(config, name: str):
@@ -58,6 +58,11 @@ def sizes(config) -> dict[str, int]:
             out[size] = _get(config, key)
     if isinstance(_get(config, "num_buckets"), int):
         out["buckets"] = _get(config, "num_buckets")
+    if _get(config, "concat_input") and isinstance(_get(config, "shape_embed_dim"), int):
+        # RoCBertEmbeddings.__init__: map_inputs_layer reads word, pronunciation and shape
+        # embeddings side by side, each part where its enable_* flag is set
+        out["concat"] = sum(_get(config, f"{part}_embed_dim") for part in (
+            "pronunciation", "shape") if _get(config, f"enable_{part}"))
     if isinstance(_get(config, "adapter_reduction_factor"), int):
         out["reduction"] = _get(config, "adapter_reduction_factor")
     return out
@@ -67,7 +72,7 @@ def labels(v: dict[str, int]) -> dict[str, int]:
     """Labels for the widths a build has (:func:`sizes`): hyper-connection streams and
     streams x hidden; value heads of v_head_dim (q, kv, 2 x kv of them); a router over real
     and identity experts; ProphetNet's relative-position buckets x heads; X-MOD's adapter
-    bottleneck."""
+    bottleneck; RoCBert's concatenated input embeddings."""
     h, n, k = v["hidden"], v["heads"], v["kv_heads"]
     out = {}
     if "streams" in v:
@@ -79,6 +84,8 @@ def labels(v: dict[str, int]) -> dict[str, int]:
         out["experts_total"] = v["experts"] + v["zero_experts"]
     if "buckets" in v:
         out["buckets_heads"] = v["buckets"] * n
+    if "concat" in v:  # RoCBert's hidden with its pronunciation and shape embeddings
+        out["embed_concat"] = h + v["concat"]
     if "reduction" in v:  # X-MOD's adapter bottleneck (:mod:`.derive_adapters`)
         out["adapter"] = h // v["reduction"]
     return out

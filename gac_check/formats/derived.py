@@ -61,6 +61,7 @@ _WIDTH = {
     "hc": ("hidden", "hc_count"), "buckets_heads": ("heads", "num_buckets"),
     "experts_total": ("experts", 1),  # a router over real and identity experts (LongCat)
     "adapter": ("adapter", 1),  # X-MOD's per-language bottlenecks (:mod:`.derive_adapters`)
+    "embed_concat": ("concat", 1),  # RoCBert's word, pronunciation and shape embeddings
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "kv2", "hd", "h3")
 #: value heads of config.json's v_head_dim, a width of their own (MiMo-V2-Flash)
@@ -71,7 +72,8 @@ _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "e
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
 _ROLE = {"mlp": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
          "experts": Role.EXPERTS, "heads": Role.HEADS, "hidden": Role.HIDDEN,
-         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN, "adapter": Role.INTERMEDIATE}
+         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN, "adapter": Role.INTERMEDIATE,
+         "concat": Role.HIDDEN}
 #: a decoder's cross-attention reads an encoder this checkpoint does not hold
 CROSS_INEXACT = ("the encoder's width, which the cross-attention's k/v projections read: "
                  "the encoder is not in this checkpoint, so its output cannot be padded")
@@ -312,7 +314,7 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
     site_kind, parts = _WIDTH[label]
     if isinstance(parts, str):
         parts = _count(ckpt, parts, name, axis)
-    if site_kind in ("hidden", "vocab", "cross_hidden"):
+    if site_kind in ("hidden", "vocab", "cross_hidden", "concat"):
         key: tuple = (site_kind,)
         layer = None
     elif site_kind == "expert" and expert is not None:
@@ -420,7 +422,8 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
     field_ = (key,) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
                "experts": EXPERTS_NOT_PADDED, "cross_hidden": CROSS_INEXACT,
-               "adapter": adapters.ADAPTER_NOT_PADDED}.get(g.kind) or _normed(g)
+               "adapter": adapters.ADAPTER_NOT_PADDED, "concat": adapters.CONCAT_NOT_PADDED,
+               }.get(g.kind) or _normed(g)
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
                    config_field=field_, inexact=inexact, attrs={"derived": cls})
