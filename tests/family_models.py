@@ -31,7 +31,7 @@ ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyu
                        "xlm-roberta", "xlm-roberta-xl", "afmoe", "electra", "hy_v3", "lfm3",
                        "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text",
                        "qwen3_next", "rembert", "mimo_v2_flash", "prophetnet", "qwen4_exp",
-                       "qwen4_exp_text", "xmod"})
+                       "qwen4_exp_text", "xmod", "roc_bert"})
 #: a model above this many parameters has a size key the table does not set: not built
 MAX_PARAMS = 12_000_000
 

@@ -58,7 +58,7 @@ PROVEN: frozenset[str] = frozenset({
     "ministral", "modernbert-decoder", "roberta", "xlm-roberta",
     "xlm-roberta-xl", "afmoe", "electra", "hy_v3", "lfm3", "minimax", "qwen3_5", "qwen3_5_moe",
     "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "rembert",
-    "mimo_v2_flash", "prophetnet", "qwen4_exp", "qwen4_exp_text", "xmod",
+    "mimo_v2_flash", "prophetnet", "qwen4_exp", "qwen4_exp_text", "xmod", "roc_bert",
 })
 
 def width_key(model_type: object, role: Role) -> str | None:
