@@ -149,3 +149,11 @@ def test_roc_bert_concatenated_embeddings_are_one_gemm_width(tmp_path: Path) -> 
     assert site.value == 68 + 768 + 512 and site.inexact
     assert [(a.tensor, a.axis) for a in site.axes] == [
         ("roc_bert.embeddings.map_inputs_layer.weight", 1)]
+
+
+def test_a_whole_models_unused_head_dim_is_no_misaligned_build(tmp_path: Path) -> None:
+    """LongcatFlashModel keeps config.head_dim (20) while its latent attention builds heads of
+    qk_nope + rope and v_head_dim: its hd20 build holds no width 20, so its pass is no silent
+    one (the sweep counted it as one); MiMo-V2-Flash's attention does build heads of 20."""
+    assert build("longcat_flash", "hd20", tmp_path / "l")[1] is False
+    assert build("mimo_v2_flash", "hd20", tmp_path / "m")[1] is True

@@ -116,17 +116,13 @@ def _misaligned(model, variant: str) -> bool:
     4 x hidden whatever the config says; a latent-attention class has no plain head_dim)."""
     if variant == "mlp173":
         return any(d in (173, 346) for p in model.parameters() for d in p.shape)
-    if variant == "hd20":  # a module whose own projections are cut into heads of 20
-        return any(getattr(m, a, None) == 20 and _projects(m) for m in model.modules()
+    if variant == "hd20":  # a layer's module, not a whole model keeping head_dim for its
+        from transformers import PreTrainedModel  # rotary table (LongCat-Flash's MLA ignores it)
+
+        return any(getattr(m, a, None) == 20 and not isinstance(m, PreTrainedModel)
+                   for m in model.modules()
                    for a in ("head_dim", "attention_head_size", "head_size"))
     return False
-
-
-def _projects(module) -> bool:
-    """Whether a child of ``module`` holds a weight matrix: an attention's projections, not a
-    model that keeps head_dim only for its rotary table (LongCat-Flash's MLA ignores it)."""
-    return any(p.dim() == 2 for c in module.children() if "Embedding" not in type(c).__name__
-               for p in c.parameters(recurse=False))
 
 
 @dataclass
