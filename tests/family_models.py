@@ -33,7 +33,8 @@ ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyu
                        "qwen3_next", "rembert", "inkling_text", "kimi_linear", "recurrent_gemma",
                        "zamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid",
                        "nemotron_h", "fuyu", "gemma3", "git", "got_ocr2",
-                       "moss_transcribe_diarize", "phi4_multimodal"})
+                       "moss_transcribe_diarize", "phi4_multimodal", "mimo_v2_flash",
+                       "prophetnet", "qwen4_exp", "qwen4_exp_text", "xmod", "roc_bert"})
 #: a model above this many parameters has a size key the table does not set: not built
 MAX_PARAMS = 12_000_000
 

@@ -5,7 +5,7 @@ widths their config determines that no plain label names.
 (Mamba's selective scan, a gated delta net or Kimi's delta attention, RecurrentGemma's RG-LRU,
 xLSTM's mLSTM) most widths are config values the two builds do not move together (state
 size, heads x head width, a dt rank), so sizes alone would call them ``?`` or a constant; the
-mixer is found here instead and :func:`.derive_table._label_ssm` labels its inner widths
+mixer is found here instead and :func:`label_mixers` labels its inner widths
 ``ssm``. A mixer is the saved prefix of a tensor named for its recurrence
 (:data:`MARKERS`), found in the names ``save_pretrained`` writes, so a class whose
 checkpoint names differ from its modules (Kimi-Linear's ``self_attn.A_log`` is the module
@@ -142,4 +142,39 @@ def _router_rows(config) -> dict[str, int]:
     shared = getattr(config, "n_shared_experts", None)
     if isinstance(routed, int) and isinstance(shared, int) and shared > 0:
         return {"router_all": routed + shared}
+    return {}
+
+
+#: (heads key, head width key, expand key) of the SSM mixers whose config requires
+#: heads x head width = expand x hidden (Mamba2Config / BambaConfig.validate_architecture)
+_SSM_HEADS = (("num_heads", "head_dim", "expand"),
+              ("mamba_n_heads", "mamba_d_head", "mamba_expand"))
+
+
+def ssm_heads(default, variant: dict[str, int]) -> dict[str, int | None]:
+    """SSM head counts that split the mixer's inner width evenly in this variant, so a class
+    whose config validates them builds at all (one group, which divides any head count;
+    Falcon-H1's explicit inner width unset, so it is expand x hidden)."""
+    for heads, width, expand in _SSM_HEADS:
+        factor = getattr(default, expand, None)
+        if isinstance(factor, int) and hasattr(default, heads) and hasattr(default, width):
+            out: dict[str, int | None] = {
+                heads: variant["heads"], width: factor * variant["hidden"] // variant["heads"]}
+            if hasattr(default, "mamba_d_ssm"):
+                out["mamba_d_ssm"] = None
+            groups = "n_groups" if hasattr(default, "n_groups") else "mamba_n_groups"
+            if hasattr(default, groups):
+                out[groups] = 1
+            return out
+    return {}
+
+
+def hybrid_layers(default, layers: int | None) -> dict[str, object]:
+    """An attention layer beside the SSM ones where a hybrid's default builds none (Bamba's
+    ``attn_layer_indices``, Granite-MoE-hybrid's ``layer_types``), so the table knows both."""
+    if getattr(default, "attn_layer_indices", 0) is None:
+        return {"attn_layer_indices": [1]}
+    kinds = getattr(default, "layer_types", None)
+    if layers == 2 and isinstance(kinds, list) and set(kinds) == {"linear_attention"}:
+        return {"layer_types": ["linear_attention", "attention"]}
     return {}

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
+from gac_check.formats import derive_adapters as adapters
 from gac_check.formats import derived_towers as towers
 from gac_check.formats.architectures import (
     HEADS_NOT_PADDED,
@@ -33,8 +34,10 @@ from gac_check.formats.architectures import (
     find_family,
 )
 from gac_check.formats.base import Format
+from gac_check.formats.derive_layers import resolve
 from gac_check.formats.derive_names import lookup
-from gac_check.formats.derive_table import layer_part
+from gac_check.formats.derived_torn import torn_tensor
+from gac_check.formats.mla import layer_sites
 from gac_check.formats.moe import EXPERTS_NOT_PADDED
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -57,15 +60,25 @@ _WIDTH = {
     "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
     "hidden2": ("hidden", 2), "inter_half": ("mlp_half", 1), "ffn": ("mlp_derived", 1),
     "router_all": ("router", 1),
+    # as many widths side by side as config.json's key says: hyper-connections' residual
+    # streams of hidden (Qwen4-Exp), relative-position buckets of heads (ProphetNet)
+    "hc": ("hidden", "hc_count"), "buckets_heads": ("heads", "num_buckets"),
+    "experts_total": ("experts", 1),  # a router over real and identity experts (LongCat)
+    "adapter": ("adapter", 1),  # X-MOD's per-language bottlenecks (:mod:`.derive_adapters`)
+    "embed_concat": ("concat", 1),  # RoCBert's word, pronunciation and shape embeddings
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "q4", "kv2", "hd", "h3")
+#: value heads of config.json's v_head_dim, a width of their own (MiMo-V2-Flash)
+_V_HEAD_LABELS = ("vq", "vkv", "vkv2")
+V_NOT_PADDED = "a value head width of its own (v_head_dim) is reported, not padded"
 #: site kind -> the derived table's role whose config.json key records it
 _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
 _ROLE = {"mlp": Role.INTERMEDIATE, "mlp_derived": Role.INTERMEDIATE,
          "mlp_half": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
          "experts": Role.EXPERTS, "heads": Role.HEADS, "hidden": Role.HIDDEN,
-         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN, "router": Role.EXPERTS}
+         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN, "router": Role.EXPERTS,
+         "adapter": Role.INTERMEDIATE, "concat": Role.HIDDEN}
 #: a decoder's cross-attention reads an encoder this checkpoint does not hold
 CROSS_INEXACT = ("the encoder's width, which the cross-attention's k/v projections read: "
                  "the encoder is not in this checkpoint, so its output cannot be padded")
@@ -118,11 +131,18 @@ def derive_now(model_type: str) -> dict | None:
 _INDEX = re.compile(r"\.(\d+)\.")
 
 
-def _entry(entry: dict, name: str) -> dict | None:
-    """The table's record of a tensor: under its own name where the table keeps one (an index
-    that is no layer's), else under its pattern (:func:`.derive_names.lookup`)."""
-    tensors = entry["tensors"]
-    return tensors.get(name) or tensors.get(lookup(tensors, name)[0])
+def _lookup(entry: dict, name: str) -> tuple[str, int | None, int | None]:
+    """(pattern, layer, expert) of a saved name: X-MOD's language segment as ``{lang}``,
+    then the layer and list indices (:func:`.derive_names.lookup`)."""
+    return lookup(entry["tensors"], adapters.pattern(name))
+
+
+def _tensor(entry: dict, ckpt: Checkpoint, name: str) -> dict | None:
+    """The table's record of a tensor, with its layer kind's labels: under its own name where
+    the table keeps one (an index that is no layer's), else under its pattern."""
+    pattern, layer, _ = _lookup(entry, name)
+    tensor = entry["tensors"].get(name) or entry["tensors"].get(pattern)
+    return tensor and resolve(tensor, ckpt.config, name, layer, ckpt.path)
 
 
 @dataclass
@@ -170,7 +190,7 @@ class Derived(Format):
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
-            tensor = _entry(entry, name)
+            tensor = _tensor(entry, ckpt, name)
             if (tensor and len(tensor["axes"]) == len(shape)
                     and all(_fixed(a, n) for a, n in zip(tensor["axes"], shape, strict=True))):
                 out.add(name)  # the class's fixed size; any other size is not the class's
@@ -188,7 +208,7 @@ class Derived(Format):
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
-            tensor = _entry(entry, name)
+            tensor = _tensor(entry, ckpt, name)
             if (tensor and tensor["kind"] != "linear" and len(tensor["axes"]) == len(shape)
                     and "ssm" in tensor["axes"]
                     and not any(name.endswith("." + k[0]) and k[1] == len(shape)
@@ -201,7 +221,7 @@ class Derived(Format):
         if entry is None:
             return []
         cls = entry["class"]
-        missing = _missing(entry, ckpt)
+        missing = torn_tensor(entry, ckpt)
         if missing:
             raise BadInput(f"{missing} is missing: {cls} builds it beside the tensors of that "
                            "part the checkpoint does hold, so its own class would not load it "
@@ -210,16 +230,20 @@ class Derived(Format):
         head_dim = _head_dim(text, entry["keys"])
         groups: dict[tuple, _Group] = {}
         tower_groups: dict[tuple, towers.TowerGroup] = {}
+        latent: dict[str, int | None] = {}
         for name, shape in ckpt.shapes.items():
-            pattern, layer, expert = lookup(entry["tensors"], name)
-            tensor = _entry(entry, name)
+            pattern, layer, expert = _lookup(entry, name)
+            tensor = _tensor(entry, ckpt, name)
             if tensor is None or len(tensor["axes"]) != len(shape):
                 continue  # not the class's: the accounting names it
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
-                if label.startswith(("=", "positions", "rows")):  # a table length
-                    continue
+                if label.startswith(("=", "positions", "rows", "vocab1")) or label == "streams":
+                    continue  # a fixed size, a table length, a residual-stream count
                 if label == "ssm":
                     _collect_ssm(groups, tensor, name, axis, size, layer)
+                    continue
+                if label == "mla":  # read whole by the latent-attention reader, below
+                    latent[name.rsplit(".", 2)[0]] = layer
                     continue
                 if ":" in label:  # an encoder tower's width (formats/derived_towers.py)
                     towers.collect(tower_groups, label, name, axis, size,
@@ -233,60 +257,15 @@ class Derived(Format):
                         "refusing to judge it", ckpt.path)
                 _collect(groups, tensor, name, axis, label, size, layer, expert, head_dim,
                          ckpt)
-        return (towers.sites(tower_groups, ckpt, cls, entry.get("towers", {}))
-                + [_site(g, ckpt, cls, entry["keys"], text, path) for g in groups.values()])
+        sites = [_site(g, ckpt, cls, entry["keys"], text, path) for g in groups.values()]
+        return (towers.sites(tower_groups, ckpt, cls, entry.get("towers", {})) + sites
+                + [s for m, i in sorted(latent.items()) for s in layer_sites(ckpt, m, i)])
 
 
 def _fixed(label: str, size: int) -> bool:
-    """An axis with nothing to judge: the class's fixed size, or a table length."""
-    return label == f"={size}" or label.startswith(("positions", "rows"))
-
-
-def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
-    """The first tensor the class builds that the checkpoint lacks, in a part it does hold:
-    every top-level tensor (the output head may be tied to the embedding) and, in each layer,
-    every tensor of each part that layer has (for each expert it has). A torn checkpoint
-    (one router deleted) would otherwise be judged by what is left of it. Where one child
-    holds different modules in different layers (NemotronH's ``mixer``: Mamba, attention or
-    MLP), the table's ``layers`` kind says which of its tensors go together; a tower part a
-    config flag turns off (the table's ``optional``) is asked for only where one of its
-    tensors is there."""
-    tied = towers.tied(entry, ckpt.config)
-    layers: dict[int, dict[tuple[str, str, bool], set[int | None]]] = {}
-    kinds: dict[tuple[int, tuple[str, str, bool]], set[int | None]] = {}
-    for name in ckpt.shapes:
-        pattern, layer, expert = lookup(entry["tensors"], name)
-        tensor = entry["tensors"].get(pattern)  # a tensor under its own name is top-level
-        if tensor is not None and layer is not None and "{i}" in pattern:
-            part = _part(pattern, tensor)
-            layers.setdefault(layer, {}).setdefault(part, set()).add(expert)
-            kinds.setdefault((layer, part), set()).add(tensor.get("layers"))
-    switched = {"", *towers.parts_present(entry, ckpt)}  # "": a part no flag turns off
-    for pattern, tensor in entry["tensors"].items():
-        if "{i}" in pattern or tensor.get("optional", "") not in switched:
-            continue  # a layer's (below), or a tower part its config turns off
-        if pattern not in ckpt.shapes and not (tied and tensor["kind"] != "embedding"
-                                               and "vocab" in tensor["axes"]):
-            return pattern
-    layered = [(p, t) for p, t in entry["tensors"].items() if "{i}" in p]
-    for layer, parts in sorted(layers.items()):
-        for pattern, tensor in layered:
-            part = _part(pattern, tensor)
-            experts = parts.get(part)
-            if (experts is None or tensor.get("layers") not in kinds[(layer, part)]
-                    or tensor.get("optional", "") not in switched):
-                continue  # a part this layer does not have, another kind, one turned off
-            names = ([pattern.replace("{e}", str(e)) for e in sorted(experts - {None})]
-                     if "{e}" in pattern else [pattern])
-            for name in (n.replace("{i}", str(layer), 1) for n in names):
-                if name not in ckpt.shapes:
-                    return name
-    return None
-
-
-def _part(pattern: str, tensor: dict) -> tuple[str, str, bool]:
-    """A layer part within its stack: a tower's layer 3 is not the language model's."""
-    return (pattern.split("{i}", 1)[0], *layer_part(pattern, tensor))
+    """An axis with nothing to judge: the class's fixed size, or a table length (positions;
+    an embedding's rows past the vocabulary's, which no GEMM has as a width)."""
+    return label == f"={size}" or label.startswith(("positions", "rows", "vocab1"))
 
 
 def _layer_kind(pattern: str) -> str:
@@ -302,12 +281,14 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
     ndim = len(tensor["axes"])
     kind = _kind(tensor, name, axis, ndim, label)
     prefix = _block(name)
-    if label in _HEAD_LABELS:
-        if not head_dim or size % head_dim:
-            raise BadInput(f"{name} axis {axis} ({size}) is not whole heads of head_dim "
+    site_kind = "v_head_dim" if label in _V_HEAD_LABELS else "head_dim"
+    if label in _V_HEAD_LABELS:
+        head_dim = ckpt.config.get("v_head_dim")
+    if label in _HEAD_LABELS or label in _V_HEAD_LABELS:
+        if not isinstance(head_dim, int) or not head_dim or size % head_dim:
+            raise BadInput(f"{name} axis {axis} ({size}) is not whole heads of {site_kind} "
                            f"{head_dim} (config.json): refusing to guess the heads", ckpt.path)
-        g = groups.setdefault(("head_dim", layer, prefix),
-                              _Group("head_dim", layer, prefix))
+        g = groups.setdefault((site_kind, layer, prefix), _Group(site_kind, layer, prefix))
         g.axes.append(TensorAxis(name, axis, kind, blocks=size // head_dim, stride=head_dim))
         g.widths[name] = head_dim
         return
@@ -315,7 +296,9 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
         raise BadInput(f"{name} axis {axis}: the class table names its width {label!r}, "
                        "which this gac-check does not read; refusing to judge it", ckpt.path)
     site_kind, parts = _WIDTH[label]
-    if site_kind in ("hidden", "vocab", "cross_hidden"):
+    if isinstance(parts, str):
+        parts = _count(ckpt, parts, name, axis)
+    if site_kind in ("hidden", "vocab", "cross_hidden", "concat"):
         key: tuple = (site_kind,)
         layer = None
     elif site_kind == "expert" and expert is not None:
@@ -366,6 +349,16 @@ def _collect_ssm(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int
     g.widths[name] = size
 
 
+def _count(ckpt: Checkpoint, key: str, name: str, axis: int) -> int:
+    """config.json's count of the widths an axis holds side by side (``hc_count``,
+    ``num_buckets``); a refusal when config.json does not say it."""
+    count = ckpt.config.get(key)
+    if not isinstance(count, int) or count < 1:
+        raise BadInput(f"{name} axis {axis} holds {key} widths side by side, and config.json "
+                       f"has no {key}: refusing to guess it", ckpt.path)
+    return count
+
+
 def _block(name: str) -> str:
     """The module a per-layer site belongs to: the tensor's layer block (``model.layers.3``)
     plus its sub-block (``self_attn``, ``mlp``, ``mlp.shared_expert``)."""
@@ -407,17 +400,19 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str], cfg: dict
         role = {"conv": Role.SSM_CONV, "state": Role.SSM_STATE}.get(side, Role.SSM)
         return DimSite(f"{g.module}:ssm_{side}", role, value, g.axes, layer=g.layer,
                        module=g.module, inexact=SSM_NOT_PADDED, attrs={"derived": cls})
-    if g.kind == "head_dim":
-        name = f"{g.module}:head_dim"
-        field_ = (*path, "head_dim") if isinstance(cfg.get("head_dim"), int) else None
+    if g.kind in ("head_dim", "v_head_dim"):
+        name = f"{g.module}:{g.kind}"
+        field_ = (*path, g.kind) if isinstance(cfg.get(g.kind), int) else None
+        inexact = ROPE_INEXACT if g.kind == "head_dim" else V_NOT_PADDED
         return DimSite(name, Role.HEAD_DIM, value, g.axes, layer=g.layer, module=g.module,
-                       config_field=field_, inexact=ROPE_INEXACT, attrs={"derived": cls})
-    key = keys.get(_CONFIG.get(g.kind, ""))
+                       config_field=field_, inexact=inexact, attrs={"derived": cls})
+    key = keys.get(_CONFIG.get(g.kind, ""))  # none for an adapter bottleneck
     field_ = (*path, key) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
                "experts": EXPERTS_NOT_PADDED, "router": EXPERTS_NOT_PADDED,
-               "cross_hidden": CROSS_INEXACT,
-               "mlp_derived": DERIVED_INEXACT}.get(g.kind) or _normed(g)
+               "cross_hidden": CROSS_INEXACT, "mlp_derived": DERIVED_INEXACT,
+               "adapter": adapters.ADAPTER_NOT_PADDED, "concat": adapters.CONCAT_NOT_PADDED,
+               }.get(g.kind) or _normed(g)
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
                    config_field=field_, inexact=inexact, attrs={"derived": cls})
@@ -437,4 +432,5 @@ def _normed(g: _Group) -> str | None:
 
 _SITE_NAME = {"mlp": "intermediate", "mlp_derived": "intermediate", "mlp_half": "intermediate",
               "router": "router_experts", "expert": "expert_intermediate",
-              "shared": "shared_expert_intermediate", "experts": "experts", "heads": "heads"}
+              "shared": "shared_expert_intermediate", "experts": "experts", "heads": "heads",
+              "adapter": "adapter_bottleneck"}

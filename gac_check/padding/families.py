@@ -65,6 +65,7 @@ PROVEN: frozenset[str] = frozenset({
     # composites (text_config / towers: formats/derive_composite.py), the text model's MLP
     # padded under text_config's key, on the zoo's tiny build (tests/test_composite_models.py)
     "fuyu", "gemma3", "git", "got_ocr2", "moss_transcribe_diarize", "phi4_multimodal",
+    "mimo_v2_flash", "prophetnet", "qwen4_exp", "qwen4_exp_text", "xmod", "roc_bert",
 })
 
 def width_key(model_type: object, role: Role) -> str | None:
