@@ -32,7 +32,9 @@ ZOO_BUILT = frozenset({"camembert", "data2vec-text", "gpt_neo", "helium", "hunyu
                        "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text",
                        "qwen3_next", "rembert", "inkling_text", "kimi_linear", "recurrent_gemma",
                        "zamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid",
-                       "nemotron_h",
+                       "nemotron_h", "fuyu", "gemma3", "git", "got_ocr2",
+                       "moss_transcribe_diarize", "phi4_multimodal", "mimo_v2_flash",
+                       "prophetnet", "qwen4_exp", "qwen4_exp_text", "xmod", "roc_bert",
                        "albert", "bart", "bigbird_pegasus", "blenderbot", "blenderbot-small",
                        "codegen", "doge", "dory", "gptj", "marian", "mbart", "mvp", "pegasus",
                        "emu3", "mllama", "roberta-prelayernorm", "hrm_text"})

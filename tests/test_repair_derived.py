@@ -103,6 +103,8 @@ def _zoo_logits(path: Path):
     import torch
 
     model = family_models.load(path)
+    if hasattr(model, "set_default_language"):  # X-MOD runs one language's adapters
+        model.set_default_language(model.config.languages[0])
     with torch.no_grad():
         ids = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 64], [4, 4, 100, 8, 0, 17, 3, 127]])
         return model(ids, use_cache=False).logits  # a hybrid's cache needs attention layers

@@ -62,12 +62,19 @@ def test_a_class_ignoring_the_variant_is_marked_inert(tmp_path: Path) -> None:
 
 
 def test_a_tensor_at_a_size_the_class_does_not_fix_is_not_accounted(tmp_path: Path) -> None:
-    """Fuyu's language model is its text_config's: the class table, derived with the top
-    config varied, saw every text tensor at its default size (``=4096``) and accounted each as
-    fixed by the class at any size: a tiny Fuyu with every MLP width 173 passed with 0 sites.
-    Only the class's own fixed size is accounted; any other is unread, so the check refuses."""
-    _, misaligned = build("fuyu", "mlp173", tmp_path / "m")
+    """The class table once saw Fuyu's text tensors at their default size (``=4096``) and
+    accounted each as fixed by the class at any size: a tiny Fuyu with every MLP width 173
+    passed with 0 sites. Only the class's own fixed size is accounted; any other is unread,
+    so the check refuses: GOT-OCR2's first upsampling conv is [512, 256, 3, 3] whatever the
+    widths the table varies; at 1 x 1 taps it is not the class's."""
+    from safetensors.torch import load_file, save_file
+
+    _, misaligned = build("got_ocr2", "mlp173", tmp_path / "m")
     assert misaligned
+    weights = load_file(tmp_path / "m" / "model.safetensors")
+    conv = "multi_modal_projector.conv_upsampler1.weight"
+    weights[conv] = weights[conv][:, :, :1, :1].clone()
+    save_file(weights, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(BadInput, match="did not read"):
         gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
 

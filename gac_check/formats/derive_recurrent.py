@@ -5,7 +5,7 @@ widths their config determines that no plain label names.
 (Mamba's selective scan, a gated delta net or Kimi's delta attention, RecurrentGemma's RG-LRU,
 xLSTM's mLSTM) most widths are config values the two builds do not move together (state
 size, heads x head width, a dt rank), so sizes alone would call them ``?`` or a constant; the
-mixer is found here instead and :func:`.derive_table._label_ssm` labels its inner widths
+mixer is found here instead and :func:`label_mixers` labels its inner widths
 ``ssm``. A mixer is the saved prefix of a tensor named for its recurrence
 (:data:`MARKERS`), found in the names ``save_pretrained`` writes, so a class whose
 checkpoint names differ from its modules (Kimi-Linear's ``self_attn.A_log`` is the module
@@ -21,6 +21,8 @@ of 2 x hidden, a gated MLP's half-width down projection).
 from __future__ import annotations
 
 import re
+
+from gac_check.formats.derive_names import pattern as name_pattern
 
 #: saved-name tails that mark their prefix as a recurrent mixer: the SSM / delta-rule decay
 #: (Mamba, Mamba2, Jamba, Bamba, Zamba, NemotronH, Qwen3-Next, Kimi-Linear, Bailing-hybrid),
@@ -49,6 +51,24 @@ def mixer_kind(name: str, kind: str, shape: tuple[int, ...]) -> str:
     if kind == "other" and len(shape) == 2 and name.endswith(".weight"):
         return "linear"
     return kind
+
+
+def label_mixers(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict],
+                 seq: frozenset[str]) -> None:
+    """Label every width inside a recurrent mixer ``ssm`` (:func:`mixer_prefixes`: the
+    saved prefix of an SSM decay ``A_log``, an RG-LRU ``recurrent_param`` or an mLSTM forget
+    gate). Its inner widths (heads x head width, groups x state size, conv channels, dt
+    rank) are config values the two variants do not all move, so sizes alone would call
+    them ``?`` or a constant; only a linear's hidden axis keeps its label. :mod:`.derived`
+    reads a linear's ``ssm`` axes as GEMM widths, the rest as the mixer's own parameters."""
+    mixers = tuple(mixer_prefixes(shapes))
+    for name, shape in shapes.items():
+        entry = tensors.get(name_pattern(name, seq))
+        if entry is None or not name.startswith(mixers):
+            continue
+        entry["kind"] = mixer_kind(name, entry["kind"], shape)
+        keep = ("hidden", "vocab") if entry["kind"] == "linear" else ()
+        entry["axes"] = [a if a in keep else "ssm" for a in entry["axes"]]
 
 
 def layer_leaf_kinds(kinds: dict[str, str], saved: dict[str, tuple[int, ...]],
@@ -122,4 +142,39 @@ def _router_rows(config) -> dict[str, int]:
     shared = getattr(config, "n_shared_experts", None)
     if isinstance(routed, int) and isinstance(shared, int) and shared > 0:
         return {"router_all": routed + shared}
+    return {}
+
+
+#: (heads key, head width key, expand key) of the SSM mixers whose config requires
+#: heads x head width = expand x hidden (Mamba2Config / BambaConfig.validate_architecture)
+_SSM_HEADS = (("num_heads", "head_dim", "expand"),
+              ("mamba_n_heads", "mamba_d_head", "mamba_expand"))
+
+
+def ssm_heads(default, variant: dict[str, int]) -> dict[str, int | None]:
+    """SSM head counts that split the mixer's inner width evenly in this variant, so a class
+    whose config validates them builds at all (one group, which divides any head count;
+    Falcon-H1's explicit inner width unset, so it is expand x hidden)."""
+    for heads, width, expand in _SSM_HEADS:
+        factor = getattr(default, expand, None)
+        if isinstance(factor, int) and hasattr(default, heads) and hasattr(default, width):
+            out: dict[str, int | None] = {
+                heads: variant["heads"], width: factor * variant["hidden"] // variant["heads"]}
+            if hasattr(default, "mamba_d_ssm"):
+                out["mamba_d_ssm"] = None
+            groups = "n_groups" if hasattr(default, "n_groups") else "mamba_n_groups"
+            if hasattr(default, groups):
+                out[groups] = 1
+            return out
+    return {}
+
+
+def hybrid_layers(default, layers: int | None) -> dict[str, object]:
+    """An attention layer beside the SSM ones where a hybrid's default builds none (Bamba's
+    ``attn_layer_indices``, Granite-MoE-hybrid's ``layer_types``), so the table knows both."""
+    if getattr(default, "attn_layer_indices", 0) is None:
+        return {"attn_layer_indices": [1]}
+    kinds = getattr(default, "layer_types", None)
+    if layers == 2 and isinstance(kinds, list) and set(kinds) == {"linear_attention"}:
+        return {"layer_types": ["linear_attention", "attention"]}
     return {}

@@ -17,23 +17,34 @@ tests/test_derived_table.py fails when the shipped table disagrees with the inst
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import sys
 import warnings
+from functools import partial
 from pathlib import Path
 
+from gac_check.formats import (
+    derive_adapters,
+    derive_config,
+    derive_experts,
+    derive_layers,
+    derive_relabel,
+)
+from gac_check.formats import derive_composite as composite
 from gac_check.formats.derive_names import pattern as name_pattern
 from gac_check.formats.derive_names import sequential_modules
-from gac_check.formats.derive_rows import label_lookup_rows, ties_head
 from gac_check.formats.derive_recurrent import (
     CONFIG_LABELS,
     config_labels,
+    hybrid_layers,
+    label_mixers,
     layer_leaf_kinds,
-    mixer_kind,
     mixer_prefixes,
+    ssm_heads,
 )
+from gac_check.formats.derive_rows import label_lookup_rows, ties_head
+from gac_check.formats.derive_saved import renamed, saved_names, saved_shapes
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "architectures.json"
 
@@ -47,7 +58,8 @@ VARIANTS = (
 #: config keys set to each variant value, where the config class has them
 KEYS = {
     "hidden": ("hidden_size",),
-    "heads": ("num_attention_heads", "encoder_attention_heads", "decoder_attention_heads"),
+    "heads": ("num_attention_heads", "encoder_attention_heads", "decoder_attention_heads",
+              "num_encoder_attention_heads", "num_decoder_attention_heads"),
     "kv_heads": ("num_key_value_heads",),
     "head_dim": ("head_dim", "dim_head"),
     "inter": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size",
@@ -75,16 +87,36 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         "positions2": v["positions"] + 2, "h4": 4 * h, "h3": 3 * h, "cross": v["cross"],
         # after h4: where heads x head_dim is the hidden size, 4 x hidden is an MLP (BLOOM)
         "q4": 4 * n * d,
+        # an embedding with one more row than the vocabulary (Moshi's padding token); the half
+        # of a fused gate-and-up width a gated MLP reads back (:mod:`.derive_relabel`)
+        "vocab1": v["vocab"] + 1, "inter_half": v["inter"] // 2,
+        **derive_config.labels(v),  # widths only some classes have, where they do
     }
 
 
 #: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs);
 #: last, those a config derives by a formula of its own (:func:`.config_labels`).
-LABELS = (*_labels(VARIANTS[0]), *CONFIG_LABELS)
+LABELS = (*_labels({**VARIANTS[0], **derive_config.EVERY}), *CONFIG_LABELS)
 
 
-def _config(config_cls, variant: dict[str, int], layers: int | None):
+def _config(config_cls, variant: dict[str, int], layers: int | None, subs: bool = True,
+            rescue: bool = False):
+    """The config of one build; with ``subs``, a composite's text sub-config in the variant
+    and each tower at its own widths (:mod:`.derive_composite`); with ``rescue``, the values
+    a class needs to build at all (:func:`.derive_config.rescue`)."""
     default = config_cls()
+    kwargs = _kwargs(config_cls, default, variant, layers)
+    if rescue:
+        kwargs.update(derive_config.rescue(default, variant))
+    if subs:
+        kwargs.update(composite.sub_kwargs(
+            config_cls, default, VARIANTS.index(variant),
+            lambda sub_cls: _kwargs(sub_cls, sub_cls(), variant, layers)))
+    return config_cls(**kwargs)
+
+
+def _kwargs(config_cls, default, variant: dict[str, int], layers: int | None) -> dict:
+    """The variant's widths under every key ``config_cls`` has (one config, no sub-configs)."""
     kwargs: dict[str, object] = {}
     for role, keys in KEYS.items():
         for key in keys:
@@ -93,54 +125,20 @@ def _config(config_cls, variant: dict[str, int], layers: int | None):
                 kwargs[key] = variant[role]
     if layers:
         kwargs["num_hidden_layers"] = layers
-    kwargs.update(_ssm_heads(default, variant))
+    kwargs.update(ssm_heads(default, variant))
     if config_cls.model_type in _EVEN_KV_HEADS and variant["kv_heads"] % 2:
         kwargs["num_key_value_heads"] = variant["kv_heads"] - 1
-    kwargs.update(_hybrid_layers(default, layers))
+    kwargs.update(hybrid_layers(default, layers))
+    kwargs.update(derive_config.distinct(default, VARIANTS.index(variant)))
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         if isinstance(getattr(default, token, None), int):
             kwargs[token] = 0  # a default id past the tiny vocabulary will not build
-    return config_cls(**kwargs)
+    return kwargs
 
 
 #: classes whose config requires an even key/value head count (DiffLlamaAttention.__init__
 #: splits the values in two along the heads); the variant's odd count is built one lower
 _EVEN_KV_HEADS = ("diffllama",)
-
-#: (heads key, head width key, expand key) of the SSM mixers whose config requires
-#: heads x head width = expand x hidden (Mamba2Config / BambaConfig.validate_architecture)
-_SSM_HEADS = (("num_heads", "head_dim", "expand"),
-              ("mamba_n_heads", "mamba_d_head", "mamba_expand"))
-
-
-def _ssm_heads(default, variant: dict[str, int]) -> dict[str, int | None]:
-    """SSM head counts that split the mixer's inner width evenly in this variant, so a class
-    whose config validates them builds at all (one group, which divides any head count;
-    Falcon-H1's explicit inner width unset, so it is expand x hidden)."""
-    for heads, width, expand in _SSM_HEADS:
-        factor = getattr(default, expand, None)
-        if isinstance(factor, int) and hasattr(default, heads) and hasattr(default, width):
-            out: dict[str, int | None] = {
-                heads: variant["heads"], width: factor * variant["hidden"] // variant["heads"]}
-            if hasattr(default, "mamba_d_ssm"):
-                out["mamba_d_ssm"] = None
-            groups = "n_groups" if hasattr(default, "n_groups") else "mamba_n_groups"
-            if hasattr(default, groups):
-                out[groups] = 1
-            return out
-    return {}
-
-
-def _hybrid_layers(default, layers: int | None) -> dict[str, object]:
-    """An attention layer beside the SSM ones where a hybrid's default builds none (Bamba's
-    ``attn_layer_indices``, Granite-MoE-hybrid's ``layer_types``), so the table knows both."""
-    if getattr(default, "attn_layer_indices", 0) is None:
-        return {"attn_layer_indices": [1]}
-    kinds = getattr(default, "layer_types", None)
-    if layers == 2 and isinstance(kinds, list) and set(kinds) == {"linear_attention"}:
-        return {"layer_types": ["linear_attention", "attention"]}
-    return {}
-
 
 def _build(config):
     import torch
@@ -154,14 +152,20 @@ def _build(config):
         return auto.from_config(config)
 
 
-def _actual(model, variant: dict[str, int]) -> dict[str, int]:
-    """The sizes the class really built with (head_dim may be hidden / heads)."""
+def _actual(model, variant: dict[str, int], subs: bool) -> dict[str, int]:
+    """The sizes the class really built with (head_dim may be hidden / heads; a tower's
+    attention modules have head widths of their own)."""
     v = dict(variant)
-    dims = _head_dims(model, attention=True) or _head_dims(model, attention=False)
+    towers = (composite.tower_head_dims(type(model.config), VARIANTS.index(variant)) if subs
+              else set())
+    dims = (_head_dims(model, attention=True) - towers) or (_head_dims(model, attention=False)
+                                                            - towers)
     if len(dims) == 1:
         v["head_dim"] = dims.pop()
-    kv = getattr(model.config, "num_key_value_heads", None)
+    text = composite.text_config(model.config) if subs else model.config
+    kv = getattr(text, "num_key_value_heads", None)
     v["kv_heads"] = kv if isinstance(kv, int) and kv > 0 else v["heads"]
+    v.update(derive_config.sizes(model.config))
     return v
 
 
@@ -174,27 +178,43 @@ def _head_dims(model, attention: bool) -> set[int]:
     return {d for d in dims if isinstance(d, int) and d > 0}
 
 
-def _saved_shapes(model) -> dict[str, tuple[int, ...]]:
-    """The tensors ``save_pretrained`` would write (key conversion reverted), by shape."""
-    from transformers.core_model_loading import revert_weight_conversion
-
-    state = model.state_dict()
-    with contextlib.suppress(Exception):
-        state = revert_weight_conversion(model, state)
-    return {n: tuple(t.shape) for n, t in state.items()}
-
-
 def built_shapes(config) -> dict[str, tuple[int, ...]]:
     """What ``config``'s own class builds on the meta device, as ``save_pretrained`` names and
     shapes it (no memory; built-in classes only): what a repair's output is held to
     (:mod:`gac_check.padding.class_proof`)."""
-    return _saved_shapes(_build(config))
+    return saved_shapes(_build(config))
+
+
+def _pattern(name: str, seq: frozenset[str] = frozenset()) -> str:
+    """The table's pattern for a saved name: X-MOD's language segment as ``{lang}``, then
+    the layer and list indices (:func:`.derive_names.pattern`)."""
+    return name_pattern(derive_adapters.pattern(name), seq)
 
 
 def _axis_label(a: int, b: int, la: dict[str, int], lb: dict[str, int]) -> str:
     if a == b:
         return f"={a}"
-    return next((lab for lab in LABELS if la.get(lab) == a and lb.get(lab) == b), "?")
+    return next((lab for lab in la if la[lab] == a and lb.get(lab) == b), "?")
+
+
+def _literal(sa: dict, sb: dict, kinds: dict[str, str], la: dict[str, int], lb: dict[str, int],
+             tensors: dict[str, dict], seq: frozenset[str]) -> None:
+    """Where an index is a position in a ``Sequential``, not a layer (GIT's visual projection:
+    ``0`` a linear, ``1`` its LayerNorm; Phi-4-multimodal's audio subsampling convs), one
+    pattern would stand for tensors of different shapes: where the indexed module holds the
+    tensor itself (``proj.{i}.weight``, no layer block between), each is recorded under its
+    own name instead; a layer stack whose layers differ keeps its pattern."""
+    shapes: dict[str, dict[str, tuple]] = {}
+    for name in set(sa) & set(sb):
+        shapes.setdefault(_pattern(name, seq), {})[name] = (sa[name], sb[name])
+    for pattern, names in shapes.items():
+        if (pattern in tensors and "." not in pattern.split("{i}.", 1)[-1]
+                and len(set(names.values())) > 1
+                and all(len(a) == len(b) for a, b in names.values())):
+            del tensors[pattern]
+            for name, (a, b) in names.items():
+                tensors[name] = {"kind": kinds.get(name, "other"), "axes": [
+                    _axis_label(x, y, la, lb) for x, y in zip(a, b, strict=True)]}
 
 
 def _kinds(model) -> dict[str, str]:
@@ -228,7 +248,7 @@ def _untie_attention(model, kinds: dict[str, str], tensors: dict[str, dict],
         if len(named) == 1:  # the output projection by its name, else the last registered
             weights = [w for w in weights if w != named[0]] + named
         for pos, w in enumerate(weights):
-            entry = tensors.get(name_pattern(w, seq))
+            entry = tensors.get(_pattern(w, seq))
             if not entry or len(entry["axes"]) != 2:
                 continue
             out_ax, in_ax = (1, 0) if entry["kind"] == "conv1d" else (0, 1)
@@ -236,7 +256,7 @@ def _untie_attention(model, kinds: dict[str, str], tensors: dict[str, dict],
                 entry["axes"][in_ax] = _retie(entry["axes"][in_ax])
                 continue
             entry["axes"][out_ax] = _retie(entry["axes"][out_ax])
-            bias = tensors.get(name_pattern(w.removesuffix("weight") + "bias", seq))
+            bias = tensors.get(_pattern(w.removesuffix("weight") + "bias", seq))
             if bias and len(bias["axes"]) == 1:
                 bias["axes"][0] = _retie(bias["axes"][0])
 
@@ -246,38 +266,6 @@ _OUTPUT = re.compile(r"\.(o_proj|out_proj|dense|c_proj|wo|o|output\.dense|proj|o
 
 def _retie(label: str) -> str:
     return "q" if label == "hidden" else label
-
-
-def _saved_names(kinds: dict[str, str], saved: dict[str, tuple[int, ...]]) -> dict[str, str]:
-    """Parameter name -> the name ``save_pretrained`` writes it under: itself, or the one
-    saved name that differs only in its first component (NemotronH's ``model.`` is saved
-    as ``backbone.``)."""
-    tails: dict[str, list[str]] = {}
-    for name in saved:
-        tails.setdefault(name.split(".", 1)[-1], []).append(name)
-    out = {}
-    for name in kinds:
-        match = tails.get(name.split(".", 1)[-1], [])
-        out[name] = name if name in saved or len(match) != 1 else match[0]
-    return out
-
-
-def _label_ssm(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict],
-               seq: frozenset[str]) -> None:
-    """Label every width inside a recurrent mixer ``ssm`` (:mod:`.derive_recurrent`: the
-    saved prefix of an SSM decay ``A_log``, an RG-LRU ``recurrent_param`` or an mLSTM forget
-    gate). Its inner widths (heads x head width, groups x state size, conv channels, dt
-    rank) are config values the two variants do not all move, so sizes alone would call
-    them ``?`` or a constant; only a linear's hidden axis keeps its label. :mod:`.derived`
-    reads a linear's ``ssm`` axes as GEMM widths, the rest as the mixer's own parameters."""
-    mixers = tuple(mixer_prefixes(shapes))
-    for name, shape in shapes.items():
-        entry = tensors.get(name_pattern(name, seq))
-        if entry is None or not name.startswith(mixers):
-            continue
-        entry["kind"] = mixer_kind(name, entry["kind"], shape)
-        keep = ("hidden", "vocab") if entry["kind"] == "linear" else ()
-        entry["axes"] = [a if a in keep else "ssm" for a in entry["axes"]]
 
 
 def layer_part(pattern: str, tensor: dict) -> tuple[str, bool]:
@@ -298,7 +286,7 @@ def _layer_kinds(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict],
     for name in shapes:
         found = re.search(r"\.(\d+)\.", name)
         if found:
-            where.setdefault(name_pattern(name, seq), set()).add(int(found.group(1)))
+            where.setdefault(_pattern(name, seq), set()).add(int(found.group(1)))
     parts: dict[tuple[str, bool], dict[frozenset[int], list[str]]] = {}
     for pattern, layers in where.items():
         if pattern in tensors and "{i}" in pattern:
@@ -341,29 +329,40 @@ def _depths(config_cls) -> tuple[int | None, ...]:
 _LAYER_KINDS = ("layers_block_type", "layer_types")
 
 
+def _builds(config_cls) -> tuple[tuple, tuple, bool]:
+    """Both variants' (model, actual sizes), and whether the sub-configs were varied: where a
+    composite will not build with them (a per-layer text config), both without them."""
+    last: Exception | None = None
+    for subs in (True, False):
+        builds = []
+        for variant in VARIANTS:  # the rescue values only where a plain build fails
+            for layers, rescue in ((d, r) for d in _depths(config_cls) for r in (False, True)):
+                try:
+                    model = _build(_config(config_cls, variant, layers, subs, rescue))
+                    builds.append((model, _actual(model, variant, subs)))
+                    break
+                except Exception as e:  # any class that will not build is recorded with why
+                    last = last if rescue and last else e
+        if len(builds) == len(VARIANTS):
+            return builds[0], builds[1], subs
+    raise RuntimeError(f"{type(last).__name__}: {str(last).splitlines()[0][:160]}")
+
+
 def derive(model_type: str) -> dict:
     """One model_type's entry: its class and every saved tensor pattern's axis labels."""
     from transformers import AutoConfig
 
     config_cls = type(AutoConfig.for_model(model_type))
-    builds = []
-    for variant in VARIANTS:
-        last: Exception | None = None
-        for layers in _depths(config_cls):
-            try:
-                model = _build(_config(config_cls, variant, layers))
-                break
-            except Exception as e:  # any class that will not build is recorded with why
-                last = e
-        else:
-            raise RuntimeError(f"{type(last).__name__}: {str(last).splitlines()[0][:160]}")
-        builds.append((model, _actual(model, variant)))
-    (ma, va), (mb, vb) = builds
-    la, lb = _labels(va) | config_labels(ma.config), _labels(vb) | config_labels(mb.config)
-    sa, sb = _saved_shapes(ma), _saved_shapes(mb)
+    (ma, va), (mb, vb), subs = _builds(config_cls)
+    la = {**_labels(va), **config_labels(ma.config),
+          **(composite.all_tower_labels(config_cls, 0) if subs else {})}
+    lb = {**_labels(vb), **config_labels(mb.config),
+          **(composite.all_tower_labels(config_cls, 1) if subs else {})}
+    sa, sb = saved_shapes(ma), saved_shapes(mb)
     kinds = _kinds(ma)
     seq = sequential_modules(ma)
-    saved = _saved_names(kinds, sa)
+    pat = partial(_pattern, seq=seq)
+    saved = saved_names(kinds, sa, renamed(ma))
     saved_kinds = {saved[n]: k for n, k in kinds.items()}
     saved_kinds |= layer_leaf_kinds(kinds, sa, saved_kinds)
     tensors: dict[str, dict] = {}
@@ -371,20 +370,42 @@ def derive(model_type: str) -> dict:
         if len(sa[name]) != len(sb[name]):
             continue
         axes = [_axis_label(x, y, la, lb) for x, y in zip(sa[name], sb[name], strict=False)]
-        tensors.setdefault(name_pattern(name, seq), {"kind": saved_kinds.get(name, "other"),
+        tensors.setdefault(_pattern(name, seq), {"kind": saved_kinds.get(name, "other"),
                                             "axes": axes})
+    _literal(sa, sb, saved_kinds, la, lb, tensors, seq)
+    # a hybrid's layer kinds are its recurrent mixers and attention, told apart by
+    # label_mixers; the per-kind labels and the latent-attention reader serve the others
+    hybrid = bool(mixer_prefixes(sa))
     if va["head_dim"] * va["heads"] == va["hidden"]:
         _untie_attention(ma, kinds, tensors, seq)
-    _label_ssm(sa, tensors, seq)
+    elif not hybrid:  # per-head axes told apart by size alone, so each kind's labels hold
+        derive_layers.by_kind(ma.config, (sa, sb), lambda x, y: _axis_label(x, y, la, lb),
+                              pat, tensors)
+    halved = derive_relabel.halve_gated(tensors)
+    derive_experts.counts((sa, sb), lambda x, y: _axis_label(x, y, la, lb), pat, tensors)
+    derive_relabel.table_rows(tensors)
+    derive_relabel.mark_tied(ma, tensors)
+    label_mixers(sa, tensors, seq)
+    if not hybrid:
+        derive_relabel.label_mla(ma, kinds, saved, tensors, pat)
     label_lookup_rows(tensors, ties_head(ma))
     _layer_kinds(sa, tensors, seq)
-    return {
+    if subs:
+        composite.mark_optional(ma.config, built_shapes, pat, tensors)
+    text = composite.text_config(ma.config) if subs else ma.config
+    entry = {
         "class": type(ma).__name__,
-        "keys": _keys(type(ma.config), ma.config),
+        "keys": derive_relabel.without_halved(_keys(type(text), text), halved),
         "tied": bool(getattr(ma.config, "tie_word_embeddings", False)) and ties_head(ma),
         "head_dim_derived": va["head_dim"] * va["heads"] == va["hidden"],
         "tensors": tensors,
     }
+    if text is not ma.config:
+        entry["text_config"] = composite.TEXT
+    towers = composite.tower_keys(ma.config, config_cls) if subs else {}
+    if towers:
+        entry["towers"] = towers
+    return entry
 
 
 def model_types() -> list[str]:

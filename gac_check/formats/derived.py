@@ -24,15 +24,20 @@ from pathlib import Path
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.errors import BadInput
+from gac_check.formats import derive_adapters as adapters
+from gac_check.formats import derived_towers as towers
 from gac_check.formats.architectures import (
     HEADS_NOT_PADDED,
     HIDDEN_INEXACT,
     ROPE_INEXACT,
     VOCAB_INEXACT,
+    find_family,
 )
 from gac_check.formats.base import Format
+from gac_check.formats.derive_layers import resolve
 from gac_check.formats.derive_names import lookup
-from gac_check.formats.derive_table import layer_part
+from gac_check.formats.derived_torn import torn_tensor
+from gac_check.formats.mla import layer_sites
 from gac_check.formats.moe import EXPERTS_NOT_PADDED
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
@@ -55,15 +60,25 @@ _WIDTH = {
     "heads": ("heads", 1), "kv_heads": ("heads", 1), "cross": ("cross_hidden", 1),
     "hidden2": ("hidden", 2), "inter_half": ("mlp_half", 1), "ffn": ("mlp_derived", 1),
     "router_all": ("router", 1),
+    # as many widths side by side as config.json's key says: hyper-connections' residual
+    # streams of hidden (Qwen4-Exp), relative-position buckets of heads (ProphetNet)
+    "hc": ("hidden", "hc_count"), "buckets_heads": ("heads", "num_buckets"),
+    "experts_total": ("experts", 1),  # a router over real and identity experts (LongCat)
+    "adapter": ("adapter", 1),  # X-MOD's per-language bottlenecks (:mod:`.derive_adapters`)
+    "embed_concat": ("concat", 1),  # RoCBert's word, pronunciation and shape embeddings
 }
 _HEAD_LABELS = ("q", "kv", "qkv", "qkv_mq", "q3", "q4", "kv2", "hd", "h3")
+#: value heads of config.json's v_head_dim, a width of their own (MiMo-V2-Flash)
+_V_HEAD_LABELS = ("vq", "vkv", "vkv2")
+V_NOT_PADDED = "a value head width of its own (v_head_dim) is reported, not padded"
 #: site kind -> the derived table's role whose config.json key records it
 _CONFIG = {"mlp": "inter", "expert": "expert", "shared": "shared", "experts": "experts",
            "heads": "heads", "hidden": "hidden", "vocab": "vocab", "cross_hidden": "cross"}
 _ROLE = {"mlp": Role.INTERMEDIATE, "mlp_derived": Role.INTERMEDIATE,
          "mlp_half": Role.INTERMEDIATE, "expert": Role.EXPERT, "shared": Role.SHARED_EXPERT,
          "experts": Role.EXPERTS, "heads": Role.HEADS, "hidden": Role.HIDDEN,
-         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN, "router": Role.EXPERTS}
+         "vocab": Role.VOCAB, "cross_hidden": Role.HIDDEN, "router": Role.EXPERTS,
+         "adapter": Role.INTERMEDIATE, "concat": Role.HIDDEN}
 #: a decoder's cross-attention reads an encoder this checkpoint does not hold
 CROSS_INEXACT = ("the encoder's width, which the cross-attention's k/v projections read: "
                  "the encoder is not in this checkpoint, so its output cannot be padded")
@@ -116,6 +131,20 @@ def derive_now(model_type: str) -> dict | None:
 _INDEX = re.compile(r"\.(\d+)\.")
 
 
+def _lookup(entry: dict, name: str) -> tuple[str, int | None, int | None]:
+    """(pattern, layer, expert) of a saved name: X-MOD's language segment as ``{lang}``,
+    then the layer and list indices (:func:`.derive_names.lookup`)."""
+    return lookup(entry["tensors"], adapters.pattern(name))
+
+
+def _tensor(entry: dict, ckpt: Checkpoint, name: str) -> dict | None:
+    """The table's record of a tensor, with its layer kind's labels: under its own name where
+    the table keeps one (an index that is no layer's), else under its pattern."""
+    pattern, layer, _ = _lookup(entry, name)
+    tensor = entry["tensors"].get(name) or entry["tensors"].get(pattern)
+    return tensor and resolve(tensor, ckpt.config, name, layer, ckpt.path)
+
+
 @dataclass
 class _Group:
     """The axes of one site being collected, and the widths they imply."""
@@ -162,11 +191,17 @@ class Derived(Format):
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
-            tensor = entry["tensors"].get(lookup(entry["tensors"], name)[0])
+            tensor = _tensor(entry, ckpt, name)
             if (tensor and len(tensor["axes"]) == len(shape)
                     and all(_fixed(a, n) for a, n in zip(tensor["axes"], shape, strict=True))):
                 out.add(name)  # the class's fixed size; any other size is not the class's
         return frozenset(out)
+
+    def family_in_tower(self, ckpt: Checkpoint) -> bool:
+        """Whether the layers a hand-written family found are an encoder tower's."""
+        entry = entry_for(ckpt)
+        found = find_family(ckpt, strict=False)
+        return bool(entry and found and towers.is_tower(entry, found[1]))
 
     def ssm_parameters(self, ckpt: Checkpoint) -> frozenset[str]:
         """An SSM mixer's tensors that are not a linear's (conv taps, ``A_log``, ``D``,
@@ -174,7 +209,7 @@ class Derived(Format):
         entry = entry_for(ckpt) or {"tensors": {}}
         out = set()
         for name, shape in ckpt.shapes.items():
-            tensor = entry["tensors"].get(lookup(entry["tensors"], name)[0])
+            tensor = _tensor(entry, ckpt, name)
             if (tensor and tensor["kind"] != "linear" and len(tensor["axes"]) == len(shape)
                     and "ssm" in tensor["axes"]
                     and not any(name.endswith("." + k[0]) and k[1] == len(shape)
@@ -187,23 +222,34 @@ class Derived(Format):
         if entry is None:
             return []
         cls = entry["class"]
-        missing = _missing(entry, ckpt)
+        missing = torn_tensor(entry, ckpt)
         if missing:
             raise BadInput(f"{missing} is missing: {cls} builds it beside the tensors of that "
                            "part the checkpoint does hold, so its own class would not load it "
                            "as saved; refusing to judge a model with a part torn out", ckpt.path)
-        head_dim = _head_dim(ckpt.config, entry["keys"])
+        text, path = towers.text_scope(entry, ckpt.config)
+        head_dim = _head_dim(text, entry["keys"])
         groups: dict[tuple, _Group] = {}
+        tower_groups: dict[tuple, towers.TowerGroup] = {}
+        latent: dict[str, int | None] = {}
         for name, shape in ckpt.shapes.items():
-            pattern, layer, expert = lookup(entry["tensors"], name)
-            tensor = entry["tensors"].get(pattern)
+            pattern, layer, expert = _lookup(entry, name)
+            tensor = _tensor(entry, ckpt, name)
             if tensor is None or len(tensor["axes"]) != len(shape):
                 continue  # not the class's: the accounting names it
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
-                if label.startswith(("=", "positions", "rows")):  # a table length
-                    continue
+                if label.startswith(("=", "positions", "rows", "vocab1")) or label == "streams":
+                    continue  # a fixed size, a table length, a residual-stream count
                 if label == "ssm":
                     _collect_ssm(groups, tensor, name, axis, size, layer)
+                    continue
+                if label == "mla":  # read whole by the latent-attention reader, below
+                    latent[name.rsplit(".", 2)[0]] = layer
+                    continue
+                if ":" in label:  # an encoder tower's width (formats/derived_towers.py)
+                    towers.collect(tower_groups, label, name, axis, size,
+                                   _kind(tensor, name, axis, len(shape), label), _block(name),
+                                   ckpt)
                     continue
                 if label == "?":
                     raise BadInput(
@@ -212,50 +258,15 @@ class Derived(Format):
                         "refusing to judge it", ckpt.path)
                 _collect(groups, tensor, name, axis, label, size, layer, expert, head_dim,
                          ckpt)
-        return [_site(g, ckpt, cls, entry["keys"]) for g in groups.values()]
+        sites = [_site(g, ckpt, cls, entry["keys"], text, path) for g in groups.values()]
+        return (towers.sites(tower_groups, ckpt, cls, entry.get("towers", {})) + sites
+                + [s for m, i in sorted(latent.items()) for s in layer_sites(ckpt, m, i)])
 
 
 def _fixed(label: str, size: int) -> bool:
-    """An axis with nothing to judge: the class's fixed size, or a table length."""
-    return label == f"={size}" or label.startswith(("positions", "rows"))
-
-
-def _missing(entry: dict, ckpt: Checkpoint) -> str | None:
-    """The first tensor the class builds that the checkpoint lacks, in a part it does hold:
-    every top-level tensor (the output head may be tied to the embedding) and, in each layer,
-    every tensor of each part that layer has (for each expert it has). A torn checkpoint
-    (one router deleted) would otherwise be judged by what is left of it. Where one child
-    holds different modules in different layers (NemotronH's ``mixer``: Mamba, attention or
-    MLP), the table's ``layers`` kind says which of its tensors go together."""
-    tied = bool(entry.get("tied") or ckpt.config.get("tie_word_embeddings"))
-    layers: dict[int, dict[tuple[str, bool], set[int | None]]] = {}
-    kinds: dict[tuple[int, tuple[str, bool]], set[int | None]] = {}
-    for name in ckpt.shapes:
-        pattern, layer, expert = lookup(entry["tensors"], name)
-        tensor = entry["tensors"].get(pattern)
-        if tensor is not None and layer is not None and "{i}" in pattern:
-            part = layer_part(pattern, tensor)
-            layers.setdefault(layer, {}).setdefault(part, set()).add(expert)
-            kinds.setdefault((layer, part), set()).add(tensor.get("layers"))
-    for pattern, tensor in entry["tensors"].items():
-        if "{i}" in pattern:
-            continue
-        if pattern not in ckpt.shapes and not (tied and tensor["kind"] != "embedding"
-                                               and "vocab" in tensor["axes"]):
-            return pattern
-    layered = [(p, t) for p, t in entry["tensors"].items() if "{i}" in p]
-    for layer, parts in sorted(layers.items()):
-        for pattern, tensor in layered:
-            part = layer_part(pattern, tensor)
-            experts = parts.get(part)
-            if experts is None or tensor.get("layers") not in kinds[(layer, part)]:
-                continue  # a part this layer does not have, or another kind of it
-            names = ([pattern.replace("{e}", str(e)) for e in sorted(experts - {None})]
-                     if "{e}" in pattern else [pattern])
-            for name in (n.replace("{i}", str(layer), 1) for n in names):
-                if name not in ckpt.shapes:
-                    return name
-    return None
+    """An axis with nothing to judge: the class's fixed size, or a table length (positions;
+    an embedding's rows past the vocabulary's, which no GEMM has as a width)."""
+    return label == f"={size}" or label.startswith(("positions", "rows", "vocab1"))
 
 
 def _layer_kind(pattern: str) -> str:
@@ -271,12 +282,14 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
     ndim = len(tensor["axes"])
     kind = _kind(tensor, name, axis, ndim, label)
     prefix = _block(name)
-    if label in _HEAD_LABELS:
-        if not head_dim or size % head_dim:
-            raise BadInput(f"{name} axis {axis} ({size}) is not whole heads of head_dim "
+    site_kind = "v_head_dim" if label in _V_HEAD_LABELS else "head_dim"
+    if label in _V_HEAD_LABELS:
+        head_dim = ckpt.config.get("v_head_dim")
+    if label in _HEAD_LABELS or label in _V_HEAD_LABELS:
+        if not isinstance(head_dim, int) or not head_dim or size % head_dim:
+            raise BadInput(f"{name} axis {axis} ({size}) is not whole heads of {site_kind} "
                            f"{head_dim} (config.json): refusing to guess the heads", ckpt.path)
-        g = groups.setdefault(("head_dim", layer, prefix),
-                              _Group("head_dim", layer, prefix))
+        g = groups.setdefault((site_kind, layer, prefix), _Group(site_kind, layer, prefix))
         g.axes.append(TensorAxis(name, axis, kind, blocks=size // head_dim, stride=head_dim))
         g.widths[name] = head_dim
         return
@@ -284,7 +297,9 @@ def _collect(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int, la
         raise BadInput(f"{name} axis {axis}: the class table names its width {label!r}, "
                        "which this gac-check does not read; refusing to judge it", ckpt.path)
     site_kind, parts = _WIDTH[label]
-    if site_kind in ("hidden", "vocab", "cross_hidden"):
+    if isinstance(parts, str):
+        parts = _count(ckpt, parts, name, axis)
+    if site_kind in ("hidden", "vocab", "cross_hidden", "concat"):
         key: tuple = (site_kind,)
         layer = None
     elif site_kind == "expert" and expert is not None:
@@ -335,6 +350,16 @@ def _collect_ssm(groups: dict[tuple, _Group], tensor: dict, name: str, axis: int
     g.widths[name] = size
 
 
+def _count(ckpt: Checkpoint, key: str, name: str, axis: int) -> int:
+    """config.json's count of the widths an axis holds side by side (``hc_count``,
+    ``num_buckets``); a refusal when config.json does not say it."""
+    count = ckpt.config.get(key)
+    if not isinstance(count, int) or count < 1:
+        raise BadInput(f"{name} axis {axis} holds {key} widths side by side, and config.json "
+                       f"has no {key}: refusing to guess it", ckpt.path)
+    return count
+
+
 def _block(name: str) -> str:
     """The module a per-layer site belongs to: the tensor's layer block (``model.layers.3``)
     plus its sub-block (``self_attn``, ``mlp``, ``mlp.shared_expert``)."""
@@ -360,7 +385,8 @@ def _head_dim(cfg: dict, keys: dict[str, str]) -> int | None:
     return None
 
 
-def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSite:
+def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str], cfg: dict,
+          path: tuple[str, ...]) -> DimSite:
     sizes = set(g.widths.values())
     if len(sizes) > 1:
         first = {w: t for t, w in sorted(g.widths.items(), reverse=True)}  # one per width
@@ -368,7 +394,6 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
         raise BadInput(f"{cls}'s {g.kind} width disagrees across its tensors ({shown}): "
                        "refusing to judge a layout its own class would not load", ckpt.path)
     value = sizes.pop()
-    cfg = ckpt.config
     if g.kind == "ssm":
         first = g.axes[0]
         side = next((v for k, v in _SSM_KERNEL_AXES.items() if first.tensor.endswith(k[0])),
@@ -376,22 +401,25 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str]) -> DimSit
         role = {"conv": Role.SSM_CONV, "state": Role.SSM_STATE}.get(side, Role.SSM)
         return DimSite(f"{g.module}:ssm_{side}", role, value, g.axes, layer=g.layer,
                        module=g.module, inexact=SSM_NOT_PADDED, attrs={"derived": cls})
-    if g.kind == "head_dim":
-        name = f"{g.module}:head_dim"
-        field_ = ("head_dim",) if isinstance(cfg.get("head_dim"), int) else None
+    if g.kind in ("head_dim", "v_head_dim"):
+        name = f"{g.module}:{g.kind}"
+        field_ = (*path, g.kind) if isinstance(cfg.get(g.kind), int) else None
+        inexact = ROPE_INEXACT if g.kind == "head_dim" else V_NOT_PADDED
         return DimSite(name, Role.HEAD_DIM, value, g.axes, layer=g.layer, module=g.module,
-                       config_field=field_, inexact=ROPE_INEXACT, attrs={"derived": cls})
-    key = keys.get(_CONFIG.get(g.kind, ""))
-    field_ = (key,) if key and isinstance(cfg.get(key), int) else None
+                       config_field=field_, inexact=inexact, attrs={"derived": cls})
+    key = keys.get(_CONFIG.get(g.kind, ""))  # none for an adapter bottleneck
+    field_ = (*path, key) if key and isinstance(cfg.get(key), int) else None
     inexact = {"hidden": HIDDEN_INEXACT, "vocab": VOCAB_INEXACT, "heads": HEADS_NOT_PADDED,
                "experts": EXPERTS_NOT_PADDED, "router": EXPERTS_NOT_PADDED,
-               "cross_hidden": CROSS_INEXACT,
-               "mlp_derived": DERIVED_INEXACT}.get(g.kind) or _normed(g)
+               "cross_hidden": CROSS_INEXACT, "mlp_derived": DERIVED_INEXACT,
+               "adapter": adapters.ADAPTER_NOT_PADDED, "concat": adapters.CONCAT_NOT_PADDED,
+               }.get(g.kind) or _normed(g)
     name = g.kind if g.layer is None else f"{g.module}:{_SITE_NAME[g.kind]}"
     site = DimSite(name, _ROLE[g.kind], value, g.axes, layer=g.layer, module=g.module,
                    config_field=field_, inexact=inexact, attrs={"derived": cls})
-    if field_ and cfg[field_[0]] != value and g.kind in ("hidden", "vocab", "mlp"):
-        site.notes.append(f"the config says {field_[0]}={cfg[field_[0]]}, tensors have {value}")
+    if field_ and cfg[field_[-1]] != value and g.kind in ("hidden", "vocab", "mlp"):
+        site.notes.append(f"the config says {'.'.join(field_)}={cfg[field_[-1]]}, "
+                          f"tensors have {value}")
     return site
 
 
@@ -405,4 +433,5 @@ def _normed(g: _Group) -> str | None:
 
 _SITE_NAME = {"mlp": "intermediate", "mlp_derived": "intermediate", "mlp_half": "intermediate",
               "router": "router_experts", "expert": "expert_intermediate",
-              "shared": "shared_expert_intermediate", "experts": "experts", "heads": "heads"}
+              "shared": "shared_expert_intermediate", "experts": "experts", "heads": "heads",
+              "adapter": "adapter_bottleneck"}

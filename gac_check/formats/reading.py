@@ -5,7 +5,9 @@ transformers class builds (ASVD, SVD-LLM, PaLU, SliceGPT, LLM-Pruner) and carry 
 proven so far; where they find no layers, or leave a tensor of a plain Hugging Face model
 unread, the layout table derived from transformers' own classes (:mod:`.derived`) reads the
 model instead. A compressor format's refusal stands: its tensors are not a stock class's
-(LLM-Pruner's safetensors layout, known only by its widths, excepted: :func:`_widths_only`).
+(LLM-Pruner's safetensors layout, known only by its widths, excepted: :func:`_widths_only`),
+except where the layers that format read are an encoder tower's in the class table (a
+multimodal model's vision tower is no pruned language model: formats/derived_towers.py).
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def read_sites(ckpt: Checkpoint) -> tuple[Format, list[DimSite], Accounting]:
         return fmt, sites, accounting
     except NotRead:
         table = Derived()
-        plain = fmt is None or fmt.name == "dense" or _widths_only(fmt, ckpt)
+        plain = (fmt is None or fmt.name == "dense" or _widths_only(fmt, ckpt)
+                 or table.family_in_tower(ckpt))
         if ckpt.gguf is not None or not plain or not table.matches(ckpt):
             raise
     sites = table.sites(ckpt)

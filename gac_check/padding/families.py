@@ -65,6 +65,10 @@ PROVEN: frozenset[str] = frozenset({
     # hybrids on the zoo's tiny build: the MLP / experts padded, the recurrent mixers aligned
     "bamba", "falcon_h1", "granitemoehybrid", "inkling_text", "kimi_linear", "nemotron_h",
     "recurrent_gemma", "zamba", "zamba2",
+    # composites (text_config / towers: formats/derive_composite.py), the text model's MLP
+    # padded under text_config's key, on the zoo's tiny build (tests/test_composite_models.py)
+    "fuyu", "gemma3", "git", "got_ocr2", "moss_transcribe_diarize", "phi4_multimodal",
+    "mimo_v2_flash", "prophetnet", "qwen4_exp", "qwen4_exp_text", "xmod", "roc_bert",
     # the same, once the class proof counted layers as their config class does (ALBERT, Dory,
     # Doge) and the zoo built GPT-J's RoPE inside its heads (a forward that ran: BART's family
     # too)

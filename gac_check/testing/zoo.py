@@ -121,8 +121,11 @@ def _misaligned(model, variant: str) -> bool:
     4 x hidden whatever the config says; a latent-attention class has no plain head_dim)."""
     if variant == "mlp173":
         return any(d in (173, 346) for p in model.parameters() for d in p.shape)
-    if variant == "hd20":
-        return any(getattr(m, a, None) == 20 for m in model.modules()
+    if variant == "hd20":  # a layer's module, not a whole model keeping head_dim for its
+        from transformers import PreTrainedModel  # rotary table (LongCat-Flash's MLA ignores it)
+
+        return any(getattr(m, a, None) == 20 and not isinstance(m, PreTrainedModel)
+                   for m in model.modules()
                    for a in ("head_dim", "attention_head_size", "head_size", "dim_head"))
     return False
 
