@@ -127,6 +127,23 @@ def test_a_width_the_table_cannot_name_is_refused_with_its_layer_kind(
         gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
 
 
+@pytest.mark.parametrize(("model_type", "why"), [
+    ("bart", "config derives head_dim from hidden_size / num_attention_heads"),
+    ("albert", "config derives head_dim from hidden_size / num_attention_heads"),
+    ("apertus", "under RoPE")])  # and derived: both reasons are said
+def test_a_head_dim_is_refused_for_its_own_classs_reason(model_type: str, why: str,
+                                                          tmp_path: Path) -> None:
+    """BART and ALBERT have no RoPE: their head_dim is refused because the class derives it
+    from hidden_size / heads (no key records a padded one), never "under RoPE"; a class
+    with RoPE (Apertus) is refused for the rotary frequencies too."""
+    build_tiny(model_type, "hd20", tmp_path / "m")
+    result = gac_check.check(tmp_path / "m", gpu="h100", dtype="bfloat16")
+    reasons = {s.inexact for s in result.sites if s.role is Role.HEAD_DIM and s.value == 20}
+    assert reasons and all(why in r for r in reasons), reasons
+    if "RoPE" not in why:
+        assert not any("RoPE" in r for r in reasons), reasons
+
+
 @pytest.mark.parametrize("head", ["BertForMaskedLM", "BertLMHeadModel"])
 def test_bert_lm_head_gets_a_vocab_site(head: str, tmp_path: Path) -> None:
     import transformers

@@ -15,16 +15,12 @@ from functools import lru_cache
 
 from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats.declared import config_head_dim
-from gac_check.formats.head_dim import infer_head_dim
+from gac_check.formats.head_dim import ROPE_INEXACT, infer_head_dim
 from gac_check.formats.layout import Linear, Shapes
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
 
 Resolver = Callable[[str], "Linear | None"]
 
-ROPE_INEXACT = (
-    "q/k head_dim cannot be zero-padded exactly under RoPE: stock modeling code derives the "
-    "rotary frequencies from head_dim, so every real dimension would rotate differently"
-)
 HIDDEN_INEXACT = (
     "the hidden size cannot be zero-padded exactly: RMSNorm/LayerNorm statistics would be "
     "computed over the padded width"

@@ -29,7 +29,6 @@ from gac_check.formats import derived_towers as towers
 from gac_check.formats.architectures import (
     HEADS_NOT_PADDED,
     HIDDEN_INEXACT,
-    ROPE_INEXACT,
     VOCAB_INEXACT,
     find_family,
 )
@@ -37,6 +36,7 @@ from gac_check.formats.base import Format
 from gac_check.formats.derive_layers import resolve
 from gac_check.formats.derive_names import lookup
 from gac_check.formats.derived_torn import torn_tensor
+from gac_check.formats.head_dim import head_dim_inexact
 from gac_check.formats.mla import layer_sites
 from gac_check.formats.moe import EXPERTS_NOT_PADDED
 from gac_check.sites import AxisKind, DimSite, Role, TensorAxis
@@ -258,7 +258,9 @@ class Derived(Format):
                         "refusing to judge it", ckpt.path)
                 _collect(groups, tensor, name, axis, label, size, layer, expert, head_dim,
                          ckpt)
-        sites = [_site(g, ckpt, cls, entry["keys"], text, path) for g in groups.values()]
+        derives = bool(entry.get("head_dim_derived"))
+        sites = [_site(g, ckpt, cls, entry["keys"], text, path, derives)
+                 for g in groups.values()]
         return (towers.sites(tower_groups, ckpt, cls, entry.get("towers", {})) + sites
                 + [s for m, i in sorted(latent.items()) for s in layer_sites(ckpt, m, i)])
 
@@ -386,7 +388,7 @@ def _head_dim(cfg: dict, keys: dict[str, str]) -> int | None:
 
 
 def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str], cfg: dict,
-          path: tuple[str, ...]) -> DimSite:
+          path: tuple[str, ...], derives_head_dim: bool = False) -> DimSite:
     sizes = set(g.widths.values())
     if len(sizes) > 1:
         first = {w: t for t, w in sorted(g.widths.items(), reverse=True)}  # one per width
@@ -404,7 +406,8 @@ def _site(g: _Group, ckpt: Checkpoint, cls: str, keys: dict[str, str], cfg: dict
     if g.kind in ("head_dim", "v_head_dim"):
         name = f"{g.module}:{g.kind}"
         field_ = (*path, g.kind) if isinstance(cfg.get(g.kind), int) else None
-        inexact = ROPE_INEXACT if g.kind == "head_dim" else V_NOT_PADDED
+        inexact = (V_NOT_PADDED if g.kind == "v_head_dim"
+                   else head_dim_inexact(cls, cfg, derives_head_dim))
         return DimSite(name, Role.HEAD_DIM, value, g.axes, layer=g.layer, module=g.module,
                        config_field=field_, inexact=inexact, attrs={"derived": cls})
     key = keys.get(_CONFIG.get(g.kind, ""))  # none for an adapter bottleneck

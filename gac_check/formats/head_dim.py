@@ -1,8 +1,14 @@
-"""A model's head_dim where config.json does not say it: from the config's other sizes, a
-pickled model's attention modules, or a rotary buffer (split from architectures.py)."""
+"""A model's head_dim where config.json does not say it (from the config's other sizes, a
+pickled model's attention modules, or a rotary buffer), and why a q/k head_dim is not
+zero-padded (split from architectures.py)."""
 from __future__ import annotations
 
 from gac_check.checkpoint.index import Checkpoint
+
+ROPE_INEXACT = (
+    "q/k head_dim cannot be zero-padded exactly under RoPE: stock modeling code derives the "
+    "rotary frequencies from head_dim, so every real dimension would rotate differently"
+)
 
 
 def head_dim_of(config: dict) -> int | None:
@@ -39,3 +45,18 @@ def infer_head_dim(ckpt: Checkpoint) -> tuple[int | None, str]:
         return hd, "the pickled model's config"
     return None, ""
 
+
+def head_dim_inexact(cls: str, cfg: dict, derives: bool) -> str:
+    """Why this class's q/k head_dim is not zero-padded: a head_dim it derives from
+    hidden_size / heads has no key to record a padded one (BERT, BART, ALBERT); RoPE (a
+    ``rope*`` / ``rotary*`` key in config.json) rotates pairs across the padded lanes; a
+    head_dim key without RoPE still sets the attention scale 1/sqrt(head_dim)."""
+    why = []
+    if derives:
+        why.append(f"{cls}'s config derives head_dim from hidden_size / num_attention_heads, "
+                   "so a padded head_dim cannot be recorded in a stock config")
+    if any(k.startswith(("rope", "rotary")) and v for k, v in cfg.items()) \
+            or cfg.get("position_embedding_type") == "rotary":
+        why.append(ROPE_INEXACT)
+    return "; ".join(why) or (f"q/k head_dim cannot be zero-padded exactly: {cls} scales the "
+                              "attention scores by 1/sqrt(head_dim), which padding changes")
