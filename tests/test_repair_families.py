@@ -113,6 +113,24 @@ def test_a_family_no_test_proves_is_refused_in_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_an_unproven_familys_refusal_names_what_padding_could_not_make_exact(
+        tmp_path: Path) -> None:
+    """BitNet, built by its own class at MLP width 173: not proven, and its ``ffn_sub_norm``
+    normalises the MLP width, so a proof would not bring an exact repair either; the one
+    line says both, and nothing is written."""
+    from gac_check.testing.zoo import build_tiny
+
+    build_tiny("bitnet", "mlp173", tmp_path / "in")
+    run = gac(tmp_path / "in", "--gpu", "h100", "--dtype", "bfloat16", "--repair",
+              tmp_path / "out")
+    assert run.returncode == 2, run.stdout
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no test builds it in its own class" in lines[0], lines
+    assert ("; and model.layers.0.mlp:intermediate = 173 could not be padded exactly anyway: "
+            "model.layers.0.mlp.ffn_sub_norm.weight normalises over this width") in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_fast_families_are_proven() -> None:
     assert set(FAST) <= PROVEN
 

@@ -108,7 +108,8 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
         raise BadInput(ckpt.quantization.refuse_padding("--repair"), ckpt.path)
     why = (gguf_instead(before.gguf.ftype) if before.gguf is not None
            else _ssm_refusal(before, STRATEGIES[strategy])
-           or unsupported(before.format.name, before.family, ckpt.config.get("model_type")))
+           or _with_inexact(before, unsupported(before.format.name, before.family,
+                                                ckpt.config.get("model_type"))))
     if why:
         raise BadInput(why, ckpt.path)
     from gac_check.checkpoint.outdir import check_output_dir  # a fix only
@@ -123,6 +124,18 @@ def repair(model_dir: Path | str, out: Path | str, gpu: str = "auto",
     report = apply(targeted.plan, ckpt, out, force=force, recheck=recheck,
                    extra_notes=notes, show_progress=progress)
     return FixResult(before, report, recheck.moved_to(report.out))
+
+
+def _with_inexact(before: CheckResult, why: str | None) -> str | None:
+    """An unproven family's refusal, and what its misaligned widths could not be anyway:
+    the first one zero padding cannot make exact (BitNet's ``ffn_sub_norm`` over its MLP
+    width), so a user knows a proof would not bring the repair either."""
+    refused = before.repair_plan.refused if why else []
+    if not refused:
+        return why
+    first = refused[0]
+    return f"{why}; and {first.site.name} = {first.site.value} could not be padded exactly " \
+           f"anyway: {first.reason}"
 
 
 def _ssm_refusal(before: CheckResult, severities: tuple[str, ...]) -> str | None:
