@@ -162,7 +162,7 @@ def test_bert_lm_head_gets_a_vocab_site(head: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "gpt_neox", "olmo2", "llama4_text", "bert",
-                                        "roberta-prelayernorm"])
+                                        "roberta-prelayernorm", "ctrl", "git"])
 def test_shipped_table_matches_the_installed_classes(model_type: str) -> None:
     """Stale after a transformers upgrade: rerun python -m gac_check.formats.derive_table."""
     import transformers

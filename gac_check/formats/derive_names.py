@@ -26,17 +26,27 @@ def sequential_modules(model) -> frozenset[str]:
 
 def pattern(name: str, sequential: frozenset[str] = frozenset()) -> str:
     """``model.layers.3.mlp.experts.7.w1.weight`` -> ``model.layers.{i}.mlp.experts.{e}.w1
-    .weight``; an index into one of ``sequential`` stays as it is."""
-    head = _INDEX.sub(".{i}.", name, count=1)
-    owners = {_INDEX.sub(".{i}.", s, count=1).split(".", 1)[-1] for s in sequential}
-    out, pos = [], 0
-    for m in _INDEX.finditer(head):
-        out.append(head[pos:m.start()])
-        literal = head[:m.start()].split(".", 1)[-1] in owners
-        out.append(m.group(0) if literal else ".{e}.")
+    .weight``: the first list index is the layer's, later ones a list's; an index into one
+    of ``sequential`` stays as it is (GIT's ``visual_projection.0`` / ``.1``, a linear and
+    its norm, stay two tensors)."""
+    owners = {_shape(s) for s in sequential}
+    out, pos, layer = [], 0, True
+    for m in _INDEX.finditer(name):
+        out.append(name[pos:m.start()])
+        if _shape(name[:m.start()]) in owners:
+            out.append(m.group(0))
+        else:
+            out.append(".{i}." if layer else ".{e}.")
+            layer = False
         pos = m.end()
-    out.append(head[pos:])
+    out.append(name[pos:])
     return "".join(out)
+
+
+def _shape(module: str) -> str:
+    """A module name with every index a wildcard and its first component dropped (a saved
+    name's prefix may differ from the module's: ``backbone.`` for ``model.``)."""
+    return re.sub(r"\.\d+(?=\.|$)", ".#", module).split(".", 1)[-1]
 
 
 def lookup(tensors: dict, name: str) -> tuple[str, int | None, int | None]:

@@ -197,26 +197,6 @@ def _axis_label(a: int, b: int, la: dict[str, int], lb: dict[str, int]) -> str:
     return next((lab for lab in la if la[lab] == a and lb.get(lab) == b), "?")
 
 
-def _literal(sa: dict, sb: dict, kinds: dict[str, str], la: dict[str, int], lb: dict[str, int],
-             tensors: dict[str, dict], seq: frozenset[str]) -> None:
-    """Where an index is a position in a ``Sequential``, not a layer (GIT's visual projection:
-    ``0`` a linear, ``1`` its LayerNorm; Phi-4-multimodal's audio subsampling convs), one
-    pattern would stand for tensors of different shapes: where the indexed module holds the
-    tensor itself (``proj.{i}.weight``, no layer block between), each is recorded under its
-    own name instead; a layer stack whose layers differ keeps its pattern."""
-    shapes: dict[str, dict[str, tuple]] = {}
-    for name in set(sa) & set(sb):
-        shapes.setdefault(_pattern(name, seq), {})[name] = (sa[name], sb[name])
-    for pattern, names in shapes.items():
-        if (pattern in tensors and "." not in pattern.split("{i}.", 1)[-1]
-                and len(set(names.values())) > 1
-                and all(len(a) == len(b) for a, b in names.values())):
-            del tensors[pattern]
-            for name, (a, b) in names.items():
-                tensors[name] = {"kind": kinds.get(name, "other"), "axes": [
-                    _axis_label(x, y, la, lb) for x, y in zip(a, b, strict=True)]}
-
-
 def _kinds(model) -> dict[str, str]:
     """Parameter name -> module kind (linear, conv1d, embedding, norm, other)."""
     import torch.nn as nn
@@ -372,7 +352,6 @@ def derive(model_type: str) -> dict:
         axes = [_axis_label(x, y, la, lb) for x, y in zip(sa[name], sb[name], strict=False)]
         tensors.setdefault(_pattern(name, seq), {"kind": saved_kinds.get(name, "other"),
                                             "axes": axes})
-    _literal(sa, sb, saved_kinds, la, lb, tensors, seq)
     # a hybrid's layer kinds are its recurrent mixers and attention, told apart by
     # label_mixers; the per-kind labels and the latent-attention reader serve the others
     hybrid = bool(mixer_prefixes(sa))
