@@ -137,10 +137,12 @@ def _lookup(entry: dict, name: str) -> tuple[str, int | None, int | None]:
     return lookup(entry["tensors"], adapters.pattern(name))
 
 
-def _tensor(entry: dict, ckpt: Checkpoint, name: str) -> dict | None:
+def _tensor(entry: dict, ckpt: Checkpoint, name: str,
+            found: tuple[str, int | None, int | None] | None = None) -> dict | None:
     """The table's record of a tensor, with its layer kind's labels: under its own name where
-    the table keeps one (an index that is no layer's), else under its pattern."""
-    pattern, layer, _ = _lookup(entry, name)
+    the table keeps one (an index that is no layer's), else under its pattern (``found``:
+    :func:`_lookup`'s answer, where the caller has it already)."""
+    pattern, layer, _ = found or _lookup(entry, name)
     tensor = entry["tensors"].get(name) or entry["tensors"].get(pattern)
     return tensor and resolve(tensor, ckpt.config, name, layer, ckpt.path)
 
@@ -233,8 +235,9 @@ class Derived(Format):
         tower_groups: dict[tuple, towers.TowerGroup] = {}
         latent: dict[str, int | None] = {}
         for name, shape in ckpt.shapes.items():
-            pattern, layer, expert = _lookup(entry, name)
-            tensor = _tensor(entry, ckpt, name)
+            found = _lookup(entry, name)
+            pattern, layer, expert = found
+            tensor = _tensor(entry, ckpt, name, found)
             if tensor is None or len(tensor["axes"]) != len(shape):
                 continue  # not the class's: the accounting names it
             for axis, (label, size) in enumerate(zip(tensor["axes"], shape, strict=False)):
