@@ -98,12 +98,7 @@ def test_a_tower_part_its_config_turns_off_is_not_asked_for(tmp_path: Path) -> N
     path = _gemma3(tmp_path / "off", vision_use_head=False)
     result = check(path, gpu="h100", dtype="bfloat16")
     assert result.accounting is not None and not result.accounting.unknown
-    path = _gemma3(tmp_path / "on", vision_use_head=True)
-    weights = load_file(path / "model.safetensors")
-    del weights["vision_tower.head.probe"]
-    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(BadInput, match=re.escape("vision_tower.head.probe is missing")):
-        check(path, gpu="h100", dtype="bfloat16")
+    _refused_torn(_gemma3(tmp_path / "on", vision_use_head=True), "vision_tower.head.probe")
 
 
 def test_a_layer_part_its_config_turns_off_is_not_asked_for(tmp_path: Path) -> None:
@@ -126,11 +121,16 @@ def test_a_layer_part_its_config_turns_off_is_not_asked_for(tmp_path: Path) -> N
 
 def test_a_torn_tower_is_refused(tmp_path: Path) -> None:
     """A tower layer with its MLP deleted is not judged by what is left of it."""
-    path = _built(tmp_path, "gemma3", "aligned")
+    _refused_torn(_built(tmp_path, "gemma3", "aligned"),
+                  "vision_tower.encoder.layers.1.mlp.fc2.weight")
+
+
+def _refused_torn(path: Path, tensor: str) -> None:
+    """``tensor`` deleted from the checkpoint at ``path``: the check refuses, naming it."""
     weights = load_file(path / "model.safetensors")
-    del weights["vision_tower.encoder.layers.1.mlp.fc2.weight"]
+    del weights[tensor]
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(BadInput, match=re.escape("layers.1.mlp.fc2.weight is missing")):
+    with pytest.raises(BadInput, match=re.escape(f"{tensor} is missing")):
         check(path, gpu="h100", dtype="bfloat16")
 
 
