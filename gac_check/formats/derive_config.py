@@ -21,9 +21,6 @@ V_HEAD_DIM = (28, 36)
 #: the identity-expert count per variant (LongCat-Flash's ``zero_expert_num``,
 #: :mod:`.derive_experts`)
 ZERO_EXPERTS = (2, 3)
-#: one value of each, so :data:`.derive_table.LABELS` lists every label in its order
-EVERY = {"streams": STREAMS[0], "v_head_dim": V_HEAD_DIM[0], "zero_experts": ZERO_EXPERTS[0],
-         "buckets": 32, "reduction": 2, "concat": 1280}
 
 
 def _get(config, name: str):

@@ -30,8 +30,6 @@ from gac_check.formats.derive_names import pattern as name_pattern
 MARKERS = (".A_log", ".recurrent_param", ".fgate_preact.weight")
 
 _INDEX = re.compile(r"\.(\d+)\.")
-#: the labels :func:`config_labels` may give, in the order a tie is broken
-CONFIG_LABELS = ("hidden2", "inter_half", "ffn", "router_all")
 
 
 def mixer_prefixes(saved: dict[str, tuple[int, ...]]) -> list[str]:

@@ -5,7 +5,7 @@ This module builds every causal-LM class transformers ships (and the BERT-family
 encoders) on the meta device, twice, with distinctive config values (:data:`VARIANTS`), and
 records for every saved tensor name which config-derived width sits on each axis: an axis is
 ``hidden`` when its size is the hidden size in both builds, ``inter`` when it is the MLP width,
-``q`` when it is heads x head_dim, and so on (:data:`LABELS`). An axis that moves with the
+``q`` when it is heads x head_dim, and so on (:func:`_labels`). An axis that moves with the
 config but matches no label is ``?``; one that stays put is ``=N``. Names are the ones
 ``save_pretrained`` writes (transformers' own key conversion reverted), with layer and expert
 indices replaced by ``{i}`` / ``{e}``. The result is data, :data:`TABLE`
@@ -35,7 +35,6 @@ from gac_check.formats import derive_composite as composite
 from gac_check.formats.derive_names import pattern as name_pattern
 from gac_check.formats.derive_names import sequential_modules
 from gac_check.formats.derive_recurrent import (
-    CONFIG_LABELS,
     config_labels,
     hybrid_layers,
     label_mixers,
@@ -75,7 +74,9 @@ KEYS = {
 
 
 def _labels(v: dict[str, int]) -> dict[str, int]:
-    """Every width a label names, for one build's actual sizes."""
+    """Every width a label names, for one build's actual sizes, in the order a tie is broken
+    (hidden = heads x head_dim in BERT-style configs); :func:`.config_labels` and a
+    composite's tower labels follow them in :func:`derive`."""
     h, n, k, d = v["hidden"], v["heads"], v["kv_heads"], v["head_dim"]
     return {
         "hidden": h, "vocab": v["vocab"], "inter": v["inter"], "inter2": 2 * v["inter"],
@@ -93,10 +94,6 @@ def _labels(v: dict[str, int]) -> dict[str, int]:
         **derive_config.labels(v),  # widths only some classes have, where they do
     }
 
-
-#: Labels in the order a tie is broken (hidden = heads x head_dim in BERT-style configs);
-#: last, those a config derives by a formula of its own (:func:`.config_labels`).
-LABELS = (*_labels({**VARIANTS[0], **derive_config.EVERY}), *CONFIG_LABELS)
 
 
 def _config(config_cls, variant: dict[str, int], layers: int | None, subs: bool = True,
