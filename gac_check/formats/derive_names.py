@@ -1,4 +1,5 @@
-"""How a saved tensor name is turned into the class table's pattern, and looked up again.
+"""How a saved tensor name is turned into the class table's pattern, looked up again, and
+which part of its layer it belongs to.
 
 A layer's index becomes ``{i}`` and a further list index ``{e}`` (an expert's, or one of a
 list of like modules: ALBERT's ``albert_layers``, LongCat-Flash's two ``mlps``). An index
@@ -73,3 +74,12 @@ def lookup(tensors: dict, name: str) -> tuple[str, int | None, int | None]:
                        if not k]
             return candidate, layer, experts[0] if experts else None
     return folded, layer, int(found[1])
+
+
+def layer_part(pattern: str, tensor: dict) -> tuple[str, bool]:
+    """Which part of a layer a tensor belongs to: the layer's child module, and whether it is
+    the mixture-of-experts form of it (experts, router, shared expert) or the plain one, since
+    one class builds some layers dense and others MoE under the same child's name."""
+    child = pattern.split("{i}.", 1)[1].split(".", 1)[0]
+    moe = "{e}" in pattern or "expert" in pattern or "experts" in tensor["axes"]
+    return child, moe

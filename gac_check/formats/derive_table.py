@@ -32,8 +32,8 @@ from gac_check.formats import (
     derive_relabel,
 )
 from gac_check.formats import derive_composite as composite
+from gac_check.formats.derive_names import layer_part, sequential_modules
 from gac_check.formats.derive_names import pattern as name_pattern
-from gac_check.formats.derive_names import sequential_modules
 from gac_check.formats.derive_recurrent import (
     config_labels,
     hybrid_layers,
@@ -243,15 +243,6 @@ _OUTPUT = re.compile(r"\.(o_proj|out_proj|dense|c_proj|wo|o|output\.dense|proj|o
 
 def _retie(label: str) -> str:
     return "q" if label == "hidden" else label
-
-
-def layer_part(pattern: str, tensor: dict) -> tuple[str, bool]:
-    """Which part of a layer a tensor belongs to: the layer's child module, and whether it is
-    the mixture-of-experts form of it (experts, router, shared expert) or the plain one, since
-    one class builds some layers dense and others MoE under the same child's name."""
-    child = pattern.split("{i}.", 1)[1].split(".", 1)[0]
-    moe = "{e}" in pattern or "expert" in pattern or "experts" in tensor["axes"]
-    return child, moe
 
 
 def _layer_kinds(shapes: dict[str, tuple[int, ...]], tensors: dict[str, dict],

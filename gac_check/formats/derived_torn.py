@@ -12,8 +12,7 @@ from gac_check.checkpoint.index import Checkpoint
 from gac_check.formats import derive_adapters as adapters
 from gac_check.formats import derived_towers as towers
 from gac_check.formats.derive_experts import held
-from gac_check.formats.derive_names import lookup
-from gac_check.formats.derive_table import layer_part
+from gac_check.formats.derive_names import layer_part, lookup
 
 
 def torn_tensor(entry: dict, ckpt: Checkpoint) -> str | None:
